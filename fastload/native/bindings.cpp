@@ -1,0 +1,243 @@
+// pybind11 side of fastload._C: what is not a tensor op (byte buffers in, header structs and per-sample
+// status out). The batch decoder takes any list of buffers (bytes, memoryviews of LMDB pages, uint8
+// tensors) without copying them, releases the GIL, and decodes on native threads into one ragged buffer.
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cstdio>
+#include <jpeglib.h>
+
+#include "jpeg_decoder.h"
+
+#ifndef FASTLOAD_SOURCE_HASH
+#define FASTLOAD_SOURCE_HASH "unknown"
+#endif
+
+namespace py = pybind11;
+using namespace fastload;
+
+namespace {
+
+constexpr size_t kMessageSize = 200;
+constexpr int kMaxThreads = 256;  // a bound, whatever the caller asks for
+
+struct Bytes {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// Holds the buffer views alive (and the GIL-needing releases) for the duration of a call.
+class BufferViews {
+ public:
+  explicit BufferViews(const py::sequence& items) {
+    views_.reserve(items.size());
+    bytes_.reserve(items.size());
+    for (size_t i = 0; i < items.size(); ++i) bytes_.push_back(view(items[i], i));
+  }
+  const Bytes& operator[](size_t i) const { return bytes_[i]; }
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  Bytes view(const py::handle& item, size_t index) {
+    if (THPVariable_Check(item.ptr())) {
+      const at::Tensor t = THPVariable_Unpack(item.ptr());
+      TORCH_CHECK(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous(), "buffer ", index,
+                  ": a tensor buffer must be a contiguous uint8 CPU tensor");
+      return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())};
+    }
+    py::buffer buffer = py::reinterpret_borrow<py::buffer>(item);
+    views_.push_back(buffer.request());
+    const py::buffer_info& info = views_.back();
+    TORCH_CHECK(info.itemsize == 1 || info.size == 0, "buffer ", index, ": expected bytes, got items of size ",
+                info.itemsize);
+    return {static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size)};
+  }
+  std::vector<py::buffer_info> views_;
+  std::vector<Bytes> bytes_;
+};
+
+Limits make_limits(bool strict, int64_t max_pixels) {
+  Limits limits;
+  limits.strict = strict;
+  if (max_pixels > 0) limits.max_pixels = max_pixels;
+  return limits;
+}
+
+// Runs job(i) for i in [0, n) on up to `threads` native threads (the caller's thread included). Threads
+// are made per call: no pool survives a fork into a DataLoader worker, and the cost (~20 us) is noise
+// next to a batch of decodes.
+template <typename Job>
+void run_parallel(int64_t n, int threads, const Job& job) {
+  threads = std::max(1, std::min<int>({threads, kMaxThreads, static_cast<int>(std::max<int64_t>(n, 1))}));
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t i = next++; i < n; i = next++) job(i);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  for (int t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // fewer threads than asked: the work still gets done
+    }
+  }
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+py::dict header_dict(int status, const char* message, const JpegHeader& h) {
+  py::dict d;
+  d["status"] = status;
+  d["message"] = std::string(message);
+  d["height"] = h.height;
+  d["width"] = h.width;
+  d["components"] = h.components;
+  d["color_space"] = h.color_space;
+  d["h_samp"] = h.h_samp;
+  d["v_samp"] = h.v_samp;
+  d["progressive"] = h.progressive;
+  d["arithmetic"] = h.arithmetic;
+  d["adobe"] = h.adobe;
+  return d;
+}
+
+py::dict read_header_py(const py::object& data, int64_t max_pixels) {
+  BufferViews views(py::make_tuple(data));
+  JpegHeader header;
+  char message[kMessageSize] = "";
+  int status;
+  {
+    py::gil_scoped_release nogil;
+    status = read_header(views[0].data, views[0].size, &header, make_limits(true, max_pixels), message,
+                         sizeof(message));
+  }
+  return header_dict(status, message, header);
+}
+
+// Header of every buffer: returns (sizes int64 [B, 2] as (h, w), status int32 [B], messages).
+py::tuple read_headers_py(const py::sequence& buffers, int threads, int64_t max_pixels) {
+  BufferViews views(buffers);
+  const int64_t n = static_cast<int64_t>(views.size());
+  at::Tensor sizes = at::zeros({n, 2}, at::kLong);
+  at::Tensor status = at::full({n}, kNotDecoded, at::kInt);
+  std::vector<std::array<char, kMessageSize>> messages(n);
+  {
+    py::gil_scoped_release nogil;
+    int64_t* sz = sizes.data_ptr<int64_t>();
+    int32_t* st = status.data_ptr<int32_t>();
+    const Limits limits = make_limits(true, max_pixels);
+    run_parallel(n, threads, [&](int64_t i) {
+      JpegHeader h;
+      messages[i][0] = '\0';
+      st[i] = read_header(views[i].data, views[i].size, &h, limits, messages[i].data(), kMessageSize);
+      sz[i * 2] = h.height;
+      sz[i * 2 + 1] = h.width;
+    });
+  }
+  py::list msgs;
+  for (auto& m : messages) msgs.append(std::string(m.data()));
+  return py::make_tuple(sizes, status, msgs);
+}
+
+py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int64_t height, int64_t width,
+                         int downscale, bool strict, int64_t max_pixels) {
+  BufferViews views(py::make_tuple(data));
+  Window w{top, left, height, width, downscale};
+  if (height <= 0 || width <= 0 || !(downscale == 1 || downscale == 2 || downscale == 4 || downscale == 8)) {
+    char message[kMessageSize] = "";
+    const int status = decode_window(nullptr, 0, w, nullptr, 0, make_limits(strict, max_pixels), message,
+                                     sizeof(message));
+    return py::make_tuple(status, std::string(message), py::none());
+  }
+  int64_t out_h, out_w;
+  scaled_extent(w, &out_h, &out_w);
+  // Refuse the allocation for a window no image under the pixel limit could hold.
+  if (height * width > make_limits(strict, max_pixels).max_pixels)
+    return py::make_tuple(static_cast<int>(kTooLarge), std::string("window is larger than the pixel limit"),
+                          py::none());
+  at::Tensor out = at::empty({out_h, out_w, 3}, at::kByte);
+  char message[kMessageSize] = "";
+  int status;
+  {
+    py::gil_scoped_release nogil;
+    status = decode_window(views[0].data, views[0].size, w, out.data_ptr<uint8_t>(),
+                           static_cast<size_t>(out.numel()), make_limits(strict, max_pixels), message,
+                           sizeof(message));
+  }
+  return py::make_tuple(status, std::string(message), status == kOk ? py::cast(out) : py::none());
+}
+
+// Batch decode into a caller-provided ragged buffer. windows: int64 [B, 5] = (top, left, height, width,
+// downscale). Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
+py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels) {
+  BufferViews views(buffers);
+  const int64_t n = static_cast<int64_t>(views.size());
+  TORCH_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 &&
+                  windows.scalar_type() == at::kLong && windows.device().is_cpu(),
+              "decode_crops: windows must be an int64 CPU tensor of shape [", n, ", 5]");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(),
+              "decode_crops: out must be a contiguous uint8 CPU tensor");
+  const at::Tensor win = windows.contiguous();
+  const int64_t* wp = win.data_ptr<int64_t>();
+  at::Tensor offsets = at::zeros({n}, at::kLong);
+  at::Tensor shapes = at::zeros({n, 3}, at::kLong);
+  at::Tensor status = at::full({n}, kNotDecoded, at::kInt);
+  int64_t* op = offsets.data_ptr<int64_t>();
+  int64_t* sp = shapes.data_ptr<int64_t>();
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
+    const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
+    int64_t h = 0, wd = 0;
+    if (w.top >= 0 && w.left >= 0 && w.height > 0 && w.width > 0 && w.downscale > 0) scaled_extent(w, &h, &wd);
+    op[i] = total;
+    sp[i * 3] = h;
+    sp[i * 3 + 1] = wd;
+    sp[i * 3 + 2] = 3;
+    total += h * wd * 3;
+  }
+  TORCH_CHECK(total <= out.numel(), "decode_crops: out holds ", out.numel(), " bytes, the batch needs ", total);
+  std::vector<std::array<char, kMessageSize>> messages(n);
+  {
+    py::gil_scoped_release nogil;
+    uint8_t* base = out.data_ptr<uint8_t>();
+    int32_t* st = status.data_ptr<int32_t>();
+    const Limits limits = make_limits(strict, max_pixels);
+    run_parallel(n, threads, [&](int64_t i) {
+      const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
+      messages[i][0] = '\0';
+      const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
+      st[i] = decode_window(views[i].data, views[i].size, w, base + op[i], room, limits, messages[i].data(),
+                            kMessageSize);
+    });
+  }
+  py::list msgs;
+  for (auto& m : messages) msgs.append(std::string(m.data()));
+  return py::make_tuple(offsets, shapes, status, msgs);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fastload native ops: libjpeg-turbo crop decoding and the affine/normalise stage";
+  m.attr("source_hash") = FASTLOAD_SOURCE_HASH;
+  m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
+#ifdef FASTLOAD_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  m.def("read_header", &read_header_py, py::arg("data"), py::arg("max_pixels") = 0);
+  m.def("read_headers", &read_headers_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_pixels") = 0);
+  m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
+        py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
+  m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
+}

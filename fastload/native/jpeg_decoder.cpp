@@ -1,0 +1,296 @@
+// libjpeg-turbo decoding of one window of one JPEG. See jpeg_decoder.h for why this file is C-style.
+//
+// setjmp rules followed here (the usual copy-paste examples break at least one):
+//  * setjmp is called in the function that owns the jpeg_decompress_struct and that destroys it, and that
+//    function has returned to nowhere when longjmp fires: the jmp_buf is never stale.
+//  * No object with a destructor lives in a frame that longjmp unwinds: every temporary buffer comes from
+//    libjpeg's own pool (JPOOL_IMAGE) and is freed by jpeg_destroy_decompress.
+//  * Locals written after setjmp and read after the longjmp are volatile.
+//  * error_exit formats the message *before* jumping; output_message is silenced (libjpeg would print to
+//    stderr from a worker thread).
+#include "jpeg_decoder.h"
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+
+#include <jpeglib.h>
+
+namespace fastload {
+namespace {
+
+struct ErrorManager {
+  jpeg_error_mgr pub;  // must be first: libjpeg sees only this
+  jmp_buf jump;
+  bool strict;
+  int status;  // Status to report after the jump
+  char message[JMSG_LENGTH_MAX + 64];
+};
+
+struct ProgressMonitor {
+  jpeg_progress_mgr pub;  // must be first
+  int max_scans;
+};
+
+void on_error_exit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  err->status = kCorrupt;
+  longjmp(err->jump, 1);
+}
+
+// msg_level < 0 is a corrupt-data warning ("Premature end of JPEG file", "Corrupt JPEG data: ...").
+// libjpeg then goes on with made-up pixels; in strict mode that is an error, not an image.
+void on_emit_message(j_common_ptr cinfo, int msg_level) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  if (msg_level >= 0) return;  // trace messages
+  err->pub.num_warnings++;
+  if (err->strict) {
+    (*cinfo->err->format_message)(cinfo, err->message);
+    err->status = kCorrupt;
+    longjmp(err->jump, 1);
+  }
+}
+
+void on_output_message(j_common_ptr) {}
+
+// A hostile progressive file can hold thousands of tiny scans and take minutes to decode; refuse it.
+void on_progress(j_common_ptr cinfo) {
+  auto* progress = reinterpret_cast<ProgressMonitor*>(cinfo->progress);
+  auto* dinfo = reinterpret_cast<j_decompress_ptr>(cinfo);
+  if (dinfo->progressive_mode && dinfo->input_scan_number > progress->max_scans) {
+    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+    std::snprintf(err->message, sizeof(err->message), "progressive JPEG has more than %d scans",
+                  progress->max_scans);
+    err->status = kCorrupt;
+    longjmp(err->jump, 1);
+  }
+}
+
+void set_message(char* message, size_t size, const char* text) {
+  if (message && size) std::snprintf(message, size, "%s", text);
+}
+
+bool looks_like_jpeg(const uint8_t* data, size_t size) {
+  return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+}
+
+// Everything that must happen between jpeg_create_decompress and reading pixels, shared by both entry
+// points. Must be called inside the setjmp-protected region.
+int open_header(j_decompress_ptr cinfo, const uint8_t* data, size_t size, const Limits& limits,
+                char* message, size_t message_size) {
+  jpeg_mem_src(cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(cinfo, TRUE);
+  const int64_t pixels = static_cast<int64_t>(cinfo->image_width) * cinfo->image_height;
+  if (pixels > limits.max_pixels) {
+    std::snprintf(message, message_size, "image is %ux%u = %lld pixels, over the limit of %lld",
+                  cinfo->image_width, cinfo->image_height, static_cast<long long>(pixels),
+                  static_cast<long long>(limits.max_pixels));
+    return kTooLarge;
+  }
+  const int nc = cinfo->num_components;
+  if (!(nc == 1 || nc == 3 || nc == 4)) {
+    std::snprintf(message, message_size, "JPEG with %d components is not supported", nc);
+    return kUnsupported;
+  }
+  return kOk;
+}
+
+void fill_header(j_decompress_ptr cinfo, JpegHeader* out) {
+  out->height = static_cast<int32_t>(cinfo->image_height);
+  out->width = static_cast<int32_t>(cinfo->image_width);
+  out->components = cinfo->num_components;
+  out->color_space = cinfo->jpeg_color_space;
+  out->h_samp = cinfo->comp_info[0].h_samp_factor;
+  out->v_samp = cinfo->comp_info[0].v_samp_factor;
+  out->progressive = cinfo->progressive_mode;
+  out->arithmetic = cinfo->arith_code;
+  out->adobe = cinfo->saw_Adobe_marker;
+}
+
+// Pillow's cmyk2rgb (Convert.c), so CMYK files decode to the same RGB as Image.convert("RGB").
+inline uint8_t clip8(int v) { return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v)); }
+inline int muldiv255(int a, int b) {
+  const int t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+void cmyk_to_rgb(const uint8_t* in, uint8_t* out, int64_t n, bool inverted) {
+  for (int64_t i = 0; i < n; ++i, in += 4, out += 3) {
+    int c = in[0], m = in[1], y = in[2], k = in[3];
+    if (inverted) {  // Adobe stores CMYK inverted; Pillow's "CMYK;I" raw mode undoes it
+      c = 255 - c; m = 255 - m; y = 255 - y; k = 255 - k;
+    }
+    const int nk = 255 - k;
+    out[0] = clip8(nk - muldiv255(c, nk));
+    out[1] = clip8(nk - muldiv255(m, nk));
+    out[2] = clip8(nk - muldiv255(y, nk));
+  }
+}
+
+void gray_to_rgb(const uint8_t* in, uint8_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i, out += 3) out[0] = out[1] = out[2] = in[i];
+}
+
+}  // namespace
+
+int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits& limits, char* message,
+                size_t message_size) {
+  if (!looks_like_jpeg(data, size)) {
+    set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
+    return kNotJpeg;
+  }
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error_exit;
+  err.pub.emit_message = on_emit_message;
+  err.pub.output_message = on_output_message;
+  err.strict = limits.strict;
+  err.status = kOk;
+  err.message[0] = '\0';
+  volatile bool created = false;
+  if (setjmp(err.jump)) {
+    if (created) jpeg_destroy_decompress(&cinfo);
+    set_message(message, message_size, err.message);
+    return err.status;
+  }
+  jpeg_create_decompress(&cinfo);
+  created = true;
+  int status = open_header(&cinfo, data, size, limits, message, message_size);
+  fill_header(&cinfo, out);  // also on kTooLarge: the caller may want to report the size
+  jpeg_destroy_decompress(&cinfo);
+  return status;
+}
+
+int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
+                  const Limits& limits, char* message, size_t message_size) {
+  const int d = window.downscale;
+  if (!(d == 1 || d == 2 || d == 4 || d == 8)) {
+    std::snprintf(message, message_size, "downscale must be 1, 2, 4 or 8, got %d", d);
+    return kBadWindow;
+  }
+  if (window.top < 0 || window.left < 0 || window.height <= 0 || window.width <= 0) {
+    std::snprintf(message, message_size, "window (top=%lld, left=%lld, height=%lld, width=%lld) is empty or negative",
+                  static_cast<long long>(window.top), static_cast<long long>(window.left),
+                  static_cast<long long>(window.height), static_cast<long long>(window.width));
+    return kBadWindow;
+  }
+  int64_t out_h = 0, out_w = 0;
+  scaled_extent(window, &out_h, &out_w);
+  if (static_cast<size_t>(out_h) * static_cast<size_t>(out_w) * 3 > out_capacity) {
+    set_message(message, message_size, "output buffer too small for the window");
+    return kNoRoom;
+  }
+  if (!looks_like_jpeg(data, size)) {
+    set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
+    return kNotJpeg;
+  }
+
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  ProgressMonitor progress;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error_exit;
+  err.pub.emit_message = on_emit_message;
+  err.pub.output_message = on_output_message;
+  err.strict = limits.strict;
+  err.status = kOk;
+  err.message[0] = '\0';
+  volatile bool created = false;
+  if (setjmp(err.jump)) {
+    if (created) jpeg_destroy_decompress(&cinfo);
+    set_message(message, message_size, err.message);
+    return err.status;
+  }
+  jpeg_create_decompress(&cinfo);
+  created = true;
+  progress.pub.progress_monitor = on_progress;
+  progress.max_scans = limits.max_scans;
+  cinfo.progress = &progress.pub;
+
+  int status = open_header(&cinfo, data, size, limits, message, message_size);
+  if (status != kOk) {
+    jpeg_destroy_decompress(&cinfo);
+    return status;
+  }
+  if (window.top + window.height > cinfo.image_height || window.left + window.width > cinfo.image_width) {
+    std::snprintf(message, message_size,
+                  "window (top=%lld, left=%lld, height=%lld, width=%lld) is outside the %ux%u image",
+                  static_cast<long long>(window.top), static_cast<long long>(window.left),
+                  static_cast<long long>(window.height), static_cast<long long>(window.width),
+                  cinfo.image_height, cinfo.image_width);
+    jpeg_destroy_decompress(&cinfo);
+    return kBadWindow;
+  }
+
+  const bool gray = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  if (cinfo.num_components == 1 && !gray) {
+    set_message(message, message_size, "one-component JPEG that is not grayscale");
+    jpeg_destroy_decompress(&cinfo);
+    return kUnsupported;
+  }
+  cinfo.out_color_space = gray ? JCS_GRAYSCALE : (cmyk ? JCS_CMYK : JCS_RGB);
+  const int nc = gray ? 1 : (cmyk ? 4 : 3);
+  const bool inverted = cmyk && cinfo.saw_Adobe_marker;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned int>(d);
+  cinfo.dct_method = JDCT_ISLOW;  // Pillow's default: needed for bit-identical output
+  cinfo.do_fancy_upsampling = TRUE;
+
+  jpeg_start_decompress(&cinfo);
+
+  const JDIMENSION row0 = static_cast<JDIMENSION>(window.top / d);
+  const JDIMENSION col0 = static_cast<JDIMENSION>(window.left / d);
+  const JDIMENSION rows = static_cast<JDIMENSION>(out_h), cols = static_cast<JDIMENSION>(out_w);
+  if (row0 + rows > cinfo.output_height || col0 + cols > cinfo.output_width) {
+    // Cannot happen for a window inside the image; a guard against arithmetic drift, never a silent clip.
+    set_message(message, message_size, "scaled window exceeds the scaled image");
+    jpeg_destroy_decompress(&cinfo);
+    return kBadWindow;
+  }
+  // Crop to whole iMCU columns around the window; libjpeg widens xoffset/width to its boundaries. Fancy
+  // upsampling of subsampled chroma treats the crop's edges as image edges, which changes the outermost
+  // pixels: one extra iMCU of context on each side keeps the window bit-identical to a full decode.
+  const JDIMENSION context =
+      cinfo.max_h_samp_factor > 1 ? static_cast<JDIMENSION>(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size) : 0;
+  JDIMENSION xoffset = col0 > context ? col0 - context : 0;
+  JDIMENSION crop_width = std::min<JDIMENSION>(col0 + cols + context, cinfo.output_width) - xoffset;
+  if (crop_width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &crop_width);
+  else xoffset = 0;
+  const JDIMENSION skip_cols = col0 - xoffset;
+  if (row0 > 0 && jpeg_skip_scanlines(&cinfo, row0) != row0) {
+    set_message(message, message_size, "could not skip to the window's first row");
+    jpeg_destroy_decompress(&cinfo);
+    return kCorrupt;
+  }
+
+  const size_t out_stride = static_cast<size_t>(cols) * 3;
+  // Decode straight into the output when libjpeg's row is exactly our row; otherwise through one pooled row.
+  const bool direct = nc == 3 && skip_cols == 0 && cinfo.output_width == cols;
+  JSAMPARRAY scratch = nullptr;
+  if (!direct)
+    scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                         cinfo.output_width * nc, 1);
+  for (JDIMENSION r = 0; r < rows; ++r) {
+    uint8_t* dst = out + r * out_stride;
+    JSAMPROW row = direct ? dst : scratch[0];
+    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+      set_message(message, message_size, "decoder returned no scanline (suspended input)");
+      jpeg_destroy_decompress(&cinfo);
+      return kCorrupt;
+    }
+    if (direct) continue;
+    const uint8_t* src = scratch[0] + static_cast<size_t>(skip_cols) * nc;
+    if (nc == 3) std::memcpy(dst, src, out_stride);
+    else if (nc == 1) gray_to_rgb(src, dst, cols);
+    else cmyk_to_rgb(src, dst, cols, inverted);
+  }
+  // Rows below the window are never decoded; jpeg_destroy_decompress aborts the rest cleanly.
+  jpeg_destroy_decompress(&cinfo);
+  return kOk;
+}
+
+}  // namespace fastload

@@ -1,0 +1,59 @@
+// Crop-and-scale JPEG decoding on libjpeg-turbo, with no Python or torch in sight.
+//
+// Everything here is plain C-style code on purpose: libjpeg reports errors by longjmp, and a longjmp
+// across a C++ object with a destructor is undefined behaviour. Callers own every buffer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace fastload {
+
+// Status codes shared with Python (fastload/ops.py maps them to exceptions).
+enum Status : int32_t {
+  kOk = 0,
+  kNotJpeg = 1,      // bytes do not start with a JPEG SOI marker
+  kCorrupt = 2,      // libjpeg error, or a corrupt-data warning in strict mode
+  kTooLarge = 3,     // pixel count over the limit: refused before any allocation
+  kBadWindow = 4,    // window outside the image or downscale not in {1,2,4,8}: a caller bug
+  kUnsupported = 5,  // valid JPEG we cannot turn into RGB (e.g. 2 components)
+  kNoRoom = 6,       // caller's output buffer too small
+  kNotDecoded = 7,   // batch slot never reached (another error stopped the batch)
+};
+
+struct Limits {
+  int64_t max_pixels = 178956970;  // Pillow's DecompressionBombError threshold (2 * MAX_IMAGE_PIXELS)
+  int max_scans = 500;             // progressive scans; libjpeg-turbo 3's TJPARAM_SCANLIMIT default
+  bool strict = true;              // libjpeg corrupt-data warnings count as errors
+};
+
+struct JpegHeader {
+  int32_t height = 0, width = 0, components = 0;
+  int32_t color_space = 0;  // J_COLOR_SPACE of the file (1 gray, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK)
+  int32_t h_samp = 0, v_samp = 0;  // luma sampling factors: 2,2 = 4:2:0; 2,1 = 4:2:2; 1,2 = 4:4:0; 1,1 = 4:4:4
+  bool progressive = false, arithmetic = false, adobe = false;
+};
+
+// A window in original-image pixels plus the DCT downscale (1, 2, 4 or 8).
+struct Window {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+  int32_t downscale = 1;
+};
+
+// Shape of the decoded region for a window: rows [top/d, ceil((top+h)/d)) of the 1/d-scaled image, same for
+// columns. A pure function of the window, so callers can lay out a ragged batch before decoding anything.
+inline void scaled_extent(const Window& w, int64_t* out_h, int64_t* out_w) {
+  const int64_t d = w.downscale;
+  *out_h = (w.top + w.height + d - 1) / d - w.top / d;
+  *out_w = (w.left + w.width + d - 1) / d - w.left / d;
+}
+
+// Reads the header only (no entropy decoding beyond the first SOF). Returns a Status; message gets the reason.
+int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits& limits, char* message,
+                size_t message_size);
+
+// Decodes the window at 1/downscale into out (RGB, HWC, rows of scaled_extent's width). out_capacity must
+// be at least 3 * h * w of scaled_extent; otherwise kNoRoom. On error out may hold a partial image.
+int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
+                  const Limits& limits, char* message, size_t message_size);
+
+}  // namespace fastload

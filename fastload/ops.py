@@ -1,0 +1,199 @@
+"""fastload's native ops as Python functions.
+
+JPEG: ``read_header``, ``decode_crop`` (one window) and ``decode_crops`` (a batch, native threads, GIL released).
+Geometry: ``warp_affine`` (dense batches, CPU and CUDA), ``warp_ragged`` (the loader's ragged batches) and
+``affine_from_points``. The decoder returns status codes; this module turns them into exceptions.
+"""
+from collections import namedtuple
+
+import torch
+
+from .errors import DecodeError
+from .native import C
+
+__all__ = ["JpegInfo", "read_header", "decode_crop", "decode_crops", "warp_affine", "warp_ragged",
+           "affine_from_points", "MAX_PIXELS", "DOWNSCALES"]
+
+#: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
+MAX_PIXELS = 178_956_970
+#: DCT downscales libjpeg-turbo can apply while decoding.
+DOWNSCALES = (1, 2, 4, 8)
+
+OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED = range(8)
+_REASONS = {NOT_JPEG: "not a JPEG", CORRUPT: "corrupt", TOO_LARGE: "too large", BAD_WINDOW: "bad window",
+            UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded"}
+_COLOR_SPACES = {0: "unknown", 1: "gray", 2: "rgb", 3: "ycbcr", 4: "cmyk", 5: "ycck"}
+_SUBSAMPLING = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}
+
+JpegInfo = namedtuple("JpegInfo", "height width components color_space subsampling progressive arithmetic adobe")
+
+
+def _raise(status, message, sample):
+    where = f"{sample}: " if sample is not None else ""
+    if status == BAD_WINDOW:
+        raise ValueError(f"{where}{message}")
+    raise DecodeError(f"{where}{message}", sample=sample, reason=_REASONS.get(status, "error"))
+
+
+def read_header(data, *, max_pixels=MAX_PIXELS, sample=None):
+    """Reads a JPEG's header (no pixel decoding). Raises DecodeError for bad or oversized input."""
+    h = C.read_header(data, max_pixels)
+    if h["status"] != OK:
+        _raise(h["status"], h["message"], sample)
+    subsampling = "gray" if h["components"] == 1 else _SUBSAMPLING.get((h["h_samp"], h["v_samp"]), "other")
+    return JpegInfo(h["height"], h["width"], h["components"], _COLOR_SPACES.get(h["color_space"], "unknown"),
+                    subsampling, h["progressive"], h["arithmetic"], h["adobe"])
+
+
+def read_headers(buffers, threads=1, *, max_pixels=MAX_PIXELS):
+    """Heights and widths of many JPEGs at once: (sizes int64 [B, 2], status int32 [B], messages)."""
+    return C.read_headers(list(buffers), threads, max_pixels)
+
+
+def decoded_shape(top, left, height, width, downscale=1):
+    """(h, w) of what ``decode_crop`` returns for a window: its rows/columns in the 1/downscale image."""
+    d = downscale
+    return (-(-(top + height) // d) - top // d, -(-(left + width) // d) - left // d)
+
+
+def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max_pixels=MAX_PIXELS, sample=None):
+    """Decodes only the window (top, left, height, width) of a JPEG, at 1/downscale (1, 2, 4 or 8).
+
+    Returns uint8 [h, w, 3] RGB: rows top//d .. ceil((top+height)/d) of the DCT-scaled image, same for columns
+    (see ``decoded_shape``). At downscale 1 this equals Pillow's full decode cropped to the window.
+    Raises ``ValueError`` for a window outside the image, ``DecodeError`` for bytes that are not a valid JPEG.
+    ``strict=False`` accepts what libjpeg flags as corrupt data but can still decode.
+    """
+    status, message, out = C.decode_crop(data, int(top), int(left), int(height), int(width), int(downscale),
+                                         strict, max_pixels)
+    if status != OK:
+        _raise(status, message, sample)
+    return out
+
+
+def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS):
+    """Decodes a batch of windows into one ragged uint8 buffer, on ``threads`` native threads without the GIL.
+
+    buffers: sequence of bytes-like objects or uint8 tensors (not copied). windows: int64 [B, 5] rows of
+    (top, left, height, width, downscale). out: a 1-D uint8 tensor (e.g. pinned) large enough for the batch;
+    allocated when None. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
+    ``out[offsets[i]:][:h*w*3].view(h, w, 3)`` when ``status[i] == 0``; otherwise ``messages[i]`` says why.
+    Errors are reported per sample, never raised, so one bad file does not cost the batch.
+    """
+    windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 5)
+    if out is None:
+        d = windows[:, 4].clamp(min=1)
+        rows = (windows[:, 0] + windows[:, 2] + d - 1) // d - windows[:, 0] // d
+        cols = (windows[:, 1] + windows[:, 3] + d - 1) // d - windows[:, 1] // d
+        out = torch.empty(int((rows.clamp(min=0) * cols.clamp(min=0)).sum()) * 3, dtype=torch.uint8)
+    offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels)
+    return out, offsets, shapes, status, messages
+
+
+def crop_view(out, offsets, shapes, i):
+    """Sample i of a ragged batch as a uint8 [h, w, 3] view."""
+    h, w, c = (int(v) for v in shapes[i])
+    start = int(offsets[i])
+    return out[start:start + h * w * c].view(h, w, c)
+
+
+def _norm_params(channels, mean, std, in_scale, device):
+    mean = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float64).reshape(-1)
+    std = torch.ones(channels) if std is None else torch.as_tensor(std, dtype=torch.float64).reshape(-1)
+    if mean.numel() == 1:
+        mean = mean.expand(channels)
+    if std.numel() == 1:
+        std = std.expand(channels)
+    if mean.numel() != channels or std.numel() != channels:
+        raise ValueError(f"mean and std need 1 or {channels} values, got {mean.numel()} and {std.numel()}")
+    if bool((std == 0).any()):
+        raise ValueError("std must not contain zeros")
+    alpha = (in_scale / std.double()).float()
+    beta = (-mean.double() / std.double()).float()
+    return alpha.to(device), beta.to(device)
+
+
+def warp_ragged(data, offsets, shapes, matrices, out_size, *, mean=None, std=None, in_scale=1.0 / 255,
+                out_dtype=torch.float32, channels_last=False, fill=0.0, hwc=True):
+    """The loader's stage: warp + normalise every sample of a ragged batch to ``out_size``.
+
+    data: 1-D uint8/float32 (CPU or CUDA), offsets int64 [B], shapes int64 [B, 3] (h, w, c), matrices [B, 2, 3]
+    mapping output pixel (u, v) to input pixel (x, y). Output ``(v * in_scale - mean) / std``, [B, C, H, W].
+    """
+    out_h, out_w = (out_size, out_size) if isinstance(out_size, int) else out_size
+    dev = data.device
+    channels = int(shapes[0, 2]) if shapes.numel() else 3
+    if mean is None and std is None:
+        in_scale = 1.0 if in_scale is None else in_scale
+    alpha, beta = _norm_params(channels, mean, std, in_scale, dev)
+    return torch.ops.fastload.warp_normalize(
+        data, offsets.to(dev, torch.int64), shapes.to(dev, torch.int64),
+        matrices.to(dev, torch.float32).contiguous(), alpha, beta, channels, out_h, out_w, hwc, out_dtype,
+        channels_last, float(fill))
+
+
+def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None, fill=0, *, channels_last=None,
+                layout=None):
+    """Warps a dense batch with per-sample 2x3 matrices (output pixel -> input pixel), optionally normalising.
+
+    images: [B, C, H, W] or [B, H, W, C] (``layout="NHWC"``; guessed from a last dim of 1, 3 or 4 when not given),
+    uint8 or float32, CPU or CUDA, C <= 4. matrices: [B, 2, 3] or [2, 3]. Bilinear, antialiased when shrinking.
+    With mean/std, output is ``(x / 255 - mean) / std`` for uint8 input and ``(x - mean) / std`` for float input.
+    out_dtype defaults to the input dtype without normalisation and to float32 with it. Returns [B, C, h, w].
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be 4-D [B, C, H, W] or [B, H, W, C], got shape {tuple(images.shape)}")
+    if layout is None:
+        layout = "NHWC" if images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4) else "NCHW"
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    hwc = layout == "NHWC"
+    b = images.shape[0]
+    h, w, c = (images.shape[1], images.shape[2], images.shape[3]) if hwc else (
+        images.shape[2], images.shape[3], images.shape[1])
+    if images.dtype not in (torch.uint8, torch.float32):
+        images = images.float()
+    matrices = torch.as_tensor(matrices, dtype=torch.float32, device=images.device)
+    if matrices.dim() == 2:
+        matrices = matrices.expand(b, 2, 3)
+    if matrices.shape != (b, 2, 3):
+        raise ValueError(f"matrices must be [B, 2, 3] with B={b}, got {tuple(matrices.shape)}")
+    normalise = mean is not None or std is not None
+    if out_dtype is None:
+        out_dtype = torch.float32 if normalise else images.dtype
+    in_scale = 1.0 / 255 if (normalise and images.dtype == torch.uint8) else 1.0
+    data = images.contiguous().reshape(-1)
+    offsets = torch.arange(b, dtype=torch.int64) * (h * w * c)
+    shapes = torch.tensor([[h, w, c]], dtype=torch.int64).expand(b, 3).contiguous()
+    if channels_last is None:
+        channels_last = False
+    return warp_ragged(data, offsets, shapes, matrices, out_size, mean=mean, std=std, in_scale=in_scale,
+                       out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc)
+
+
+def affine_from_points(src, dst):
+    """Least-squares 2x3 affine matrices mapping ``src`` points onto ``dst`` points, batched.
+
+    src, dst: [B, N, 2] (or [N, 2]) with N >= 3, as (x, y). Returns [B, 2, 3] float32 with dst ~= A @ [src; 1].
+    For warp_affine you want the matrix from *output* to *input* pixels: ``affine_from_points(template, landmarks)``.
+    """
+    src = torch.as_tensor(src)
+    dst = torch.as_tensor(dst)
+    squeeze = src.dim() == 2
+    if squeeze:
+        src, dst = src[None], dst[None]
+    if src.shape != dst.shape or src.dim() != 3 or src.shape[-1] != 2 or src.shape[1] < 3:
+        raise ValueError(f"src and dst must both be [B, N, 2] with N >= 3, got {tuple(src.shape)} and {tuple(dst.shape)}")
+    s = src.to(torch.float64)
+    d = dst.to(torch.float64, device=s.device)
+    design = torch.cat([s, torch.ones_like(s[..., :1])], dim=-1)  # [B, N, 3]
+    solution = torch.linalg.lstsq(design, d).solution if s.device.type == "cpu" else torch.linalg.pinv(design) @ d
+    out = solution.transpose(1, 2).to(torch.float32)  # [B, 2, 3]
+    return out[0] if squeeze else out
+
+
+@torch.library.register_fake("fastload::warp_normalize")
+def _warp_normalize_fake(data, offsets, shapes, matrices, alpha, beta, channels, out_h, out_w, hwc, out_dtype,
+                         channels_last, fill):
+    out = data.new_empty((offsets.shape[0], channels, out_h, out_w), dtype=out_dtype)
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
