@@ -27,12 +27,11 @@ system:
 $(VENV)/.deps: pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q numpy pillow lmdb tqdm pytest ninja pybind11 matplotlib scikit-image scikit-learn "PyTurboJPEG<2"
+	$(PIP) install -q $(TORCH) ninja pybind11
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(NATIVE)
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PIP) install -q --no-build-isolation -e '.[dev]'
 	@touch $@
 
 build: $(VENV)/.built
