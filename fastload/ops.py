@@ -97,32 +97,41 @@ def crop_view(out, offsets, shapes, i):
     return out[start:start + h * w * c].view(h, w, c)
 
 
+def _per_channel(values, default, channels, name):
+    if values is None:
+        values = [default] * channels
+    elif isinstance(values, (int, float)):
+        values = [float(values)]
+    else:
+        values = [float(v) for v in values]
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        raise ValueError(f"{name} needs 1 or {channels} values, got {len(values)}")
+    return values
+
+
 def _norm_params(channels, mean, std, in_scale, device):
-    mean = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float64).reshape(-1)
-    std = torch.ones(channels) if std is None else torch.as_tensor(std, dtype=torch.float64).reshape(-1)
-    if mean.numel() == 1:
-        mean = mean.expand(channels)
-    if std.numel() == 1:
-        std = std.expand(channels)
-    if mean.numel() != channels or std.numel() != channels:
-        raise ValueError(f"mean and std need 1 or {channels} values, got {mean.numel()} and {std.numel()}")
-    if bool((std == 0).any()):
+    """Folds (x * in_scale - mean) / std into x * alpha + beta. Plain floats: no tensor maths to trace."""
+    mean = _per_channel(mean, 0.0, channels, "mean")
+    std = _per_channel(std, 1.0, channels, "std")
+    if any(s == 0 for s in std):
         raise ValueError("std must not contain zeros")
-    alpha = (in_scale / std.double()).float()
-    beta = (-mean.double() / std.double()).float()
-    return alpha.to(device), beta.to(device)
+    alpha = torch.tensor([in_scale / s for s in std], dtype=torch.float32, device=device)
+    beta = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32, device=device)
+    return alpha, beta
 
 
 def warp_ragged(data, offsets, shapes, matrices, out_size, *, mean=None, std=None, in_scale=1.0 / 255,
-                out_dtype=torch.float32, channels_last=False, fill=0.0, hwc=True):
+                out_dtype=torch.float32, channels_last=False, fill=0.0, hwc=True, channels=3):
     """The loader's stage: warp + normalise every sample of a ragged batch to ``out_size``.
 
     data: 1-D uint8/float32 (CPU or CUDA), offsets int64 [B], shapes int64 [B, 3] (h, w, c), matrices [B, 2, 3]
     mapping output pixel (u, v) to input pixel (x, y). Output ``(v * in_scale - mean) / std``, [B, C, H, W].
+    ``channels`` must equal every shapes[i, 2]; it is passed, not read, so a CUDA call never syncs.
     """
     out_h, out_w = (out_size, out_size) if isinstance(out_size, int) else out_size
     dev = data.device
-    channels = int(shapes[0, 2]) if shapes.numel() else 3
     if mean is None and std is None:
         in_scale = 1.0 if in_scale is None else in_scale
     alpha, beta = _norm_params(channels, mean, std, in_scale, dev)
@@ -168,7 +177,7 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     if channels_last is None:
         channels_last = False
     return warp_ragged(data, offsets, shapes, matrices, out_size, mean=mean, std=std, in_scale=in_scale,
-                       out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc)
+                       out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
 
 
 def affine_from_points(src, dst):
@@ -185,7 +194,7 @@ def affine_from_points(src, dst):
     if src.shape != dst.shape or src.dim() != 3 or src.shape[-1] != 2 or src.shape[1] < 3:
         raise ValueError(f"src and dst must both be [B, N, 2] with N >= 3, got {tuple(src.shape)} and {tuple(dst.shape)}")
     s = src.to(torch.float64)
-    d = dst.to(torch.float64, device=s.device)
+    d = dst.to(device=s.device, dtype=torch.float64)
     design = torch.cat([s, torch.ones_like(s[..., :1])], dim=-1)  # [B, N, 3]
     solution = torch.linalg.lstsq(design, d).solution if s.device.type == "cpu" else torch.linalg.pinv(design) @ d
     out = solution.transpose(1, 2).to(torch.float32)  # [B, 2, 3]

@@ -1,0 +1,306 @@
+"""FastLoader: ``for x, y in FastLoader(dataset)`` -> normalised [B, 3, H, W] batches on the device.
+
+Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: plan crops, decode them
+natively into a reusable slot (producer.py), and, on the CPU path, run the affine/normalise stage. The
+consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
+consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py).
+"""
+import atexit
+import os
+import queue
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+
+from . import ops
+from .producer import BatchMaker, Slot
+from .sampler import ShardedSampler
+from .stats import LoaderStats
+from .transforms import RandomResizedCrop
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_POLL = 0.1  # seconds between checks of the stop flag while blocked on a queue
+
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all():  # interpreter exit: no producer outlives it
+    for it in list(_live):
+        it.close()
+
+
+class FastLoader:
+    """Batches of crops from a FolderDataset or LMDBDataset, decoded only where the crop is.
+
+    Args:
+        dataset: FolderDataset, LMDBDataset, or anything with heights/widths/labels/formats, reader(), sample_name().
+        batch_size, shuffle, seed, drop_last: as in DataLoader; per-sample randomness is a pure function of
+            (seed, epoch, sample index), so the same seed gives the same batches whatever the thread count.
+        crop: a planner, ``RandomResizedCrop(224)`` (default) or ``CenterCrop(224)`` for evaluation.
+        mean, std: per-channel, applied as ``(x / 255 - mean) / std``; ``None`` for both gives x / 255.
+        dtype: float32, float16 or bfloat16 (uint8 gives raw resized pixels); channels_last: output memory format.
+        device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
+        threads: native decode threads per batch (default: the CPU cores); workers: producer threads.
+        prefetch: batches each producer keeps ready.
+        rank, world_size: shard of the data (default: torch.distributed's when initialised).
+        on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
+    """
+
+    def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
+                 std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
+                 prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=2,
+                 strict=True, max_pixels=ops.MAX_PIXELS):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if batch_size < 1 or prefetch < 1 or workers < 1:
+            raise ValueError("batch_size, prefetch and workers must be at least 1")
+        if len(dataset) == 0:
+            raise ValueError("the dataset is empty")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.crop = crop if crop is not None else RandomResizedCrop(224)
+        if flip is not None:
+            self.crop.flip = float(flip)
+        self.mean, self.std = mean, std
+        self.dtype = dtype
+        self.channels_last = channels_last
+        self.device = _resolve_device(device)
+        self.threads = threads or os.cpu_count() or 1
+        self.prefetch = prefetch
+        self.workers = workers
+        self.drop_last = drop_last
+        self.on_error = on_error
+        self.sampler = ShardedSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                                      drop_last=drop_last)
+        self.seed = seed
+        self._stats = LoaderStats()
+        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats)
+        self._epoch = 0
+        self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
+        self._batches_done = 0
+        self._epoch_set = False
+        self._iterator = None
+        self._finished_epoch = False
+        self._pipe = None
+
+    # --- epoch bookkeeping -------------------------------------------------------------------------------
+    def set_epoch(self, epoch):
+        """Selects the epoch the next iteration runs (its shuffle and crops). Without calls, epochs count up."""
+        self._epoch = int(epoch)
+        self._epoch_set = True
+        self._start_batch = self._batches_done = 0
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def state_dict(self):
+        """Position to resume from: the batches after the last one this loader handed out."""
+        epoch, done = self._epoch, self._batches_done
+        if self._finished_epoch and not self._epoch_set:  # a finished epoch resumes at the next one
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "batches_done": done, "seed": self.seed,
+                "batch_size": self.batch_size, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state):
+        if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
+            raise ValueError(f"state is for seed={state['seed']}, batch_size={state['batch_size']}; this loader has "
+                             f"seed={self.seed}, batch_size={self.batch_size}")
+        self.sampler.load_state_dict(state["sampler"])
+        self._epoch = int(state["epoch"])
+        self._start_batch = self._batches_done = int(state["batches_done"])
+        self._epoch_set = True
+        self._finished_epoch = False
+
+    def stats(self):
+        """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts."""
+        return self._stats.summary()
+
+    # --- iteration ---------------------------------------------------------------------------------------
+    def __iter__(self):
+        previous = self._iterator() if self._iterator is not None else None
+        if previous is not None:
+            previous.close()  # a new epoch (or a break and restart) ends the previous producers
+        if not self._epoch_set and self._finished_epoch:
+            self._epoch += 1
+        self._epoch_set = self._finished_epoch = False
+        indices = self.sampler.epoch_indices(self._epoch)
+        batches = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        start, self._start_batch = self._start_batch, 0
+        self._batches_done = start
+        iterator = _EpochIterator(self, batches, start)
+        self._iterator = weakref.ref(iterator)  # a weak ref: dropping the iterator stops its threads
+        return iterator
+
+    def _stage_cpu(self, batch):
+        t = time.perf_counter()
+        x = ops.warp_ragged(batch.data, batch.offsets, batch.shapes, batch.matrices, self.crop.size,
+                            mean=self.mean, std=self.std, out_dtype=self.dtype, channels_last=self.channels_last)
+        self._stats.add(stage=time.perf_counter() - t)
+        return x
+
+    def _device_pipe(self):
+        if self._pipe is None:  # one persistent side stream per loader
+            from .prefetch.pipe import DevicePipe
+            self._pipe = DevicePipe(self.device, self.crop.size, self.mean, self.std, self.dtype, self.channels_last)
+        return self._pipe
+
+
+def _resolve_device(device):
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' but CUDA is not available; use device='cpu'")
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+    elif device.type != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device}")
+    return device
+
+
+class _Producers:
+    """What the producer threads share with the consumer. Threads hold this, never the iterator, so dropping
+    the iterator (a ``break``, ``del``, an exception) garbage-collects it and its __del__ stops them."""
+
+    def __init__(self, loader, batches, start):
+        self.maker = loader._maker
+        self.stage = loader._stage_cpu if loader.device.type == "cpu" else None
+        self.epoch = loader._epoch
+        self.batches = batches
+        self.stop = threading.Event()
+        on_gpu = loader.device.type == "cuda"
+        n = min(loader.workers, max(1, len(batches) - start))
+        self.queues = [queue.Queue(maxsize=loader.prefetch) for _ in range(n)]
+        # Slots per producer: one being filled, plus (GPU) the ones queued or still being copied.
+        nslots = loader.prefetch + 2 if on_gpu else 1
+        self.free = [queue.Queue() for _ in range(n)]
+        for f in self.free:
+            for _ in range(nslots):
+                f.put(Slot(pin=on_gpu))
+        self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
+                        for w in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, q, item):
+        while not self.stop.is_set():
+            try:
+                q.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def take(self, q):
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=_POLL)
+            except queue.Empty:
+                pass
+        return None
+
+    def run(self, w, start):
+        n = len(self.queues)
+        try:
+            for k in range(start + w, len(self.batches), n):
+                slot = self.take(self.free[w])
+                if slot is None:
+                    return
+                slot.wait_reusable()
+                batch = self.maker.make(self.batches[k], self.epoch, slot)
+                if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
+                    item = (self.stage(batch), batch.labels)
+                    self.free[w].put(slot)
+                else:
+                    item = batch
+                if not self.put(self.queues[w], item):
+                    return
+        except BaseException as e:  # handed to the consumer, raised in the training loop
+            self.put(self.queues[w], e)
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+
+
+class _EpochIterator:
+    def __init__(self, loader, batches, start):
+        self.loader = loader
+        self.batches = batches
+        self.next_batch = start
+        self.producers = _Producers(loader, batches, start)
+        self.pending = None  # CUDA: the batch already submitted to the GPU, handed out next
+        _live.add(self)
+
+    def _next_item(self):
+        p = self.producers
+        q = p.queues[self.next_batch % len(p.queues)]
+        t = time.perf_counter()
+        while True:
+            try:
+                item = q.get(timeout=_POLL)
+                break
+            except queue.Empty:
+                if not any(th.is_alive() for th in p.threads) and q.empty():
+                    raise RuntimeError("fastload producer threads stopped unexpectedly")
+        self.loader._stats.add(wait=time.perf_counter() - t)
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        self.next_batch += 1
+        return item
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        loader = self.loader
+        if self.producers.stop.is_set():
+            raise StopIteration
+        if loader.device.type == "cpu":
+            if self.next_batch >= len(self.batches):
+                return self._finish()
+            x, y = self._next_item()
+        else:
+            pipe = loader._device_pipe()
+            if self.pending is None:
+                if self.next_batch >= len(self.batches):
+                    return self._finish()
+                self.pending = self._submit(pipe, self._next_item())
+            current, self.pending = self.pending, None
+            if self.next_batch < len(self.batches):  # keep the GPU one batch ahead
+                self.pending = self._submit(pipe, self._next_item())
+            x, y = pipe.receive(current)
+        loader._batches_done += 1
+        loader._stats.add(images=len(y), batches=1)
+        return x, y
+
+    def _submit(self, pipe, batch):
+        t = time.perf_counter()
+        handle = pipe.submit(batch)
+        batch.slot.copied = handle.copied
+        p = self.producers
+        p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)
+        self.loader._stats.add(stage=time.perf_counter() - t)
+        return handle
+
+    def _finish(self):
+        self.loader._finished_epoch = True
+        self.close()
+        raise StopIteration
+
+    def close(self):
+        self.producers.close()
+        _live.discard(self)
+
+    def __del__(self):
+        self.close()

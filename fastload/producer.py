@@ -1,0 +1,186 @@
+"""Turning a list of sample indices into a decoded ragged batch: read, plan, decode, repair.
+
+One ``BatchMaker.make(indices, epoch, slot)`` call per batch: the crop plan for every sample (vectorised), the
+bytes of every record inside one reader context (zero-copy for LMDB), one native ``decode_crops`` call on
+``threads`` native threads straight into the slot's buffer (pinned when the batch goes to a GPU), then Pillow
+for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replacements for broken ones.
+"""
+import io
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import ops
+from .errors import DecodeError
+from .rng import uniforms
+
+_FORMAT_JPEG = 0
+_MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
+
+
+@dataclass
+class RaggedBatch:
+    """A decoded batch: sample i is data[offsets[i]:][:h*w*3] as HWC uint8, warped by matrices[i]."""
+    data: torch.Tensor       # 1-D uint8, a view of the slot's buffer
+    offsets: torch.Tensor    # int64 [B]
+    shapes: torch.Tensor     # int64 [B, 3]
+    matrices: torch.Tensor   # float32 [B, 2, 3]
+    labels: torch.Tensor     # int64 [B]
+    nbytes: int              # bytes of data in use (what a GPU copy must move)
+    slot: "Slot"
+
+
+class Slot:
+    """A reusable decode buffer; grows (by 25% headroom) when a batch needs more, never shrinks."""
+
+    def __init__(self, pin):
+        self.pin = pin
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.copied = None  # CUDA event: the host buffer may be rewritten once the H2D copy it guards is done
+
+    def reserve(self, nbytes):
+        if self.buffer.numel() < nbytes:
+            self.buffer = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=self.pin)
+        return self.buffer
+
+    def wait_reusable(self):
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+
+
+def decoded_nbytes(windows):
+    """Bytes the decoder will write for [B, 5] windows (same formula as ops.decoded_shape, vectorised)."""
+    top, left, h, w, d = (windows[:, k] for k in range(5))
+    rows = (top + h + d - 1) // d - top // d
+    cols = (left + w + d - 1) // d - left // d
+    return rows * cols * 3
+
+
+def full_resolution(windows, matrices):
+    """Rewrites plans to downscale 1 (for samples Pillow decodes): same output pixels, full-size crop."""
+    d = windows[:, 4].to(torch.float32)
+    left, top = windows[:, 1], windows[:, 0]
+    m = matrices.clone()
+    # x_orig_edge = d * (x_d + 0.5 + left // d); x_1 = x_orig_edge - 0.5 - left
+    for row, start in ((0, left), (1, top)):
+        m[:, row, :2] *= d[:, None]
+        m[:, row, 2] = d * (matrices[:, row, 2] + 0.5 + (start // windows[:, 4]).to(torch.float32)) - 0.5 - start
+    w = windows.clone()
+    w[:, 4] = 1
+    return w, m
+
+
+class BatchMaker:
+    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats):
+        self.ds = dataset
+        self.crop = crop
+        self.seed = seed
+        self.threads = threads
+        self.on_error = on_error
+        self.strict = strict
+        self.max_pixels = max_pixels
+        self.stats = stats
+        self.heights = np.asarray(dataset.heights, dtype=np.int64)
+        self.widths = np.asarray(dataset.widths, dtype=np.int64)
+        self.labels = np.asarray(dataset.labels, dtype=np.int64)
+        self.formats = np.asarray(dataset.formats, dtype=np.uint8)
+
+    def plan(self, indices, epoch):
+        plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
+        windows, matrices = plan.windows, plan.matrices
+        other = torch.from_numpy(self.formats[indices] != _FORMAT_JPEG)
+        if bool(other.any()):
+            full_w, full_m = full_resolution(windows, matrices)
+            windows = torch.where(other[:, None], full_w, windows)
+            matrices = torch.where(other[:, None, None], full_m, matrices)
+        return windows, matrices, other
+
+    def make(self, indices, epoch, slot):
+        t0 = time.perf_counter()
+        indices = np.asarray(indices, dtype=np.int64)
+        windows, matrices, other = self.plan(indices, epoch)
+        nbytes = decoded_nbytes(windows)
+        buffer = slot.reserve(int(nbytes.sum()))
+        with self.ds.reader() as reader:
+            # Non-JPEG samples get an empty buffer: the decoder answers NOT_JPEG at once and Pillow fills them.
+            buffers = [b"" if o else reader.get(int(i)) for i, o in zip(indices, other.tolist())]
+            t1 = time.perf_counter()
+            _, offsets, shapes, status, messages = ops.decode_crops(
+                buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels)
+        t2 = time.perf_counter()
+        for k in np.flatnonzero(other.numpy()):
+            self._pillow_fill(int(indices[k]), windows[k], buffer, offsets[k], shapes[k], status, messages, k)
+        used = int(nbytes.sum())
+        bad = np.flatnonzero(status.numpy() != ops.OK)
+        if len(bad):
+            indices = indices.copy()
+            buffer, offsets, shapes, matrices, used = self._repair(bad, indices, matrices, slot, offsets, shapes,
+                                                                   messages, epoch, used)
+        labels = torch.from_numpy(self.labels[indices])
+        t3 = time.perf_counter()
+        self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
+        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
+
+    def _pillow_fill(self, index, window, buffer, offset, shape, status, messages, k):
+        """Decodes a non-JPEG sample with Pillow and writes its window where the decoder would have."""
+        top, left, h, w, _ = (int(v) for v in window)
+        try:
+            with self.ds.reader() as reader:
+                data = bytes(reader.get(index))
+            with Image.open(io.BytesIO(data)) as im:
+                rgb = np.asarray(im.convert("RGB"))
+            if rgb.shape[0] < top + h or rgb.shape[1] < left + w:
+                raise ValueError(f"image is {rgb.shape[1]}x{rgb.shape[0]}, the index says otherwise")
+            start = int(offset)
+            buffer[start:start + h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
+            status[k] = ops.OK
+        except Exception as e:  # any Pillow failure is this sample's decode error
+            status[k] = ops.CORRUPT
+            messages[k] = f"Pillow could not decode it: {e}"
+
+    def _repair(self, bad, indices, matrices, slot, offsets, shapes, messages, epoch, used):
+        """on_error="raise": raise for the first bad sample. "skip": replace each bad sample by a
+        deterministic pick (a pure function of seed, epoch and the bad index) decoded into the slot's spare room."""
+        if self.on_error == "raise":
+            k = int(bad[0])
+            name = self.ds.sample_name(int(indices[k]))
+            raise DecodeError(f"{name}: {messages[k]}", sample=name, reason=messages[k])
+        buffer = slot.buffer
+        offsets, shapes, matrices = offsets.clone(), shapes.clone(), matrices.clone()
+        n = len(self.heights)
+        for k in bad.tolist():
+            self.stats.add(skipped=1)
+            original = int(indices[k])
+            # A stream of its own (seed + a constant) so replacements never correlate with crop draws.
+            picks = uniforms(self.seed + 0x5EED, epoch, np.array([original]), _MAX_REPLACEMENTS)[0]
+            for u in picks:
+                pick = np.array([min(int(u * n), n - 1)], dtype=np.int64)
+                w, m, other = self.plan(pick, epoch)
+                need = int(decoded_nbytes(w).sum())
+                if used + need > buffer.numel():
+                    grown = torch.empty(int((used + need) * 1.25), dtype=torch.uint8, pin_memory=slot.pin)
+                    grown[:used].copy_(buffer[:used])
+                    slot.buffer = buffer = grown
+                if bool(other[0]):
+                    st, msg = torch.tensor([ops.NOT_JPEG], dtype=torch.int32), [""]
+                    off, shp = torch.tensor([0]), torch.tensor([[int(w[0, 2]), int(w[0, 3]), 3]])
+                    self._pillow_fill(int(pick[0]), w[0], buffer[used:], off[0], shp[0], st, msg, 0)
+                else:
+                    with self.ds.reader() as reader:
+                        _, off, shp, st, msg = ops.decode_crops([reader.get(int(pick[0]))], w, buffer[used:],
+                                                                strict=self.strict, max_pixels=self.max_pixels)
+                if int(st[0]) == ops.OK:
+                    offsets[k], shapes[k], matrices[k] = used + int(off[0]), shp[0], m[0]
+                    indices[k] = pick[0]
+                    used += need
+                    break
+                self.stats.add(skipped=1)
+            else:
+                name = self.ds.sample_name(original)
+                raise DecodeError(f"{name}: {messages[k]} (and {_MAX_REPLACEMENTS} replacements failed too)",
+                                  sample=name, reason=messages[k])
+        return buffer, offsets, shapes, matrices, used

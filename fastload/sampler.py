@@ -1,0 +1,127 @@
+"""Per-epoch shuffling and sharding over ranks, resumable mid-epoch.
+
+The permutation is a pure function of (seed, epoch): every rank computes the same one without communicating,
+and a resumed run computes it again instead of storing it. Ranks take strided shards of it, as
+torch.utils.data.DistributedSampler does.
+"""
+import math
+
+import numpy as np
+import torch
+
+from . import rng
+
+__all__ = ["ShardedSampler", "num_batches"]
+
+_SHUFFLE_STREAM = 0x5348  # keeps shuffle keys independent of the crop draws of the same (seed, epoch, index)
+
+
+def num_batches(length, batch_size, drop_last=False):
+    """Batches made from ``length`` samples: the last partial one is dropped or kept."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    return length // batch_size if drop_last else -(-length // batch_size)
+
+
+def _dist_default(rank, world_size):
+    if rank is None or world_size is None:
+        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if rank is None:
+            rank = torch.distributed.get_rank() if initialised else 0
+        if world_size is None:
+            world_size = torch.distributed.get_world_size() if initialised else 1
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return int(rank), int(world_size)
+
+
+class ShardedSampler(torch.utils.data.Sampler):
+    """Indices of one rank's shard of a (seed, epoch)-shuffled dataset.
+
+    pad=True (default): the permutation is extended by wrapping around so every rank gets ceil(n / world_size)
+    indices (a few samples are seen twice per epoch, as with DistributedSampler). drop_last=True: the tail is
+    dropped instead so every rank gets floor(n / world_size). pad=False: no padding, shard lengths differ by at
+    most one and every sample is seen exactly once (evaluation). Shards are disjoint apart from the padding.
+    """
+
+    def __init__(self, num_samples, *, shuffle=True, seed=0, rank=None, world_size=None, drop_last=False, pad=True):
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        self.num_samples = int(num_samples)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.rank, self.world_size = _dist_default(rank, world_size)
+        self.drop_last = bool(drop_last)
+        self.pad = bool(pad)
+        self.epoch = 0
+        self._consumed = 0  # indices of this epoch handed out so far (what state_dict records)
+        self._resuming = False  # the next __iter__ starts at _consumed instead of 0
+
+    def _total(self):
+        n, ws = self.num_samples, self.world_size
+        if self.drop_last:
+            return n // ws * ws
+        return -(-n // ws) * ws if self.pad else n
+
+    def __len__(self):
+        total = self._total()
+        if self.drop_last or self.pad:
+            return total // self.world_size
+        return len(range(self.rank, total, self.world_size))
+
+    def set_epoch(self, epoch):
+        """Selects the epoch's permutation. Re-selecting the current epoch keeps a pending resume position."""
+        if epoch != self.epoch:
+            self._consumed = 0
+            self._resuming = False
+        self.epoch = int(epoch)
+
+    def permutation(self, epoch=None):
+        """The whole dataset's order for an epoch (identical on every rank): argsort of per-index hash keys."""
+        epoch = self.epoch if epoch is None else epoch
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        keys = rng.bits(self.seed, epoch, np.arange(self.num_samples, dtype=np.int64), 1, _SHUFFLE_STREAM)[:, 0]
+        return np.argsort(keys, kind="stable").astype(np.int64)
+
+    def epoch_indices(self, epoch=None):
+        """This rank's indices for an epoch, int64 [len(self)]."""
+        order = self.permutation(epoch)
+        total = self._total()
+        if total > len(order) and len(order):  # pad by wrapping around (several times when n < world_size)
+            order = np.resize(order, total)
+        return order[self.rank:total:self.world_size]
+
+    def __iter__(self):
+        indices = self.epoch_indices()
+        start = self._consumed if self._resuming else 0
+        self._resuming = False
+        self._consumed = start
+        for i in indices[start:].tolist():
+            self._consumed += 1  # counted once handed out: a checkpoint taken now resumes after it
+            yield i
+
+    def state_dict(self, consumed=None):
+        """Position to resume from. ``consumed`` overrides the count (a prefetching loader knows how many
+        indices the training loop really received, which is fewer than it drew from the sampler)."""
+        return {"epoch": self.epoch, "consumed": self._consumed if consumed is None else int(consumed),
+                "seed": self.seed, "num_samples": self.num_samples, "world_size": self.world_size,
+                "rank": self.rank, "shuffle": self.shuffle, "drop_last": self.drop_last, "pad": self.pad}
+
+    def load_state_dict(self, state):
+        """Restores epoch, seed and position; the next ``__iter__`` yields exactly the indices still to come.
+
+        The saved order is only meaningful for the same dataset size, world size and sharding options, so a change
+        there is an error. The rank is not checked: with equal shard lengths every rank has consumed the same count,
+        so rank 0's checkpoint is valid everywhere (pad=False is the exception; its shards may differ by one).
+        """
+        for key in ("num_samples", "world_size", "shuffle", "drop_last", "pad"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(f"cannot resume: {key} was {state[key]} when saved, is {getattr(self, key)} now")
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= len(self):
+            raise ValueError(f"cannot resume: consumed={consumed} outside 0..{len(self)}")
+        self._consumed = consumed
+        self._resuming = True

@@ -1,0 +1,183 @@
+"""The affine/normalise stage (fastload::warp_normalize) on the CPU: against a float64 reference of its
+definition, against torchvision's antialiased resize, and as a well-formed torch op (opcheck, torch.compile).
+CUDA twins of these checks live in test_cuda.py."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from skimage import data as photos
+
+import fastload.ops as ops
+
+
+def reference_warp(img, m, out_h, out_w, fill=0.0):
+    """float64 reference of warp.h's definition. img: [H, W, C]; m: 2x3 output index -> input index."""
+    img = img.astype(np.float64)
+    h, w, c = img.shape
+    a, b, tx, cc, d, ty = (float(v) for v in np.asarray(m, dtype=np.float64).reshape(-1))
+    sx, sy = max(1.0, np.hypot(a, b)), max(1.0, np.hypot(cc, d))
+    out = np.empty((out_h, out_w, c))
+    for v in range(out_h):
+        for u in range(out_w):
+            cx, cy = a * u + b * v + tx + 0.5, cc * u + d * v + ty + 0.5
+            if not (0 <= cx <= w and 0 <= cy <= h):
+                out[v, u] = fill
+                continue
+            x0, x1 = max(int(np.floor(cx - sx + 0.5)), 0), min(int(np.floor(cx + sx + 0.5)), w)
+            y0, y1 = max(int(np.floor(cy - sy + 0.5)), 0), min(int(np.floor(cy + sy + 0.5)), h)
+            wx = np.maximum(0, 1 - np.abs((np.arange(x0, x1) + 0.5 - cx) / sx))
+            wy = np.maximum(0, 1 - np.abs((np.arange(y0, y1) + 0.5 - cy) / sy))
+            out[v, u] = np.einsum("y,x,yxc->c", wy, wx, img[y0:y1, x0:x1]) / (wx.sum() * wy.sum())
+    return out
+
+
+def random_matrices(rng, n, h, w, out_h, out_w, axis_aligned):
+    """Matrices that map the output onto (mostly) the image: scale 0.3x..4x, rotation, shear, shift, flips."""
+    mats = []
+    for _ in range(n):
+        scale = np.exp(rng.uniform(np.log(0.3), np.log(4.0), size=2)) * np.array([w / out_w, h / out_h]) ** 0.5
+        if axis_aligned:
+            lin = np.diag(scale * rng.choice([-1, 1], size=2))
+        else:
+            t = rng.uniform(-np.pi, np.pi)
+            lin = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]]) @ np.diag(scale)
+            lin += rng.normal(0, 0.1, size=(2, 2))
+        centre_in = np.array([w, h]) / 2 + rng.normal(0, 0.15, size=2) * np.array([w, h])
+        centre_out = np.array([out_w - 1, out_h - 1]) / 2
+        mats.append(np.concatenate([lin, (centre_in - lin @ centre_out)[:, None]], axis=1))
+    return torch.tensor(np.stack(mats), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def images():
+    # Real photos, downsized so the float64 reference stays fast.
+    out = []
+    for name in ("astronaut", "chelsea", "coffee"):
+        img = torch.from_numpy(getattr(photos, name)()).permute(2, 0, 1)
+        out.append(TF.resize(img, [60, 80], antialias=True).permute(1, 2, 0).contiguous())
+    return torch.stack(out)  # [3, 60, 80, 3] uint8 HWC
+
+
+@pytest.mark.parametrize("axis_aligned", [True, False])
+def test_warp_matches_float64_reference(images, axis_aligned):
+    rng = np.random.default_rng(1 if axis_aligned else 2)
+    for trial in range(4):
+        mats = random_matrices(rng, len(images), 60, 80, 24, 32, axis_aligned)
+        out = ops.warp_affine(images, mats, (24, 32), layout="NHWC", out_dtype=torch.float32, fill=17.0)
+        assert not torch.isnan(out).any()
+        for i in range(len(images)):
+            ref = reference_warp(images[i].numpy(), mats[i].numpy(), 24, 32, fill=17.0)
+            got = out[i].permute(1, 2, 0).numpy()
+            # float32 accumulation of <= a few hundred taps of 0..255 values: well under 1e-3 absolute.
+            np.testing.assert_allclose(got, ref, atol=2e-3, rtol=0)
+
+
+def test_separable_path_equals_general_path(images):
+    """Axis-aligned matrices take the separable two-pass path; a tiny shear forces the general one."""
+    rng = np.random.default_rng(3)
+    mats = random_matrices(rng, len(images), 60, 80, 40, 40, axis_aligned=True)
+    sheared = mats.clone()
+    sheared[:, 0, 1] = 1e-7  # a different path, the same function up to ~1e-5 pixels of displacement
+    a = ops.warp_affine(images, mats, 40, layout="NHWC", out_dtype=torch.float32)
+    b = ops.warp_affine(images, sheared, 40, layout="NHWC", out_dtype=torch.float32)
+    torch.testing.assert_close(a, b, atol=1e-2, rtol=0)
+
+
+def test_resize_equals_torchvision_antialias(images):
+    """A pure resize is torch's antialiased bilinear resize, down (filter widens) and up."""
+    chw = images.permute(0, 3, 1, 2).float()
+    for out_h, out_w in [(17, 23), (60, 80), (150, 97), (31, 200)]:
+        sx, sy = 80 / out_w, 60 / out_h
+        m = torch.tensor([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5]])
+        got = ops.warp_affine(chw, m, (out_h, out_w))
+        ref = TF.resize(chw, [out_h, out_w], antialias=True)
+        # Same weights, computed and summed in float32 in another order: 5e-3 on 0..255 is 2e-5 relative.
+        torch.testing.assert_close(got, ref, atol=5e-3, rtol=0)
+
+
+def test_normalise_dtypes_and_layouts(images):
+    m = torch.tensor([[80 / 32, 0, 0.5 * 80 / 32 - 0.5], [0, 60 / 24, 0.5 * 60 / 24 - 0.5]])
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    base = ops.warp_affine(images, m, (24, 32), layout="NHWC", out_dtype=torch.float32)  # 0..255 values
+    expected = (base / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    x = ops.warp_affine(images, m, (24, 32), mean=mean, std=std, layout="NHWC")
+    assert x.dtype == torch.float32
+    torch.testing.assert_close(x, expected, atol=1e-5, rtol=0)
+    for dtype, tol in [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)]:  # one rounding to 11 / 8 mantissa bits
+        y = ops.warp_affine(images, m, (24, 32), mean=mean, std=std, out_dtype=dtype, layout="NHWC")
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.float(), expected, atol=tol, rtol=0)
+    cl = ops.warp_affine(images, m, (24, 32), mean=mean, std=std, layout="NHWC", channels_last=True)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(cl, expected, atol=1e-5, rtol=0)
+    u8 = ops.warp_affine(images, m, (24, 32), layout="NHWC")
+    assert u8.dtype == torch.uint8
+    assert (u8.float() - base.round()).abs().max() <= 1  # round-half-up vs round-half-even at .5 ties
+    nchw = ops.warp_affine(images.permute(0, 3, 1, 2).contiguous(), m, (24, 32), layout="NCHW",
+                           out_dtype=torch.float32)
+    torch.testing.assert_close(nchw, base, atol=0, rtol=0)
+
+
+def test_fill_outside_and_identity(images):
+    ident = torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
+    same = ops.warp_affine(images, ident, (60, 80), layout="NHWC")
+    assert torch.equal(same.permute(0, 2, 3, 1), images)  # weights are exactly 1 at pixel centres
+    away = torch.tensor([[1.0, 0, 500.0], [0, 1.0, 0]])
+    out = ops.warp_affine(images, away, (10, 10), layout="NHWC", out_dtype=torch.float32, fill=42.0)
+    assert torch.all(out == 42.0)
+
+
+def test_ragged_batch_matches_dense(images):
+    """The loader's ragged form gives the same result as warping each image alone."""
+    crops = [images[0, :50, :70], images[1, 5:45, 10:40], images[2]]
+    data = torch.cat([c.reshape(-1) for c in crops])
+    sizes = [c.numel() for c in crops]
+    offsets = torch.tensor([0, sizes[0], sizes[0] + sizes[1]])
+    shapes = torch.tensor([list(c.shape) for c in crops])
+    mats = torch.tensor([[[2.0, 0, 0.5], [0, 1.5, 0.25]], [[-1.0, 0, 29.0], [0, 1.0, 0.0]],
+                         [[2.5, 0, 0.75], [0, 1.9, 0.45]]])
+    got = ops.warp_ragged(data, offsets, shapes, mats, 28, mean=(0.5,) * 3, std=(0.25,) * 3)
+    for i, c in enumerate(crops):
+        alone = ops.warp_affine(c[None].contiguous(), mats[i], 28, mean=(0.5,) * 3, std=(0.25,) * 3, layout="NHWC")
+        torch.testing.assert_close(got[i:i + 1], alone, atol=0, rtol=0)
+
+
+def test_bad_arguments_raise():
+    img = torch.zeros(1, 8, 8, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        ops.warp_affine(img[0], torch.eye(2, 3), 4)
+    with pytest.raises(ValueError):
+        ops.warp_affine(img, torch.eye(2, 3).expand(2, 2, 3), 4, layout="NHWC")
+    with pytest.raises(ValueError, match="std"):
+        ops.warp_affine(img, torch.eye(2, 3), 4, mean=0.5, std=0.0, layout="NHWC")
+    data = torch.zeros(100, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="past the end"):
+        ops.warp_ragged(data, torch.tensor([0]), torch.tensor([[10, 10, 3]]), torch.eye(2, 3)[None], 4)
+    with pytest.raises(RuntimeError, match="channels"):
+        torch.ops.fastload.warp_normalize(data, torch.tensor([0]), torch.tensor([[2, 2, 3]]), torch.eye(2, 3)[None],
+                                          torch.ones(5), torch.zeros(5), 5, 4, 4, True, torch.float32, False, 0.0)
+
+
+def test_affine_from_points_recovers_a_known_transform():
+    rng = np.random.default_rng(4)
+    true = torch.tensor(rng.normal(size=(6, 2, 3)), dtype=torch.float64)
+    src = torch.tensor(rng.uniform(0, 112, size=(6, 5, 2)))
+    dst = torch.einsum("bij,bnj->bni", true[:, :, :2], src) + true[:, :, 2][:, None]
+    got = ops.affine_from_points(src, dst)
+    torch.testing.assert_close(got, true.float(), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        ops.affine_from_points(src[:, :2], dst[:, :2])
+
+
+def test_registered_op_passes_opcheck_and_compiles(images):
+    m = torch.tensor([[[1.5, 0.2, 1.0], [-0.1, 1.4, 2.0]]]).expand(3, 2, 3).contiguous()
+    args = (images.reshape(-1), torch.arange(3) * images[0].numel(), torch.tensor([[60, 80, 3]]).expand(3, 3).contiguous(),
+            m, torch.full((3,), 1 / 255.0), torch.zeros(3), 3, 20, 30, True, torch.float32, False, 0.0)
+    torch.library.opcheck(torch.ops.fastload.warp_normalize.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+    def step(x, mats):
+        return ops.warp_affine(x, mats, 20, mean=0.5, std=0.5, layout="NHWC").sum(dim=1)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(images, m), step(images, m))
