@@ -1,6 +1,17 @@
-"""fastload: JPEG batches for PyTorch training, decoded only where the crop is and finished on the GPU."""
+"""fastload: JPEG batches for PyTorch training, decoded only where the crop is and finished on the GPU.
+
+    import fastload as fl
+    loader = fl.FastLoader(fl.LMDBDataset("train.lmdb"), batch_size=256, device="cuda")
+    for x, y in loader: ...
+"""
 from . import ops
 from .errors import DecodeError
+from .datasets import FolderDataset, LMDBDataset
+from .loader import FastLoader
+from .prefetch import DataPrefetcher
+from .sampler import ShardedSampler
+from .transforms import CenterCrop, RandomResizedCrop
 
 __version__ = "0.1.0"
-__all__ = ["ops", "DecodeError", "__version__"]
+__all__ = ["ops", "DecodeError", "FolderDataset", "LMDBDataset", "FastLoader", "DataPrefetcher", "ShardedSampler", "RandomResizedCrop",
+           "CenterCrop", "__version__"]

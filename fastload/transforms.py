@@ -192,7 +192,8 @@ class CenterCrop(_Planner):
 
     def _axis(self, size, new_size, out):
         """Scale, offset (original edge coordinates) and decode window [lo, hi) along one axis."""
-        crop = np.round((new_size - out) / 2.0).astype(np.int64)  # torchvision's centre anchor (may be < 0: pad)
+        # torchvision's centre anchor; a crop larger than the image is padded by (out - new) // 2 before it
+        crop = np.where(new_size >= out, np.round((new_size - out) / 2.0), -((out - new_size) // 2)).astype(np.int64)
         s = size / new_size
         o = crop * s
         reach = np.ceil(np.maximum(1.0, s)) + 1  # antialiased bilinear filter support, plus rounding slack

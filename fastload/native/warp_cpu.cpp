@@ -6,12 +6,20 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "warp.h"
 #include "warp_op.h"
 
 namespace fastload {
+
+at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last);
 
 at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                                const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
@@ -41,8 +49,84 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
   for (const at::Tensor* t : {&offsets, &shapes, &matrices, &alpha, &beta})
     TORCH_CHECK(t->device() == data.device(), "warp_normalize: all tensors must be on ", data.device());
   auto options = data.options().dtype(out_dtype);
+  if (data.device().is_cpu()) return recycled_cpu_output({batch, channels, out_h, out_w}, options, channels_last);
   if (channels_last) options = options.memory_format(at::MemoryFormat::ChannelsLast);
   return at::empty({batch, channels, out_h, out_w}, options);
+}
+
+namespace {
+
+// Large CPU batches (a 256x3x224x224 float32 batch is 154 MB) come from fresh mmap'd pages each time under
+// glibc, and first-touch page faults then cost as much as the warp itself. Blocks come back here when the
+// user's tensor dies and are reused; the pool keeps at most kPoolBytes.
+class HostPool {
+ public:
+  static HostPool& get() {
+    static HostPool* pool = new HostPool();  // never destroyed: tensors may die after static destructors
+    return *pool;
+  }
+  void* take(size_t bytes, size_t* capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].second >= bytes && free_[i].second <= bytes + bytes / 4) {
+          void* p = free_[i].first;
+          *capacity = free_[i].second;
+          pooled_ -= free_[i].second;
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+          return p;
+        }
+      }
+    }
+    void* p = nullptr;
+    TORCH_CHECK(posix_memalign(&p, 2 << 20, bytes) == 0, "warp_normalize: out of memory (", bytes, " bytes)");
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);  // best effort: fewer page faults on first touch
+#endif
+    *capacity = bytes;
+    return p;
+  }
+  void give(void* p, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pooled_ + capacity > kPoolBytes) {
+      std::free(p);
+      return;
+    }
+    pooled_ += capacity;
+    free_.emplace_back(p, capacity);
+  }
+
+ private:
+  static constexpr size_t kPoolBytes = size_t(1) << 30;
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> free_;
+  size_t pooled_ = 0;
+};
+
+}  // namespace
+
+at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
+  if (bytes < (size_t(4) << 20)) {  // small: torch's allocator is fine
+    auto o = channels_last ? options.memory_format(at::MemoryFormat::ChannelsLast) : options;
+    return at::empty(sizes, o);
+  }
+  size_t capacity = 0;
+  void* p = HostPool::get().take(bytes, &capacity);
+  std::vector<int64_t> strides(sizes.size());
+  if (channels_last) {  // N, C, H, W sizes with NHWC memory
+    strides = {sizes[1] * sizes[2] * sizes[3], 1, sizes[3] * sizes[1], sizes[1]};
+  } else {
+    int64_t stride = 1;
+    for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+      strides[i] = stride;
+      stride *= sizes[i];
+    }
+  }
+  return at::from_blob(p, sizes, strides, [capacity](void* q) { HostPool::get().give(q, capacity); },
+                       options.memory_format(c10::nullopt));
 }
 
 namespace {
@@ -91,50 +175,79 @@ void axis_weights(float scale, float offset, int out_size, int in_size, std::vec
   }
 }
 
+// acc[i] += w * src[i]: the vertical pass's whole inner loop, contiguous, so it vectorises; built for AVX2
+// as well as the baseline ISA, picked at load time (a wheel must not assume AVX2).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FL_SIMD_CLONES
+#endif
+FL_SIMD_CLONES void axpy(float* __restrict__ acc, const uint8_t* __restrict__ src, float w, int n) {
+  for (int i = 0; i < n; ++i) acc[i] += w * static_cast<float>(src[i]);
+}
+FL_SIMD_CLONES void axpy(float* __restrict__ acc, const float* __restrict__ src, float w, int n) {
+  for (int i = 0; i < n; ++i) acc[i] += w * src[i];
+}
+
+// Vertical pass first (contiguous rows, vectorised), then the horizontal taps on one accumulated row:
+// the gather-heavy pass then runs over out_h rows instead of the taller input.
 template <typename in_t, typename out_t>
 void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                     out_t* out, const Strides& os, int out_h, int out_w) {
   thread_local std::vector<AxisSample> xs, ys;
-  thread_local std::vector<float> wx, wy, rows;
+  thread_local std::vector<float> wx, wy, acc;
   axis_weights(m[0], m[2], out_w, img.w, xs, wx);
   axis_weights(m[4], m[5], out_h, img.h, ys, wy);
-  int row_lo = img.h, row_hi = 0;
-  for (const AxisSample& s : ys)
-    if (s.hi > s.lo) {
-      row_lo = s.lo < row_lo ? s.lo : row_lo;
-      row_hi = s.hi > row_hi ? s.hi : row_hi;
-    }
-  const int C = img.c;
-  // Pass 1: horizontal filter of every input row the vertical pass needs -> rows[r][u][c].
-  const int nrows = row_hi > row_lo ? row_hi - row_lo : 0;
-  rows.resize(static_cast<size_t>(nrows) * out_w * C);  // every element is written below
-  for (int r = 0; r < nrows; ++r) {
-    float* dst = rows.data() + static_cast<size_t>(r) * out_w * C;
-    for (int u = 0; u < out_w; ++u) {
-      const AxisSample& s = xs[u];
-      float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
-      const float* w = wx.data() + s.first_weight;
-      for (int x = s.lo; x < s.hi; ++x, ++w)
-        for (int c = 0; c < C; ++c) acc[c] += *w * img.at(row_lo + r, x, c);
-      for (int c = 0; c < C; ++c) dst[u * C + c] = acc[c];
-    }
-  }
-  // Pass 2: vertical filter, normalise, cast, store.
+  const int C = img.c, W = img.w;
+  const bool hwc = img.s.x == C;  // else CHW: one plane per channel
+  acc.resize(static_cast<size_t>(W) * C);
+  // acc holds one filtered row: HWC -> acc[x * C + c]; CHW -> acc[c * W + x].
+  const int64_t ax = hwc ? C : 1, ac = hwc ? 1 : W;
+  float fill_value[kMaxChannels];
+  for (int c = 0; c < C; ++c) fill_value[c] = fill * alpha[c] + beta[c];
   for (int v = 0; v < out_h; ++v) {
     const AxisSample& sy = ys[v];
+    out_t* row_out = out + v * os.y;
+    if (sy.hi == sy.lo) {
+      for (int u = 0; u < out_w; ++u)
+        for (int c = 0; c < C; ++c) row_out[u * os.x + c * os.c] = OutCast<out_t>::apply(fill_value[c]);
+      continue;
+    }
+    std::fill(acc.begin(), acc.end(), 0.f);
+    const float* w = wy.data() + sy.first_weight;
+    for (int y = sy.lo; y < sy.hi; ++y, ++w) {
+      if (hwc) {
+        axpy(acc.data(), img.p + y * img.s.y, *w, W * C);
+      } else {
+        for (int c = 0; c < C; ++c) axpy(acc.data() + c * W, img.p + c * img.s.c + y * img.s.y, *w, W);
+      }
+    }
     for (int u = 0; u < out_w; ++u) {
-      out_t* o = out + v * os.y + u * os.x;
-      if (sy.hi == sy.lo || xs[u].hi == xs[u].lo) {
-        for (int c = 0; c < C; ++c) o[c * os.c] = OutCast<out_t>::apply(fill * alpha[c] + beta[c]);
+      const AxisSample& sx = xs[u];
+      out_t* o = row_out + u * os.x;
+      if (sx.hi == sx.lo) {
+        for (int c = 0; c < C; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
         continue;
       }
-      float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
-      const float* w = wy.data() + sy.first_weight;
-      for (int y = sy.lo; y < sy.hi; ++y, ++w) {
-        const float* src = rows.data() + (static_cast<size_t>(y - row_lo) * out_w + u) * C;
-        for (int c = 0; c < C; ++c) acc[c] += *w * src[c];
+      const float* wxp = wx.data() + sx.first_weight;
+      if (C == 3 && hwc) {  // the loader's case, unrolled over channels
+        float r = 0.f, g = 0.f, b = 0.f;
+        const float* a = acc.data() + sx.lo * 3;
+        for (int k = 0, n = sx.hi - sx.lo; k < n; ++k, a += 3) {
+          r += wxp[k] * a[0];
+          g += wxp[k] * a[1];
+          b += wxp[k] * a[2];
+        }
+        o[0] = OutCast<out_t>::apply(r * alpha[0] + beta[0]);
+        o[os.c] = OutCast<out_t>::apply(g * alpha[1] + beta[1]);
+        o[2 * os.c] = OutCast<out_t>::apply(b * alpha[2] + beta[2]);
+        continue;
       }
-      for (int c = 0; c < C; ++c) o[c * os.c] = OutCast<out_t>::apply(acc[c] * alpha[c] + beta[c]);
+      for (int c = 0; c < C; ++c) {
+        float sum = 0.f;
+        for (int x = sx.lo; x < sx.hi; ++x) sum += wxp[x - sx.lo] * acc[x * ax + c * ac];
+        o[c * os.c] = OutCast<out_t>::apply(sum * alpha[c] + beta[c]);
+      }
     }
   }
 }

@@ -1,0 +1,4 @@
+"""`python -m fastload ...` is the `fastload` command."""
+from .cli import main
+
+raise SystemExit(main())

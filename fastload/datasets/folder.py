@@ -1,0 +1,408 @@
+"""FolderDataset: an ImageFolder tree (or a file list) of image files, with sizes scanned once and cached."""
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import warnings
+from collections import namedtuple
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .. import ops
+from ..errors import DecodeError
+from .base import DataError, DatasetError, ImageDataset, Record
+from .check import first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
+from .record import JPEG, OTHER
+
+#: Extensions (lowercase, with the dot) that FolderDataset and `fastload pack` pick up in class folders.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff",
+                    ".ppm", ".pgm", ".pbm", ".pnm")
+
+_CACHE_VERSION = 1
+_HEAD_BYTES = 64 << 10   # a JPEG's header (EXIF and ICC included) is almost always within its first 64 KiB
+_TAIL_BYTES = 4 << 10    # and its end-of-image marker within its last 4 KiB
+_WHOLE_BYTES = _HEAD_BYTES + _TAIL_BYTES
+
+#: A source tree's files in sample order: paths relative to ``root``, labels, and os.stat size / mtime.
+Listing = namedtuple("Listing", "root classes paths labels sizes mtimes skipped")
+
+
+def default_threads():
+    return min(16, 2 * (os.cpu_count() or 1))
+
+
+def _visible(name):
+    return not name.startswith(".")
+
+
+def _walk_class(class_dir, extensions, skipped, root):
+    """(relative path, size, mtime_ns) of the images under one class folder, in torchvision ImageFolder order.
+
+    Follows symlinks; a directory reached twice (a symlink loop, or two links to one folder) is walked once.
+    """
+    seen = set()
+    found = []  # (dirpath, [(name, st)])
+    stack = [class_dir]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.stat(d)
+        except OSError as e:
+            skipped.append((os.path.relpath(d, root), f"cannot open folder: {e.strerror}"))
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        files = []
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            skipped.append((os.path.relpath(d, root), f"cannot list folder: {e.strerror}"))
+            continue
+        for entry in entries:
+            if not _visible(entry.name):
+                continue
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                stack.append(entry.path)
+                continue
+            if os.path.splitext(entry.name)[1].lower() not in extensions:
+                continue
+            rel = os.path.relpath(entry.path, root)
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                skipped.append((rel, "dangling symlink" if entry.is_symlink() else "file disappeared"))
+                continue
+            except OSError as e:
+                skipped.append((rel, f"cannot stat: {e.strerror}"))
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device named .jpg would block or never end
+                skipped.append((rel, "not a regular file"))
+                continue
+            files.append((rel, st.st_size, st.st_mtime_ns))
+        found.append((d, files))
+    found.sort(key=lambda t: t[0])
+    return [f for _, files in found for f in files]
+
+
+def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS):
+    """The image files of ``root`` as a Listing. Raises DatasetError for a missing, class-less or empty folder.
+
+    ImageFolder layout: one sub-folder per class, classes sorted by name -> 0..C-1, files found recursively,
+    extensions matched case-insensitively, hidden files and folders ignored. With ``file_list`` (a text file of
+    ``relative/path label`` lines; label an integer or a class name) exactly the listed files, in that order.
+    """
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root):
+        raise DatasetError(f"{root}: no such folder" if not os.path.exists(root) else f"{root}: not a folder")
+    if file_list is not None:
+        return _list_from_file(root, os.fspath(file_list))
+    extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
+    try:
+        entries = sorted((e for e in os.scandir(root) if _visible(e.name)), key=lambda e: e.name)
+    except OSError as e:
+        raise DatasetError(f"{root}: cannot list the folder: {e.strerror}") from None
+    classes = [e.name for e in entries if e.is_dir()]
+    if not classes:
+        loose = sum(os.path.splitext(e.name)[1].lower() in extensions for e in entries)
+        hint = f"; it has {loose} images directly inside: move them into class folders" if loose else ""
+        raise DatasetError(f"{root}: no class folders (expected one sub-folder per class, ImageFolder layout{hint})")
+    paths, labels, sizes, mtimes, skipped = [], [], [], [], []
+    for label, name in enumerate(classes):
+        for rel, size, mtime in _walk_class(os.path.join(root, name), extensions, skipped, root):
+            paths.append(rel)
+            labels.append(label)
+            sizes.append(size)
+            mtimes.append(mtime)
+    if not paths and not skipped:
+        raise DatasetError(f"{root}: no images in its {len(classes)} class folders "
+                           f"(looked for {', '.join(sorted(extensions))})")
+    return Listing(root, classes, paths, labels, sizes, mtimes, skipped)
+
+
+def _list_from_file(root, file_list):
+    try:
+        with open(file_list, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise DatasetError(f"{file_list}: cannot read the file list: {e.strerror}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.rsplit(None, 1)  # the path may contain spaces; the label is the last field
+        if len(parts) != 2:
+            raise DatasetError(f"{file_list}:{n}: expected 'relative/path label', got {line!r}")
+        rows.append(parts)
+    if not rows:
+        raise DatasetError(f"{file_list}: the file list names no files")
+    numeric = [r[1].lstrip("-").isdigit() for r in rows]
+    if all(numeric):
+        ints = [int(r[1]) for r in rows]
+        if min(ints) < 0:
+            raise DatasetError(f"{file_list}: labels must be >= 0 (found {min(ints)})")
+        classes = [str(i) for i in range(max(ints) + 1)]
+    elif not any(numeric):
+        classes = sorted({r[1] for r in rows})
+        index = {c: i for i, c in enumerate(classes)}
+        ints = [index[r[1]] for r in rows]
+    else:
+        raise DatasetError(f"{file_list}: labels must be all integers or all class names, not a mix")
+    paths, labels, sizes, mtimes, skipped = [], [], [], [], []
+    for (rel, _), label in zip(rows, ints):
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError as e:
+            skipped.append((rel, f"listed in {os.path.basename(file_list)} but cannot be found: {e.strerror}"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            skipped.append((rel, "not a regular file"))
+            continue
+        paths.append(rel)
+        labels.append(label)
+        sizes.append(st.st_size)
+        mtimes.append(st.st_mtime_ns)
+    return Listing(root, classes, paths, labels, sizes, mtimes, skipped)
+
+
+def _read_head_tail(path, size):
+    """(bytes, whole): the whole file when small, else its first 64 KiB + last 4 KiB (whole=False)."""
+    with open(path, "rb") as f:
+        if size <= _WHOLE_BYTES:
+            return f.read(), True
+        head = f.read(_HEAD_BYTES)
+        f.seek(-_TAIL_BYTES, os.SEEK_END)
+        return head + f.read(_TAIL_BYTES), False
+
+
+def _scan_one_slow(path):
+    """Fallback for odd files: read it whole, parse and check it. Returns (h, w, fmt) or raises ValueError."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return _check_whole(data)
+
+
+def _check_whole(data):
+    if not data:
+        raise ValueError("empty file")
+    if is_jpeg(data):
+        sizes, status, messages = ops.read_headers([data], 1)
+        if int(status[0]) != 0:
+            raise ValueError(header_failure(data, messages[0]))
+        problem = jpeg_structure_problem(data)
+        if problem:
+            raise ValueError(problem)
+        return int(sizes[0, 0]), int(sizes[0, 1]), JPEG
+    with pillow_open(data) as im:
+        return im.height, im.width, OTHER
+
+
+def _scan_chunk(root, paths, sizes):
+    """Sizes and formats of some files: [(h, w, fmt) or reason str]. JPEG headers parsed natively (no GIL)."""
+    results = [None] * len(paths)
+    jpeg_idx, jpeg_bufs = [], []
+    for k, (rel, size) in enumerate(zip(paths, sizes)):
+        path = os.path.join(root, rel)
+        if size == 0:
+            results[k] = "empty file"
+            continue
+        try:
+            data, whole = _read_head_tail(path, size)
+        except OSError as e:
+            results[k] = f"unreadable: {(e.strerror or str(e)).lower()}"
+            continue
+        if is_jpeg(data):
+            jpeg_idx.append((k, whole))
+            jpeg_bufs.append(data)
+            continue
+        try:
+            results[k] = _check_whole(data) if whole else _scan_one_slow(path)
+        except (OSError, ValueError) as e:
+            results[k] = str(e)
+    if jpeg_bufs:
+        hw, status, messages = ops.read_headers(jpeg_bufs, 1)
+        for j, (k, whole) in enumerate(jpeg_idx):
+            data = jpeg_bufs[j]
+            try:
+                if int(status[j]) == 0:
+                    problem = _head_tail_problem(data, whole)
+                    if problem is None:
+                        results[k] = (int(hw[j, 0]), int(hw[j, 1]), JPEG)
+                        continue
+                    if whole:
+                        results[k] = problem
+                        continue
+                elif whole:
+                    results[k] = header_failure(data, messages[j])
+                    continue
+                # The head/tail did not settle it (huge metadata, trailing data): read the whole file.
+                results[k] = _scan_one_slow(os.path.join(root, paths[k]))
+            except (OSError, ValueError) as e:
+                results[k] = str(e)
+    return results
+
+
+def _head_tail_problem(data, whole):
+    if whole:
+        return jpeg_structure_problem(data)
+    try:
+        scan = first_scan_offset(data[:_HEAD_BYTES])
+    except ValueError as e:
+        return f"corrupt JPEG: {e}"
+    if scan < 0:
+        return "need the whole file"
+    return None if data.rfind(b"\xff\xd9", _HEAD_BYTES) >= 0 else "need the whole file"
+
+
+def cache_dir():
+    """Where scan caches live: $FASTLOAD_CACHE_DIR, else $XDG_CACHE_HOME/fastload, else ~/.cache/fastload."""
+    if os.environ.get("FASTLOAD_CACHE_DIR"):
+        return os.environ["FASTLOAD_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastload")
+
+
+def _cache_path(root, file_list, extensions):
+    ident = json.dumps([os.path.realpath(root), file_list and os.path.realpath(file_list), sorted(extensions)])
+    return os.path.join(cache_dir(), "scan-" + hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def _load_cache(path, root):
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("version") != _CACHE_VERSION or data.get("root") != root:
+            return {}
+        return {rel: tuple(v) for rel, v in data["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # missing or unusable: rescan
+
+
+def _save_cache(path, root, files):
+    """Writes the cache atomically; a cache that cannot be written only costs a rescan next time."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".scan-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": _CACHE_VERSION, "root": root, "files": files}, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(tmp)
+
+
+def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128):
+    """Heights, widths, formats of a Listing's files and the ones that failed: (h, w, fmt arrays, {i: reason}).
+
+    Reuses cached results of files whose (path, size, mtime) are unchanged; scans the rest on ``threads``
+    threads (file reads and the native header parse release the GIL).
+    """
+    n = len(listing.paths)
+    h = np.zeros(n, np.int64)
+    w = np.zeros(n, np.int64)
+    fmt = np.zeros(n, np.uint8)
+    failed = {}
+    cached = _load_cache(cache_key, listing.root) if cache else {}
+    todo = []
+    for i, (rel, size, mtime) in enumerate(zip(listing.paths, listing.sizes, listing.mtimes)):
+        c = cached.get(rel)
+        if c is not None and c[0] == size and c[1] == mtime:
+            h[i], w[i], fmt[i] = c[2], c[3], c[4]
+        else:
+            todo.append(i)
+    if todo:
+        chunks = [todo[s:s + chunk] for s in range(0, len(todo), chunk)]
+        with ThreadPoolExecutor(max(1, threads or default_threads())) as pool:
+            futures = [pool.submit(_scan_chunk, listing.root, [listing.paths[i] for i in c],
+                                   [listing.sizes[i] for i in c]) for c in chunks]
+            for c, fut in zip(chunks, futures):
+                for i, res in zip(c, fut.result()):
+                    if isinstance(res, str):
+                        failed[i] = res  # never cached: a permission or a file may be fixed without a new mtime
+                    else:
+                        h[i], w[i], fmt[i] = res
+        if cache:
+            files = {rel: [listing.sizes[i], listing.mtimes[i], int(h[i]), int(w[i]), int(fmt[i])]
+                     for i, rel in enumerate(listing.paths) if i not in failed}
+            _save_cache(cache_key, listing.root, files)
+    return h, w, fmt, failed
+
+
+class _FolderReader:
+    def __init__(self, ds):
+        self._ds = ds
+
+    def get(self, i):
+        path = self._ds.paths[i]
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise DecodeError(f"{path}: cannot read: {e.strerror or e}", sample=path, reason="unreadable") from None
+
+    def record(self, i):
+        return self._ds._record_with(self.get(i), i)
+
+
+class FolderDataset(ImageDataset):
+    """Images in an ImageFolder tree (one sub-folder per class, sorted names -> labels 0..C-1), or a file list.
+
+    Sizes come from a parallel header scan, cached under ``cache_dir()`` (never in ``root``) keyed by the files'
+    path, size and mtime. Files that cannot be read or are not valid images are left out and listed in
+    ``skipped`` as (path, reason), with a warning; ``strict=True`` raises DataError instead. The scan checks
+    headers and JPEG structure (truncation); `fastload verify` decodes every file.
+    """
+
+    def __init__(self, root, *, file_list=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
+                 strict=False, transform=None, target_transform=None):
+        super().__init__(transform, target_transform)
+        listing = list_images(root, file_list=file_list, extensions=extensions)
+        self.root = listing.root
+        self.classes = list(listing.classes)
+        key = _cache_path(self.root, file_list and os.fspath(file_list), extensions)
+        h, w, fmt, failed = scan(listing, threads=threads, cache=cache, cache_key=key)
+        keep = np.array([i not in failed for i in range(len(listing.paths))], dtype=bool)
+        self.skipped = sorted(listing.skipped + [(listing.paths[i], r) for i, r in failed.items()])
+        self.skipped = [(os.path.join(self.root, p), r) for p, r in self.skipped]
+        self.paths = [os.path.join(self.root, p) for p, k in zip(listing.paths, keep) if k]
+        self.heights, self.widths, self.formats = h[keep], w[keep], fmt[keep]
+        self.labels = np.asarray(listing.labels, dtype=np.int64)[keep]
+        self.sizes = np.asarray(listing.sizes, dtype=np.int64)[keep]
+        if self.skipped:
+            msg = (f"{self.root}: {len(self.skipped)} of {len(listing.paths) + len(listing.skipped)} files "
+                   f"cannot be used: " + "; ".join(f"{p}: {r}" for p, r in self.skipped[:3])
+                   + (" ..." if len(self.skipped) > 3 else ""))
+            if strict:
+                raise DataError(msg)
+            warnings.warn(msg + " (left out; see .skipped)", stacklevel=2)
+        if not self.paths:
+            raise DatasetError(f"{self.root}: none of its {len(self.skipped)} image files can be read")
+        empty = [c for c, n in zip(self.classes, self.class_counts()) if n == 0]
+        if empty:
+            warnings.warn(f"{self.root}: {len(empty)} classes have no images: {', '.join(empty[:5])}", stacklevel=2)
+
+    @property
+    def samples(self):
+        """(path, label) pairs, as torchvision's ImageFolder has them."""
+        return list(zip(self.paths, self.labels.tolist()))
+
+    def sample_name(self, i):
+        return self.paths[i]
+
+    @contextlib.contextmanager
+    def reader(self):
+        yield _FolderReader(self)
+
+    def _record_with(self, data, i):
+        return Record(data, int(self.heights[i]), int(self.widths[i]), int(self.labels[i]), int(self.formats[i]))
+
+    def __repr__(self):
+        return f"FolderDataset({self.root!r}, {len(self)} samples, {len(self.classes)} classes)"

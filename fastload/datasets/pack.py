@@ -1,0 +1,534 @@
+"""`fastload pack`: an image folder -> an LMDB store (record format in record.py), resumable after any kill.
+
+Crash safety: everything goes to DST.partial. The first transaction stores the plan (the file list and
+options); each later transaction stores a batch of records together with a progress key (next file, next
+record), so what is committed is always a consistent prefix: no duplicates, no gaps, whenever the process dies
+(SIGKILL included). The metadata key is written in the last transaction, and only then is DST.partial renamed
+to DST. An existing DST replaced with --force is removed only after the new store is complete.
+
+Checking: each file is read once; JPEGs (by magic bytes) get the native header parse plus a marker walk that
+finds truncation (check.py), a few microseconds per file, where a full decode costs ~0.6 ms: `--verify-decode`
+adds the full decode. Other formats are decoded once by Pillow (they are rare and Pillow decodes them at training
+time anyway). Reading and checking run on a thread pool (file reads, the header parse, CRC and re-encoding all
+release the GIL); one thread writes.
+"""
+import contextlib
+import fcntl
+import io
+import os
+import shutil
+import sys
+import threading
+import time
+import zlib
+from collections import deque, namedtuple
+from concurrent.futures import ThreadPoolExecutor
+
+import lmdb
+import numpy as np
+
+from .. import ops
+from ..errors import DecodeError
+from .base import DataError, DatasetError
+from .check import header_failure, is_jpeg, jpeg_structure_problem, pillow_check
+from .folder import list_images
+from .record import (FLAG_CONVERTED, FLAG_REENCODED, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
+                     PROGRESS_KEY, SKIP_PREFIX, VERSION, dumps, encode_index, key_index, loads, parse_header,
+                     record_key, skip_key, write_header)
+
+PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted")
+
+DEFAULT_QUALITY = 90
+MAX_FILE_BYTES = 1 << 30  # a bigger "image" is not a training image; refusing it bounds memory
+TURBOJPEG_FALLBACK = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
+_STORE_FILES = {"data.mdb", "lock.mdb", "pack.lock", "report.txt", "report.txt.tmp"}
+_CHUNK = 64  # files per worker task
+_BATCH_BYTES = 64 << 20  # a commit at least this often, whatever --commit-every says
+#: Seconds to sleep after each commit; only for tests that kill a pack midway.
+_SLOWDOWN_ENV = "FASTLOAD_PACK_SLOWDOWN"
+
+_tj = None
+_tj_lock = threading.Lock()
+
+
+def _turbojpeg():
+    """The PyTurboJPEG encoder (libjpeg-turbo), loaded once; DatasetError when it is not installed."""
+    global _tj
+    with _tj_lock:
+        if _tj is None:
+            try:
+                from turbojpeg import TurboJPEG
+            except ImportError:
+                raise DatasetError("re-encoding (--max-side, --convert-to-jpeg) needs PyTurboJPEG: "
+                                   "pip install 'PyTurboJPEG<2' (and libturbojpeg0)") from None
+            try:
+                _tj = TurboJPEG()
+            except Exception:
+                try:
+                    _tj = TurboJPEG(lib_path=TURBOJPEG_FALLBACK)
+                except Exception as e:
+                    raise DatasetError(f"PyTurboJPEG cannot load libturbojpeg ({e}); install libturbojpeg0") from None
+        return _tj
+
+
+def _encode_jpeg(rgb, quality):
+    from turbojpeg import TJPF_RGB, TJSAMP_420
+
+    return _turbojpeg().encode(np.ascontiguousarray(rgb), quality=quality, pixel_format=TJPF_RGB,
+                               jpeg_subsample=TJSAMP_420)
+
+
+def _target_size(h, w, max_side):
+    scale = max_side / max(h, w)
+    return max(1, round(h * scale)), max(1, round(w * scale))
+
+
+def _resize(rgb, nh, nw):
+    from PIL import Image
+
+    if rgb.shape[:2] == (nh, nw):
+        return rgb
+    return np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.Resampling.LANCZOS))
+
+
+def _shrink_jpeg(data, h, w, max_side, quality):
+    """Re-encodes a JPEG whose longer side exceeds max_side: DCT-domain downscale in the decoder, then Pillow."""
+    nh, nw = _target_size(h, w, max_side)
+    d = next(d for d in (8, 4, 2, 1) if -(-h // d) >= nh and -(-w // d) >= nw)
+    rgb = ops.decode_crop(data, 0, 0, h, w, downscale=d).numpy()
+    return _encode_jpeg(_resize(rgb, nh, nw), quality), nh, nw
+
+
+def _pillow_to_jpeg(data, max_side, quality):
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        rgb = np.asarray(im.convert("RGB"))
+    h, w = rgb.shape[:2]
+    if max_side and max(h, w) > max_side:
+        h, w = _target_size(h, w, max_side)
+        rgb = _resize(rgb, h, w)
+    return _encode_jpeg(rgb, quality), h, w
+
+
+def _read(path):
+    """The file's bytes in a bytearray after HEADER_SIZE free bytes (room for the record header: no copy later)."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"file too large ({size / 2**30:.1f} GiB)")
+        buf = bytearray(HEADER_SIZE + size)
+        with memoryview(buf) as view:
+            got = HEADER_SIZE
+            while got < len(buf):
+                k = f.readinto(view[got:])
+                if not k:
+                    break
+                got += k
+        if got < len(buf):  # the file shrank since stat
+            del buf[got:]
+        else:
+            buf += f.read()  # or grew
+    return buf
+
+
+_Options = namedtuple("_Options", "max_side quality convert_to_jpeg verify_decode")
+
+
+def _with_payload(payload, fmt, flags, h, w, label):
+    buf = bytearray(HEADER_SIZE) + payload
+    write_header(buf, fmt, h, w, label, zlib.crc32(payload), flags)
+    return buf
+
+
+def _process(src, items, opt):
+    """Reads and checks files [(file index, relative path, label)] -> [(file index, record value or reason str)]."""
+    out = []
+    jpegs = []
+    for file_index, rel, label in items:
+        try:
+            buf = _read(os.path.join(src, rel))
+        except FileNotFoundError:
+            out.append((file_index, "file not found (removed after the listing?)"))
+            continue
+        except PermissionError:
+            out.append((file_index, "unreadable: permission denied"))
+            continue
+        except IsADirectoryError:
+            out.append((file_index, "a folder, not a file"))
+            continue
+        except OSError as e:
+            out.append((file_index, f"unreadable: {(e.strerror or str(e)).lower()}"))
+            continue
+        except ValueError as e:
+            out.append((file_index, str(e)))
+            continue
+        if len(buf) == HEADER_SIZE:
+            out.append((file_index, "empty file"))
+        elif is_jpeg(buf, HEADER_SIZE):
+            out.append(None)  # filled below, after one native header call for the chunk
+            jpegs.append((len(out) - 1, file_index, label, buf))
+        else:
+            out.append((file_index, _other(buf, label, opt)))
+    if jpegs:
+        sizes, status, messages = ops.read_headers([memoryview(j[3])[HEADER_SIZE:] for j in jpegs], 1)
+        for k, (slot, file_index, label, buf) in enumerate(jpegs):
+            if int(status[k]) != 0:
+                value = header_failure(buf, messages[k], HEADER_SIZE)
+            else:
+                value = _jpeg(buf, int(sizes[k, 0]), int(sizes[k, 1]), label, opt)
+            out[slot] = (file_index, value)
+    return out
+
+
+def _jpeg(buf, h, w, label, opt):
+    problem = jpeg_structure_problem(buf, HEADER_SIZE)
+    if problem:
+        return problem
+    data = memoryview(buf)[HEADER_SIZE:]
+    try:
+        if opt.verify_decode:
+            ops.decode_crop(data, 0, 0, h, w)
+        if opt.max_side and max(h, w) > opt.max_side:
+            payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality)
+            data.release()
+            return _with_payload(payload, JPEG, FLAG_REENCODED, h, w, label)
+    except DecodeError as e:
+        return f"corrupt JPEG data: {e}"
+    write_header(buf, JPEG, h, w, label, zlib.crc32(data))
+    data.release()
+    return buf
+
+
+def _other(buf, label, opt):
+    data = memoryview(buf)[HEADER_SIZE:]
+    try:
+        h, w, _ = pillow_check(data, ops.MAX_PIXELS)
+        if opt.convert_to_jpeg:
+            payload, h, w = _pillow_to_jpeg(data, opt.max_side, opt.quality)
+            return _with_payload(payload, JPEG, FLAG_CONVERTED, h, w, label)
+    except ValueError as e:
+        return str(e)
+    except Exception as e:  # Pillow's decoders raise what they like; a broken file must not stop the pack
+        return f"cannot convert: {e}"
+    write_header(buf, OTHER, h, w, label, zlib.crc32(data))
+    data.release()
+    return buf
+
+
+def _check_replaceable(path):
+    """--force deletes only what fastload made: a store (or partial store) folder, nothing else."""
+    if os.path.isdir(path) and not os.path.islink(path) and set(os.listdir(path)) <= _STORE_FILES:
+        return
+    raise DatasetError(f"{path} exists and is not a fastload store; not deleting it even with --force: "
+                       f"move it away or pick another destination")
+
+
+def _lock(partial):
+    """An exclusive lock held while this process writes DST.partial; the kernel drops it when the process dies."""
+    fd = os.open(os.path.join(partial, "pack.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DatasetError(f"{partial}: another fastload pack is writing it right now") from None
+    return fd
+
+
+def _write(env, puts=(), deletes=()):
+    """One transaction; when the map is full, doubles it and retries (nothing of the failed attempt remains)."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for key, value in puts:
+                    txn.put(key, value)
+                for key in deletes:
+                    txn.delete(key)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)
+
+
+def _fsync_dir(path):
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _plan(src, file_list, listing, opt):
+    return {"format": FORMAT_NAME, "version": VERSION, "source": src, "file_list": file_list,
+            "options": opt._asdict(), "classes": listing.classes,
+            "files": [[p, lab] for p, lab in zip(listing.paths, listing.labels)],
+            "listing_skipped": [list(s) for s in listing.skipped], "source_bytes": int(sum(listing.sizes))}
+
+
+def _read_state(env):
+    with env.begin() as txn:
+        meta, plan, progress = txn.get(META_KEY), txn.get(PLAN_KEY), txn.get(PROGRESS_KEY)
+    return (meta is not None), (loads(plan) if plan else None), (loads(progress) if progress else None)
+
+
+def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg=False, verify_decode=False,
+         strict=False, resume=False, force=False, map_size=None, commit_every=512, file_list=None,
+         progress=True, log=None):
+    """Packs the image folder ``src`` into the store ``dst``; returns a PackResult. See `fastload pack --help`.
+
+    Raises DatasetError for what cannot be done as asked (existing destination, bad options, empty source) and
+    DataError for a broken file under ``strict``. Interrupted packs leave ``dst.partial`` for ``resume=True``.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    t0 = time.perf_counter()
+    src = os.path.abspath(os.fspath(src))
+    dst = os.path.abspath(os.fspath(dst)).rstrip(os.sep)
+    partial = dst + ".partial"
+    file_list = file_list and os.path.abspath(os.fspath(file_list))
+    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    if resume and force:
+        raise DatasetError("--resume continues DST.partial and --force discards it: pass one of them")
+    if max_side is not None and max_side < 16:
+        raise DatasetError(f"--max-side must be at least 16, got {max_side}")
+    if quality is not None and not 1 <= quality <= 100:
+        raise DatasetError(f"--quality must be within 1..100, got {quality}")
+    if quality is not None and not (max_side or convert_to_jpeg):
+        raise DatasetError("--quality applies to re-encoded images: use it with --max-side or --convert-to-jpeg")
+    if workers < 1 or commit_every < 1:
+        raise DatasetError("--workers and --commit-every must be at least 1")
+    opt = _Options(max_side, (quality or DEFAULT_QUALITY) if (max_side or convert_to_jpeg) else None,
+                   bool(convert_to_jpeg), bool(verify_decode))
+    if not os.path.isdir(src):
+        raise DatasetError(f"{src}: no such folder" if not os.path.exists(src) else f"{src}: not a folder")
+    if (dst + os.sep).startswith(src + os.sep):
+        raise DatasetError(f"{dst}: the store must not be inside the source folder {src}")
+    if os.path.lexists(dst):
+        if not force:
+            raise DatasetError(f"{dst} already exists; pass --force to replace it (the old store is removed only "
+                               f"once the new one is complete)")
+        _check_replaceable(dst)
+    if os.path.lexists(partial):
+        if force:
+            _check_replaceable(partial)
+            shutil.rmtree(partial)
+        elif not resume:
+            raise DatasetError(f"{partial} exists: an interrupted pack. Continue it with --resume, or discard it "
+                               f"and start over with --force")
+    elif resume:
+        log(f"nothing to resume at {partial}: starting a new pack")
+    if opt.max_side or opt.convert_to_jpeg:
+        _turbojpeg()  # fail now, not on the first large image
+
+    listing = None
+    if not os.path.isdir(partial):
+        listing = list_images(src, file_list=file_list)  # errors before anything is created
+        os.makedirs(partial)
+    lock_fd = _lock(partial)
+    env = None
+    try:
+        env = lmdb.open(partial, subdir=True, map_size=max(map_size or 0, 1 << 26), lock=False,
+                        readahead=False, meminit=False, metasync=True, sync=True)
+        complete, plan, prog = _read_state(env)
+        if not complete:
+            if plan is None:
+                listing = listing or list_images(src, file_list=file_list)
+                if not listing.paths:
+                    raise DatasetError(f"{src}: none of its image files can be read "
+                                       f"(e.g. {listing.skipped[0][0]}: {listing.skipped[0][1]})")
+                plan = _plan(src, file_list, listing, opt)
+                prog = {"next_file": 0, "next_record": 0}
+                _grow(env, plan, map_size)
+                _write(env, [(PLAN_KEY, dumps(plan)), (PROGRESS_KEY, dumps(prog))])
+            else:
+                _check_plan(plan, src, file_list, opt, partial)
+                _grow(env, plan, map_size)
+                log(f"resuming {partial}: {prog['next_file']} of {len(plan['files'])} files done, "
+                    f"{prog['next_record']} records")
+            _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, partial)
+            _finalize(env, plan)
+        env.close()
+        env = None
+        meta = read_meta_from(partial)
+        _write_report(partial, meta, dst)
+    finally:
+        if env is not None:
+            env.close()
+        os.close(lock_fd)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(partial, "pack.lock"))
+    _swap_into_place(partial, dst)
+    skipped = [tuple(s) for s in meta["skipped"]]
+    return PackResult(dst, meta["count"], meta["files_seen"], skipped, time.perf_counter() - t0,
+                      meta["image_bytes"], meta["reencoded"], meta["converted"])
+
+
+def _grow(env, plan, map_size):
+    need = max(map_size or 0, int(plan["source_bytes"] * 1.1) + len(plan["files"]) * 256 + (64 << 20))
+    if env.info()["map_size"] < need:
+        env.set_mapsize(need)
+
+
+def _check_plan(plan, src, file_list, opt, partial):
+    if plan.get("version", 0) > VERSION:
+        raise DatasetError(f"{partial} was started by a newer fastload; finish it with that version or --force")
+    started = plan["options"]
+    if plan["source"] != src or plan.get("file_list") != file_list or started != opt._asdict():
+        was = {"source": plan["source"], "file_list": plan.get("file_list"), **started}
+        now = {"source": src, "file_list": file_list, **opt._asdict()}
+        diff = ", ".join(f"{k}: {was[k]!r} then, {now[k]!r} now" for k in was if was[k] != now.get(k))
+        raise DatasetError(f"{partial} was started with other settings ({diff}); resume with the same ones, "
+                           f"or start over with --force")
+
+
+def _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, partial):
+    from tqdm import tqdm
+
+    src, files = plan["source"], plan["files"]
+    n = len(files)
+    start, next_record = prog["next_file"], prog["next_record"]
+    slowdown = float(os.environ.get(_SLOWDOWN_ENV) or 0)
+    chunk = max(1, min(_CHUNK, commit_every))
+    tasks = ((s, min(n, s + chunk)) for s in range(start, n, chunk))
+    puts, batch_bytes, batch_start = [], 0, start
+    skipped_now = 0
+    bar = tqdm(total=n, initial=start, unit="file", desc="pack", file=sys.stderr, disable=not progress,
+               mininterval=0.5, dynamic_ncols=True)
+    pool = ThreadPoolExecutor(workers)
+    pending = deque()
+    try:
+        def submit():
+            for s, e in tasks:
+                pending.append((e, pool.submit(_process, src, [(i, files[i][0], files[i][1]) for i in range(s, e)],
+                                               opt)))
+                if len(pending) >= 2 * workers:
+                    return
+
+        submit()
+        while pending:
+            end, fut = pending.popleft()
+            results = fut.result()
+            submit()
+            for file_index, value in results:
+                if isinstance(value, str):
+                    rel = files[file_index][0]
+                    if strict:
+                        raise DataError(f"{os.path.join(src, rel)}: {value} (--strict). {partial} keeps the "
+                                        f"records packed so far: fix the file and run again with --resume, or "
+                                        f"run without --strict to skip broken files")
+                    puts.append((skip_key(file_index), dumps([rel, value])))
+                    skipped_now += 1
+                else:
+                    puts.append((record_key(next_record), value))
+                    batch_bytes += len(value)
+                    next_record += 1
+            bar.update(end - (bar.n))
+            if skipped_now:
+                bar.set_postfix(skipped=skipped_now, refresh=False)
+            if end - batch_start >= commit_every or batch_bytes >= _BATCH_BYTES or end == n:
+                puts.append((PROGRESS_KEY, dumps({"next_file": end, "next_record": next_record})))
+                _write(env, puts)
+                puts, batch_bytes, batch_start = [], 0, end
+                if slowdown:
+                    time.sleep(slowdown)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+
+
+def _finalize(env, plan):
+    """Builds the index from the committed records and writes the metadata: the pack's last transaction."""
+    heights, widths, labels, formats = [], [], [], []
+    image_bytes = reencoded = converted = 0
+    skipped, deletes = [], [PLAN_KEY, PROGRESS_KEY]
+    with env.begin(buffers=True) as txn:
+        prog = loads(txn.get(PROGRESS_KEY))
+        cursor = txn.cursor()
+        expected = 0
+        for key, value in cursor:
+            i = key_index(bytes(key))
+            if i is None:
+                continue
+            if i != expected:
+                raise DataError(f"internal error: record {expected} missing from the store")
+            fmt, flags, h, w, label, _ = parse_header(value, f"record {i}")
+            heights.append(h)
+            widths.append(w)
+            labels.append(label)
+            formats.append(fmt)
+            image_bytes += len(value) - HEADER_SIZE
+            reencoded += bool(flags & FLAG_REENCODED)
+            converted += bool(flags & FLAG_CONVERTED)
+            expected += 1
+        if cursor.set_range(SKIP_PREFIX):
+            for key, value in cursor:
+                key = bytes(key)
+                if not key.startswith(SKIP_PREFIX):
+                    break
+                skipped.append(tuple(loads(value)))
+                deletes.append(key)
+    if expected != prog["next_record"]:
+        raise DataError(f"internal error: {expected} records stored, progress says {prog['next_record']}")
+    skipped = sorted(skipped + [tuple(s) for s in plan["listing_skipped"]])
+    classes = plan["classes"]
+    labels_a = np.asarray(labels, dtype=np.int64)
+    formats_a = np.asarray(formats, dtype=np.uint8)
+    meta = {
+        "format": FORMAT_NAME, "version": VERSION, "count": expected, "classes": classes,
+        "class_counts": np.bincount(labels_a, minlength=len(classes)).tolist() if expected else [0] * len(classes),
+        "source": plan["source"], "file_list": plan.get("file_list"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fastload_version": _version(),
+        "options": plan["options"], "files_seen": len(plan["files"]) + len(plan["listing_skipped"]),
+        "skipped": [list(s) for s in skipped],
+        "formats": {"JPEG": int((formats_a == JPEG).sum()), "other": int((formats_a == OTHER).sum())},
+        "image_bytes": image_bytes, "reencoded": reencoded, "converted": converted,
+        "index": encode_index(heights=heights, widths=widths, labels=labels_a, formats=formats_a),
+    }
+    _write(env, [(META_KEY, dumps(meta))], deletes)
+    env.sync(True)
+
+
+def _version():
+    from .. import __version__
+
+    return __version__
+
+
+def read_meta_from(partial):
+    from .lmdb import open_env
+
+    env = open_env(partial, True)
+    try:
+        with env.begin() as txn:
+            meta = loads(txn.get(META_KEY))
+    finally:
+        env.close()
+    meta.pop("index", None)
+    return meta
+
+
+def _write_report(partial, meta, dst):
+    lines = [f"fastload pack report for {dst}",
+             f"source: {meta['source']}" + (f" (file list {meta['file_list']})" if meta.get("file_list") else ""),
+             f"created: {meta['created']}",
+             f"files: {meta['files_seen']}, records: {meta['count']}, skipped: {len(meta['skipped'])}",
+             f"formats: {meta['formats']['JPEG']} JPEG, {meta['formats']['other']} other; "
+             f"re-encoded {meta['reencoded']}, converted {meta['converted']}",
+             f"image bytes: {meta['image_bytes']}", ""]
+    if meta["skipped"]:
+        lines.append("skipped files (path relative to the source: reason):")
+        lines += [f"  {p}: {r}" for p, r in meta["skipped"]]
+    path = os.path.join(partial, "report.txt")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def _swap_into_place(partial, dst):
+    if os.path.lexists(dst):  # --force: the old store goes only now that the new one is complete
+        old = f"{dst}.old-{os.getpid()}"
+        os.rename(dst, old)
+        os.rename(partial, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(partial, dst)
+    _fsync_dir(os.path.dirname(dst))

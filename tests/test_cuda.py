@@ -1,0 +1,134 @@
+"""GPU tests: the CUDA kernel against its CPU twin and the float64 reference, FastLoader(device="cuda")
+against the CPU path, DataPrefetcher, memory over epochs. Skipped without CUDA (CI has none): run them on
+the GPU machine for every change to GPU code (see bench/RESULTS.md)."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from skimage import data as photos
+
+import fastload as fl
+import fastload.ops as ops
+from warp_reference import random_matrices, reference_warp
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def ragged_photo_batch(rng, n=12):
+    """Crops of real photos of assorted sizes, laid out as the decoder lays out a batch."""
+    sources = [photos.astronaut(), photos.chelsea(), photos.coffee()]
+    crops = []
+    for i in range(n):
+        src = sources[i % 3]
+        h, w = rng.integers(20, src.shape[0] // 2), rng.integers(20, src.shape[1] // 2)
+        top, left = rng.integers(0, src.shape[0] - h), rng.integers(0, src.shape[1] - w)
+        crops.append(torch.from_numpy(np.ascontiguousarray(src[top:top + h, left:left + w])))
+    sizes = [c.numel() for c in crops]
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum(sizes)[:-1]]), dtype=torch.int64)
+    shapes = torch.tensor([list(c.shape) for c in crops], dtype=torch.int64)
+    return torch.cat([c.reshape(-1) for c in crops]), offsets, shapes, crops
+
+
+def poison_allocator(nbytes):
+    """Fills a block of the caching allocator with NaN and frees it: an output that reuses it and misses
+    an element shows NaN there."""
+    junk = torch.full((nbytes // 4 + 1024,), float("nan"), device="cuda")
+    del junk
+
+
+@pytest.mark.parametrize("axis_aligned", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernel_matches_cpu_twin(axis_aligned, dtype, channels_last):
+    rng = np.random.default_rng(0)
+    for trial in range(3):
+        data, offsets, shapes, crops = ragged_photo_batch(rng)
+        mats = torch.cat([random_matrices(rng, 1, int(s[0]), int(s[1]), 56, 48, axis_aligned) for s in shapes])
+        kwargs = dict(mean=MEAN, std=STD, out_dtype=dtype, channels_last=channels_last, fill=0.0)
+        cpu = ops.warp_ragged(data, offsets, shapes, mats, (56, 48), **kwargs)
+        poison_allocator(cpu.numel() * 4)
+        gpu = ops.warp_ragged(data.cuda(), offsets.cuda(), shapes.cuda(), mats.cuda(), (56, 48), **kwargs)
+        torch.cuda.synchronize()
+        assert gpu.dtype == dtype and gpu.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        assert not torch.isnan(gpu.float()).any()
+        diff = (gpu.float().cpu() - cpu.float()).abs().max().item()
+        # float32: same maths, different rounding order (and fast-math division) -> far below 1e-3 normalised
+        # units; 16-bit outputs may round to neighbouring representable values: one ulp at |x| <= 4.
+        tol = {torch.float32: 1e-3, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}[dtype]
+        assert diff <= tol, (trial, diff)
+
+
+def test_warp_affine_cuda_matches_float64_reference():
+    rng = np.random.default_rng(1)
+    img = torch.from_numpy(photos.astronaut())
+    small = TF.resize(img.permute(2, 0, 1), [64, 64], antialias=True).permute(1, 2, 0).contiguous()
+    batch = small[None].expand(4, -1, -1, -1).contiguous()
+    for trial in range(3):
+        mats = random_matrices(rng, 4, 64, 64, 24, 20, axis_aligned=trial == 0)
+        poison_allocator(4 * 3 * 24 * 20 * 4)
+        out = ops.warp_affine(batch.cuda(), mats.cuda(), (24, 20), layout="NHWC", out_dtype=torch.float32,
+                              fill=7.0).cpu()
+        assert not torch.isnan(out).any()
+        for i in range(4):
+            ref = reference_warp(small.numpy(), mats[i].numpy(), 24, 20, fill=7.0)
+            np.testing.assert_allclose(out[i].permute(1, 2, 0).numpy(), ref, atol=2e-3, rtol=0)
+
+
+def test_dense_nchw_float_input_and_compile():
+    x = torch.rand(3, 3, 40, 50, device="cuda") * 255
+    m = torch.tensor([[1.3, 0.1, 2.0], [0.0, 0.9, 1.0]], device="cuda")
+    cpu = ops.warp_affine(x.cpu(), m.cpu(), (20, 30), mean=100.0, std=50.0)
+    gpu = ops.warp_affine(x, m, (20, 30), mean=100.0, std=50.0)
+    assert (gpu.cpu() - cpu).abs().max() <= 1e-3
+
+    def step(images, mats):
+        return ops.warp_affine(images, mats, (20, 30), mean=100.0, std=50.0).mean()
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, m), step(x, m))
+
+
+def test_fastload_cuda_equals_cpu_path(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    common = dict(batch_size=8, shuffle=True, seed=3, crop=fl.RandomResizedCrop(64), threads=2)
+    cpu = list(fl.FastLoader(ds, device="cpu", **common))
+    gpu = list(fl.FastLoader(ds, device="cuda", **common))
+    assert len(cpu) == len(gpu)
+    for (xc, yc), (xg, yg) in zip(cpu, gpu):
+        assert xg.is_cuda and yg.is_cuda
+        assert torch.equal(yc, yg.cpu())
+        assert (xg.cpu() - xc).abs().max().item() <= 1e-3
+
+
+def test_reserved_memory_flat_over_epochs(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(96), device="cuda", threads=4)
+    reserved = []
+    for epoch in range(20):
+        for x, y in loader:
+            x.sum().item()
+        reserved.append(torch.cuda.memory_reserved())
+    # After the first epochs have warmed the caching allocator, nothing more is reserved.
+    assert reserved[-1] == reserved[2], reserved
+
+
+def test_data_prefetcher_over_a_dataloader():
+    imgs = torch.stack([torch.from_numpy(photos.astronaut()[:200, :200]), torch.from_numpy(photos.coffee()[:200, :200])])
+    chw = imgs.permute(0, 3, 1, 2).contiguous()
+    dataset = torch.utils.data.TensorDataset(chw.repeat(8, 1, 1, 1), torch.arange(16))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=0)
+    seen = []
+    for x, y in fl.DataPrefetcher(loader, device="cuda"):
+        assert x.is_cuda and x.shape == (4, 3, 200, 200) and x.dtype == torch.float32
+        expected = (chw[y.cpu() % 2].float() / 255 - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+        assert (x.cpu() - expected).abs().max() <= 1e-4
+        seen.extend(y.tolist())
+    assert seen == list(range(16))
+    # Resizing in the same kernel, channels-last input.
+    nhwc = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(imgs, torch.arange(2)), batch_size=2)
+    (x, _), = list(fl.DataPrefetcher(nhwc, device="cuda", size=112))
+    ref = TF.resize(imgs.permute(0, 3, 1, 2).float(), [112, 112], antialias=True) / 255
+    ref = (ref - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    assert (x.cpu() - ref).abs().max() <= 1e-3

@@ -1,0 +1,300 @@
+"""FolderDataset and LMDBDataset on real photos: indexes, decoding, caching, broken files, errors, DataLoader."""
+import io
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload
+from fastload.datasets import DataError, DatasetError, FolderDataset, LMDBDataset, pack
+from fastload.datasets import folder as folder_mod
+from fastload.datasets.record import HEADER_SIZE, META_KEY, dumps, loads, record_key
+from pack_corpus import add_broken, jpeg_files, photo_tree
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
+
+
+@pytest.fixture(scope="module")
+def ds_tree(imagenet_dir, tmp_path_factory):
+    """The real-photo corpus (4 classes x 12 JPEGs) plus one PNG, in a folder of this module's own."""
+    return photo_tree(imagenet_dir, tmp_path_factory.mktemp("ds") / "photos")
+
+
+@pytest.fixture(scope="module")
+def ds_store(ds_tree, tmp_path_factory):
+    return pack(ds_tree, tmp_path_factory.mktemp("store") / "photos.lmdb", progress=False, log=lambda m: None).path
+
+
+def pillow_rgb(path_or_bytes):
+    src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, memoryview)) else path_or_bytes
+    with Image.open(src) as im:
+        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+
+
+def test_folder_index_matches_files_and_imagefolder(ds_tree):
+    from torchvision.datasets import ImageFolder
+
+    ds = FolderDataset(ds_tree)
+    ref = ImageFolder(ds_tree)
+    assert ds.classes == ref.classes == ["class_00", "class_01", "class_02", "class_03"]
+    assert ds.class_to_idx == ref.class_to_idx
+    assert ds.samples == [(p, t) for p, t in ref.samples]  # same order, same labels
+    assert len(ds) == 49 and ds.skipped == []
+    for arr, dtype in ((ds.heights, np.int64), (ds.widths, np.int64), (ds.labels, np.int64), (ds.formats, np.uint8)):
+        assert arr.dtype == dtype and arr.shape == (49,)
+    for i, path in enumerate(ds.paths):
+        with Image.open(path) as im:
+            assert (ds.heights[i], ds.widths[i]) == (im.height, im.width)
+            assert ds.formats[i] == (0 if im.format == "JPEG" else 1)
+    assert ds.formats.sum() == 1  # the PNG
+    assert ds.sample_name(3) == ds.paths[3]
+
+
+def test_getitem_equals_pillow_and_works_with_torchvision(ds_tree):
+    from torchvision.transforms import v2
+
+    ds = FolderDataset(ds_tree)
+    for i in range(len(ds)):
+        img, label = ds[i]
+        assert img.dtype == torch.uint8 and img.shape == (3, ds.heights[i], ds.widths[i])
+        assert torch.equal(img, pillow_rgb(ds.paths[i])), ds.paths[i]
+        assert label == ds.labels[i]
+    assert torch.equal(ds[-1][0], ds[len(ds) - 1][0])
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    tds = FolderDataset(ds_tree, transform=v2.Compose([v2.RandomResizedCrop(64), v2.ToDtype(torch.float32, scale=True)]))
+    x, y = tds[0]
+    assert x.shape == (3, 64, 64) and x.dtype == torch.float32 and y == 0
+
+
+def test_folder_record_and_reader(ds_tree):
+    ds = FolderDataset(ds_tree)
+    rec = ds.record(5)
+    assert isinstance(rec, fastload.datasets.Record)
+    assert rec.data == Path(ds.paths[5]).read_bytes()
+    assert (rec.height, rec.width, rec.label, rec.format) == (ds.heights[5], ds.widths[5], ds.labels[5], 0)
+    with ds.reader() as r:
+        assert bytes(r.get(7)) == Path(ds.paths[7]).read_bytes()
+
+
+def test_scan_cache_lives_outside_the_data_and_is_reused(imagenet_dir, tmp_path, monkeypatch):
+    tree = photo_tree(imagenet_dir, tmp_path / "t", png=False)
+    before = sorted(p for p in tree.rglob("*"))
+    first = FolderDataset(tree)
+    assert sorted(p for p in tree.rglob("*")) == before  # nothing written into the user's folder
+    caches = list((tmp_path / "scan-cache").glob("*.json"))
+    assert len(caches) == 1
+
+    scanned = []
+    real = folder_mod._scan_chunk
+
+    def spy(root, paths, sizes):
+        scanned.extend(paths)
+        return real(root, paths, sizes)
+
+    monkeypatch.setattr(folder_mod, "_scan_chunk", spy)
+    second = FolderDataset(tree)
+    assert scanned == [] and np.array_equal(second.heights, first.heights)
+    # A changed file is rescanned, alone.
+    changed = jpeg_files(tree)[3]
+    with Image.open(changed) as im:
+        im.resize((123, 77)).save(changed, quality=90)
+    os.utime(changed, ns=(time.time_ns(), time.time_ns() + 10**9))
+    third = FolderDataset(tree)
+    assert scanned == [str(changed.relative_to(tree))]
+    i = third.paths.index(str(changed))
+    assert (third.heights[i], third.widths[i]) == (77, 123)
+    scanned.clear()
+    FolderDataset(tree, cache=False)
+    assert len(scanned) == len(first)
+
+
+def test_extensions_hidden_symlinks_and_magic(ds_tree, tmp_path):
+    jpgs = jpeg_files(ds_tree)
+    root = tmp_path / "tree"
+    (root / "a" / "sub").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / ".hidden_class").mkdir()
+    shutil.copy(jpgs[0], root / "a" / "UPPER.JPG")
+    shutil.copy(jpgs[1], root / "a" / "sub" / "x.jpeg")
+    shutil.copy(jpgs[2], root / "a" / "really_a_jpeg.png")  # named .png, detected as JPEG by its bytes
+    shutil.copy(jpgs[3], root / "a" / ".hidden.jpg")
+    shutil.copy(jpgs[4], root / ".hidden_class" / "y.jpg")
+    (root / "a" / "readme.txt").write_text("not an image extension: ignored")
+    os.symlink(root / "a", root / "a" / "sub" / "loop")  # a cycle: must not be walked forever
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(jpgs[5], outside / "z.jpg")
+    os.symlink(outside, root / "b" / "linked")  # symlinked folders are followed
+    ds = FolderDataset(root)
+    rel = sorted(os.path.relpath(p, root) for p in ds.paths)
+    assert rel == ["a/UPPER.JPG", "a/really_a_jpeg.png", "a/sub/x.jpeg", "b/linked/z.jpg"]
+    assert ds.classes == ["a", "b"]
+    assert ds.formats.tolist() == [0, 0, 0, 0]
+    assert all(torch.equal(ds[i][0], pillow_rgb(ds.paths[i])) for i in range(len(ds)))
+
+
+def test_broken_files_are_left_out_and_reported(imagenet_dir, tmp_path):
+    tree = photo_tree(imagenet_dir, tmp_path / "t", png=False)
+    expected = add_broken(tree, jpeg_files(tree)[0])
+    with pytest.warns(UserWarning, match="cannot be used"):
+        ds = FolderDataset(tree)
+    assert len(ds) == 48
+    got = {os.path.relpath(p, tree): reason for p, reason in ds.skipped}
+    assert set(got) == set(expected)
+    for rel, fragment in expected.items():
+        assert fragment.lower() in got[rel].lower(), (rel, got[rel])
+    assert not any(p.endswith(tuple(expected)) for p in ds.paths)
+    with pytest.raises(DataError, match="empty.jpg: empty file"):
+        FolderDataset(tree, strict=True)
+
+
+def test_folder_errors_name_the_folder(tmp_path, ds_tree):
+    with pytest.raises(DatasetError, match=f"{tmp_path / 'missing'}: no such folder"):
+        FolderDataset(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DatasetError, match=f"{empty}: no class folders"):
+        FolderDataset(empty)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shutil.copy(jpeg_files(ds_tree)[0], loose / "a.jpg")
+    with pytest.raises(DatasetError, match="1 images directly inside"):
+        FolderDataset(loose)
+    no_images = tmp_path / "no_images"
+    (no_images / "cat").mkdir(parents=True)
+    (no_images / "cat" / "notes.txt").write_text("x")
+    with pytest.raises(DatasetError, match=f"{no_images}: no images in its 1 class folders"):
+        FolderDataset(no_images)
+    assert issubclass(DatasetError, ValueError)
+
+
+def test_file_list(ds_tree, tmp_path):
+    jpgs = jpeg_files(ds_tree)
+    spaced = tmp_path / "with space.jpg"
+    shutil.copy(jpgs[0], spaced)
+    shutil.copy(jpgs[1], tmp_path / "b.jpg")
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"# comment\nwith space.jpg 2\nb.jpg 0\n\nmissing.jpg 1\n")
+    with pytest.warns(UserWarning):
+        ds = FolderDataset(tmp_path, file_list=lst)
+    assert ds.paths == [str(spaced), str(tmp_path / "b.jpg")]
+    assert ds.labels.tolist() == [2, 0] and ds.classes == ["0", "1", "2"]
+    assert "missing.jpg" in ds.skipped[0][0]
+    lst.write_text("with space.jpg dog\nb.jpg cat\n")
+    ds = FolderDataset(tmp_path, file_list=lst)
+    assert ds.classes == ["cat", "dog"] and ds.labels.tolist() == [1, 0]
+    lst.write_text("b.jpg\n")
+    with pytest.raises(DatasetError, match="list.txt:1: expected 'relative/path label'"):
+        FolderDataset(tmp_path, file_list=lst)
+
+
+def test_lmdb_equals_folder_byte_for_byte(ds_tree, ds_store):
+    folder = FolderDataset(ds_tree)
+    store = LMDBDataset(ds_store)
+    assert len(store) == len(folder) == 49
+    assert store.classes == folder.classes and store.class_to_idx == folder.class_to_idx
+    for name in ("heights", "widths", "labels", "formats"):
+        a, b = getattr(store, name), getattr(folder, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    with store.reader() as r:
+        for i in range(len(store)):
+            view = r.get(i)
+            assert isinstance(view, memoryview)
+            assert bytes(view) == Path(folder.paths[i]).read_bytes()
+            rec = r.record(i)
+            assert (rec.height, rec.width, rec.label, rec.format) == folder.record(i)[1:]
+    rec = store.record(4)
+    assert isinstance(rec.data, bytes) and rec.data == Path(folder.paths[4]).read_bytes()
+    for i in (0, 13, len(store) - 1):
+        img, label = store[i]
+        assert torch.equal(img, folder[i][0]) and label == folder.labels[i]
+    png = int(np.flatnonzero(store.formats == 1)[0])
+    assert torch.equal(store[png][0], pillow_rgb(folder.paths[png]))
+    assert store.sample_name(7) == f"{ds_store}[7]"
+    assert store.skipped == [] and store.meta["count"] == 49 and store.meta["class_counts"] == [12, 13, 12, 12]
+
+
+class _Pair:  # picklable collate: samples have different sizes
+    def __call__(self, batch):
+        return [b[0].shape for b in batch], torch.tensor([b[1] for b in batch])
+
+
+def test_lmdb_with_dataloader_workers(ds_store):
+    ds = LMDBDataset(ds_store)
+    ds[0]  # the parent opens its environment before the fork: each worker must open its own
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_Pair())
+    shapes, labels = [], []
+    for s, y in loader:
+        shapes += s
+        labels.append(y)
+    assert torch.cat(labels).tolist() == ds.labels.tolist()
+    assert [tuple(s[1:]) for s in shapes] == list(zip(ds.heights.tolist(), ds.widths.tolist()))
+    clone = pickle.loads(pickle.dumps(ds))  # spawn-started workers get a pickled copy
+    assert torch.equal(clone[3][0], ds[3][0])
+
+
+def _write_meta(path, change):
+    env = lmdb.open(str(path), lock=False)
+    with env.begin(write=True) as txn:
+        meta = loads(txn.get(META_KEY))
+        change(meta)
+        txn.put(META_KEY, dumps(meta))
+    env.close()
+
+
+def test_lmdb_refuses_what_is_not_a_finished_store(ds_store, tmp_path):
+    with pytest.raises(DatasetError, match="no such store"):
+        LMDBDataset(tmp_path / "nothing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(DatasetError, match="not a fastload store"):
+        LMDBDataset(tmp_path / "plain")
+    (tmp_path / "file.mdb").write_bytes(b"x" * 100)
+    with pytest.raises(DatasetError, match="not a fastload store"):
+        LMDBDataset(tmp_path / "file.mdb")
+    other = lmdb.open(str(tmp_path / "other"))
+    with other.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+    other.close()
+    with pytest.raises(DatasetError, match="without fastload metadata"):
+        LMDBDataset(tmp_path / "other")
+    newer = tmp_path / "newer.lmdb"
+    shutil.copytree(ds_store, newer)
+    _write_meta(newer, lambda m: m.update(version=99))
+    with pytest.raises(DatasetError, match="newer fastload .*version 99"):
+        LMDBDataset(newer)
+    unfinished = tmp_path / "u.lmdb"
+    shutil.copytree(ds_store, str(unfinished) + ".partial")
+    with pytest.raises(DatasetError, match="did not finish.*--resume"):
+        LMDBDataset(unfinished)
+    with pytest.raises(DatasetError, match="unfinished pack.*--resume"):
+        LMDBDataset(str(unfinished) + ".partial")
+
+
+def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
+    damaged = tmp_path / "damaged.lmdb"
+    shutil.copytree(ds_store, damaged)
+    env = lmdb.open(str(damaged), lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(record_key(2)))
+        value[0:4] = b"XXXX"
+        txn.put(record_key(2), bytes(value))
+        txn.delete(record_key(3))
+    env.close()
+    ds = LMDBDataset(damaged)
+    with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[2\]: .*damaged store"):
+        ds[2]
+    with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[3\]: record missing"):
+        ds[3]
+    assert ds[4][0].shape[0] == 3
+    assert HEADER_SIZE == 24

@@ -1,0 +1,285 @@
+"""FastLoader on the CPU: labels stay with their images, determinism, resume, pixels against torchvision,
+errors, memory and thread hygiene. Real photos throughout."""
+import gc
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from skimage import data as photos
+
+import fastload as fl
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CLASSES = 6
+
+
+def class_level(k):
+    return 20 + 40 * k  # blue level that encodes class k; 40 apart survives JPEG and resampling
+
+
+@pytest.fixture(scope="module")
+def coded_dir(tmp_path_factory):
+    """Real photos whose blue channel is a flat level encoding the class, so any crop tells its class."""
+    root = tmp_path_factory.mktemp("coded")
+    rng = np.random.default_rng(0)
+    sources = [photos.astronaut(), photos.chelsea(), photos.coffee()]
+    for k in range(CLASSES):
+        (root / f"class_{k}").mkdir()
+        for j in range(7):
+            src = sources[(k + j) % 3]
+            h, w = rng.integers(180, src.shape[0]), rng.integers(180, src.shape[1])
+            top, left = rng.integers(0, src.shape[0] - h + 1), rng.integers(0, src.shape[1] - w + 1)
+            img = np.ascontiguousarray(src[top:top + h, left:left + w]).copy()
+            img[..., 2] = class_level(k)
+            Image.fromarray(img).save(root / f"class_{k}" / f"{j}.jpg", quality=92)
+    return root
+
+
+def blue_to_class(x):
+    blue = x[:, 2].float().mean(dim=(1, 2)) * STD[2] + MEAN[2]  # undo normalise -> 0..1
+    return torch.round((blue * 255 - 20) / 40).long()
+
+
+def collect(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_labels_match_images_across_shuffled_threaded_epochs(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=5, shuffle=True, seed=1, crop=fl.RandomResizedCrop(48), threads=4)
+    orders = []
+    for epoch in range(3):
+        seen = []
+        for x, y in loader:
+            assert x.shape[1:] == (3, 48, 48) and x.dtype == torch.float32 and y.dtype == torch.int64
+            assert torch.equal(blue_to_class(x), y)
+            seen.extend(y.tolist())
+        assert sorted(seen) == sorted(ds.labels.tolist())  # every sample once per epoch
+        orders.append(seen)
+    assert orders[0] != orders[1]  # epochs advance on their own and reshuffle
+
+
+def test_same_seed_same_batches_whatever_the_threads(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda threads, workers: fl.FastLoader(ds, batch_size=8, seed=7, crop=fl.RandomResizedCrop(40),
+                                                  threads=threads, workers=workers)
+    a = collect(make(1, 1))
+    b = collect(make(4, 3))
+    assert len(a) == len(b) == len(make(1, 1))
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    c = collect(fl.FastLoader(ds, batch_size=8, seed=8, crop=fl.RandomResizedCrop(40)))
+    assert not all(torch.equal(xa, xc) for (xa, _), (xc, _) in zip(a, c))
+
+
+def test_resume_from_state_dict_yields_exactly_the_remaining_batches(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(32))
+    reference = make()
+    collect(reference)  # epoch 0
+    full = collect(reference)  # epoch 1
+    interrupted = make()
+    collect(interrupted)
+    for i, _ in enumerate(interrupted):
+        if i == 3:
+            break
+    state = interrupted.state_dict()
+    assert state["epoch"] == 1 and state["batches_done"] == 4
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = collect(resumed)
+    assert len(rest) == len(full) - 4
+    for (xa, ya), (xb, yb) in zip(full[4:], rest):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert resumed.state_dict()["epoch"] == 2  # a finished epoch resumes at the next one
+
+
+def torchvision_reference(ds, plan, indices):
+    """torchvision's pixels for the same windows: Pillow decode, resized_crop(antialias), flip, normalise."""
+    out = []
+    for k, i in enumerate(indices):
+        img = TF.pil_to_tensor(Image.open(ds.samples[i][0]).convert("RGB")).float()
+        top, left, h, w, _ = (int(v) for v in plan.windows[k])
+        x = TF.resized_crop(img, top, left, h, w, list(ds_crop_size(plan)), antialias=True)
+        if plan.flipped[k]:
+            x = TF.horizontal_flip(x)
+        out.append(TF.normalize(x / 255, MEAN, STD))
+    return torch.stack(out)
+
+
+def ds_crop_size(plan):
+    return (64, 64)
+
+
+@pytest.mark.parametrize("dct", [False, True])
+def test_batches_match_torchvision_on_the_same_windows(imagenet_dir, dct):
+    ds = fl.FolderDataset(imagenet_dir)
+    crop = fl.RandomResizedCrop(64, dct_downscale=dct)
+    loader = fl.FastLoader(ds, batch_size=16, seed=5, crop=crop, shuffle=True)
+    indices = loader.sampler.epoch_indices(0)[:16]
+    plan = crop.plan(ds.heights[indices], ds.widths[indices], 5, 0, indices)
+    x, y = next(iter(loader))
+    ref = torchvision_reference(ds, plan, indices)
+    assert torch.equal(y, torch.from_numpy(ds.labels[indices]))
+    if not dct:
+        # Same decoder output (bit-exact with Pillow) and the same filter: float rounding only.
+        assert (x - ref).abs().max().item() <= 1e-3 / 0.225
+    else:
+        # DCT downscaling changes pixels slightly: PSNR on 0..1 values, per image.
+        a, b = x * torch.tensor(STD)[:, None, None], ref * torch.tensor(STD)[:, None, None]
+        mse = ((a - b) ** 2).mean(dim=(1, 2, 3))
+        psnr = 10 * torch.log10(1 / mse)
+        assert psnr.median() >= 35 and psnr.min() >= 28, psnr
+
+
+def test_center_crop_eval_matches_torchvision(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, crop=fl.CenterCrop(56, resize=64, dct_downscale=False))
+    x, y = next(iter(loader))
+    for k in range(8):
+        img = TF.pil_to_tensor(Image.open(ds.samples[k][0]).convert("RGB")).float()
+        ref = TF.center_crop(TF.resize(img, 64, antialias=True), 56)
+        ref = TF.normalize(ref / 255, MEAN, STD)
+        assert (x[k] - ref).abs().max().item() <= 1e-3 / 0.225
+
+
+def test_outputs_dtype_layout_and_stats(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=10, crop=fl.RandomResizedCrop(32), dtype=torch.bfloat16,
+                           channels_last=True, drop_last=True)
+    batches = collect(loader)
+    assert len(batches) == len(loader) == len(ds) // 10
+    for x, y in batches:
+        assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(blue_to_class(x.float()), y)
+    s = loader.stats()
+    assert s["images"] == 10 * len(batches) and s["images_per_s"] > 0
+    assert {"read_s", "decode_s", "stage_s", "wait_s", "skipped", "fallback"} <= set(s)
+
+
+@pytest.fixture()
+def broken_dir(tmp_path, coded_dir):
+    """A copy of two classes with one truncated JPEG and one PNG."""
+    for k in range(2):
+        (tmp_path / f"c{k}").mkdir()
+        for f in sorted((coded_dir / f"class_{k}").iterdir()):
+            (tmp_path / f"c{k}" / f.name).write_bytes(f.read_bytes())
+    good = (tmp_path / "c0" / "0.jpg").read_bytes()
+    # Truncated after the header: a size is known at scan time, the decode fails mid-scan.
+    (tmp_path / "c0" / "0.jpg").write_bytes(good[: len(good) // 3])
+    Image.open(io.BytesIO(good)).save(tmp_path / "c1" / "z.png")
+    return tmp_path
+
+
+def test_corrupt_sample_raises_with_its_path_or_is_skipped(broken_dir):
+    ds = fl.FolderDataset(broken_dir, cache=False)
+    bad = [i for i in range(len(ds)) if ds.sample_name(i).endswith("c0/0.jpg")]
+    if not bad:
+        pytest.skip("the dataset scan already excluded the truncated file")
+    loader = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32))
+    with pytest.raises(fl.DecodeError, match="0.jpg"):
+        collect(loader)
+    skipping = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32), on_error="skip")
+    first = collect(skipping)
+    assert sum(len(y) for _, y in first) == len(ds)
+    assert skipping.stats()["skipped"] >= 1 and skipping.stats()["fallback"] >= 1
+    again = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32), on_error="skip")
+    for (xa, ya), (xb, yb) in zip(first, collect(again)):  # replacements are deterministic
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_non_jpeg_goes_through_pillow(broken_dir):
+    ds = fl.FolderDataset(broken_dir, cache=False)
+    png = [i for i in range(len(ds)) if ds.sample_name(i).endswith(".png")]
+    assert png and ds.formats[png[0]] == 1
+    loader = fl.FastLoader(ds, batch_size=len(ds), crop=fl.CenterCrop(64, resize=73, dct_downscale=False), shuffle=False,
+                           on_error="skip")
+    x, y = next(iter(loader))
+    img = TF.pil_to_tensor(Image.open(ds.sample_name(png[0])).convert("RGB")).float()
+    ref = TF.normalize(TF.center_crop(TF.resize(img, 73, antialias=True), 64) / 255, MEAN, STD)
+    assert (x[png[0]] - ref).abs().max().item() <= 1e-3 / 0.225
+    assert loader.stats()["fallback"] >= 1
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_rss_flat_over_30_epochs(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(64), threads=2)
+    for _ in range(3):  # warm-up: allocator pools, thread stacks
+        collect(loader)
+    gc.collect()
+    before = rss_bytes()
+    for _ in range(30):
+        for x, y in loader:
+            pass
+    gc.collect()
+    assert rss_bytes() <= before * 1.05, (before, rss_bytes())
+
+
+def fastload_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fastload-")]
+
+
+def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=2, crop=fl.RandomResizedCrop(32), prefetch=1)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    gc.collect()
+    assert not fastload_threads()
+    it = iter(loader)
+    next(it)
+    fresh = iter(loader)  # starting a new epoch ends the old one's producers
+    assert not any(t.is_alive() for t in it.producers.threads)
+    next(fresh)
+    del it, fresh, loader
+    gc.collect()
+    assert not fastload_threads()
+
+
+def run_script(body, timeout=60):
+    code = textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
+    exit_mid_epoch = f"""
+        import fastload as fl
+        loader = fl.FastLoader(fl.FolderDataset({str(coded_dir)!r}), batch_size=2, prefetch=1)
+        it = iter(loader); next(it)
+        print("ok")
+    """
+    r = run_script(exit_mid_epoch)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    ctrl_c = f"""
+        import os, signal, threading
+        import fastload as fl
+        loader = fl.FastLoader(fl.FolderDataset({str(coded_dir)!r}), batch_size=2, prefetch=1)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            while True:
+                for x, y in loader:
+                    pass
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    r = run_script(ctrl_c)
+    assert r.returncode == 0 and "interrupted" in r.stdout, r.stderr
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="on_error"):
+        fl.FastLoader([], on_error="ignore")
