@@ -132,7 +132,7 @@ class BatchMaker:
             with self.ds.reader() as reader:
                 data = bytes(reader.get(index))
             with Image.open(io.BytesIO(data)) as im:
-                rgb = np.asarray(im.convert("RGB"))
+                rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
             if rgb.shape[0] < top + h or rgb.shape[1] < left + w:
                 raise ValueError(f"image is {rgb.shape[1]}x{rgb.shape[0]}, the index says otherwise")
             start = int(offset)

@@ -306,7 +306,7 @@ def center_jobs(photos):
     g = np.random.default_rng(1)
     images = [(data, mosaic)] + [(d, f) for d, f in photos[:3]]
     rgb = mosaic.permute(1, 2, 0).to(torch.uint8).numpy()
-    while len(images) < 64:
+    while len(images) < 80:
         h = int(g.integers(240, 800))
         w = int(np.clip(h * np.exp(g.uniform(-0.8, 0.8)), 120, 1200))
         y, x = g.integers(0, 1080 - h + 1), g.integers(0, 1920 - w + 1)

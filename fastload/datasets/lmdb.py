@@ -1,6 +1,7 @@
 """LMDBDataset: a store written by `fastload pack`, read zero-copy, safe to use from forked DataLoader workers."""
 import contextlib
 import os
+import threading
 
 import lmdb
 
@@ -8,11 +9,6 @@ from ..errors import DecodeError
 from .base import DatasetError, ImageDataset, Record
 from .record import (FORMAT_NAME, HEADER_SIZE, META_KEY, PLAN_KEY, VERSION, decode_index, loads, parse_header,
                      record_key)
-
-# Environments inherited over fork are kept referenced, never closed: LMDB handles must not be used (nor
-# closed) in a child, so each process opens its own and the parent's stays untouched.
-_INHERITED = []
-
 
 def _resume_hint(path):
     return f"finish it with `fastload pack SRC {path} --resume`"
@@ -42,20 +38,61 @@ def open_env(path, subdir):
                      max_spare_txns=4)
 
 
+# One read-only environment per store file per process, shared by every LMDBDataset on it: py-lmdb refuses a
+# second open of the same files in one process, and LMDB handles must not be used after a fork. Keyed by the
+# data file's (device, inode), so a store replaced on disk is never mistaken for the one a dataset indexed.
+_envs = {}
+_envs_pid = None
+_envs_lock = threading.Lock()
+
+
+def _reset_after_fork():
+    global _envs_lock
+    _envs_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _file_key(where, subdir):
+    st = os.stat(os.path.join(where, "data.mdb") if subdir else where)
+    return st.st_dev, st.st_ino
+
+
+def shared_env(where, subdir, key=None):
+    """(environment, key) of the store at ``where`` for this process; ``key`` pins it to the file it was."""
+    global _envs_pid
+    with _envs_lock:
+        if _envs_pid != os.getpid():
+            for env in _envs.values():  # inherited from the parent: close (lock=False: nothing shared to disturb)
+                with contextlib.suppress(lmdb.Error):
+                    env.close()
+            _envs.clear()
+            _envs_pid = os.getpid()
+        try:
+            actual = _file_key(where, subdir)
+        except OSError as e:
+            raise DatasetError(f"{where}: cannot open the store: {e.strerror}") from None
+        key = key or actual
+        env = _envs.get(key)
+        if env is None:
+            if actual != key:
+                raise DatasetError(f"{where}: the store was replaced on disk since this dataset was opened")
+            try:
+                env = _envs[key] = open_env(where, subdir)
+            except lmdb.Error as e:
+                raise DatasetError(f"{where}: not a fastload store (LMDB cannot open it: {e})") from None
+        return env, key
+
+
 def read_meta(path):
-    """The metadata of the store at ``path`` (a dict, index included). DatasetError for anything else."""
+    """(metadata dict with the index, environment key) of the store at ``path``. DatasetError for anything else."""
     path = os.path.abspath(os.fspath(path))
     where, subdir = _locate(path)
-    try:
-        env = open_env(where, subdir)
-    except lmdb.Error as e:
-        raise DatasetError(f"{path}: not a fastload store (LMDB cannot open it: {e})") from None
-    try:
-        with env.begin() as txn:
-            raw = txn.get(META_KEY)
-            unfinished = raw is None and txn.get(PLAN_KEY) is not None
-    finally:
-        env.close()
+    env, key = shared_env(where, subdir)
+    with env.begin() as txn:
+        raw = txn.get(META_KEY)
+        unfinished = raw is None and txn.get(PLAN_KEY) is not None
     if raw is None:
         if unfinished:
             raise DatasetError(f"{path}: an unfinished pack (no metadata yet); {_resume_hint(path)}")
@@ -70,7 +107,7 @@ def read_meta(path):
     if version > VERSION:
         raise DatasetError(f"{path}: written by a newer fastload (store format version {version}; this fastload "
                            f"reads up to {VERSION}); upgrade fastload to read it")
-    return meta
+    return meta, key
 
 
 class _LMDBReader:
@@ -100,7 +137,8 @@ class _LMDBReader:
 
 
 class LMDBDataset(ImageDataset):
-    """A store made by `fastload pack SRC DST`: read-only, zero-copy, opened lazily in each process.
+    """A store made by `fastload pack SRC DST`: read-only, zero-copy, opened lazily in each process (one
+    environment per store per process, shared; reopened after a fork, so DataLoader workers just work).
 
     ``with ds.reader() as r: r.get(i)`` gives memoryviews into the memory map, valid until the ``with`` ends.
     The index (heights, widths, labels, formats) and classes come from the metadata, no record is read for them.
@@ -109,7 +147,7 @@ class LMDBDataset(ImageDataset):
     def __init__(self, path, *, transform=None, target_transform=None):
         super().__init__(transform, target_transform)
         self.path = os.path.abspath(os.fspath(path))
-        meta = read_meta(self.path)
+        meta, self._key = read_meta(self.path)
         self._where, self._subdir = _locate(self.path)
         count = int(meta["count"])
         try:
@@ -121,24 +159,11 @@ class LMDBDataset(ImageDataset):
         self.classes = list(meta["classes"])
         self.skipped = [tuple(s) for s in meta.get("skipped", [])]
         self.meta = meta
-        self._env = None
-        self._pid = None
-
-    def _get_env(self):
-        pid = os.getpid()
-        if self._env is None or self._pid != pid:
-            if self._env is not None:
-                _INHERITED.append(self._env)  # opened by the parent before a fork
-            try:
-                self._env = open_env(self._where, self._subdir)
-            except lmdb.Error as e:
-                raise DatasetError(f"{self.path}: cannot open the store: {e}") from None
-            self._pid = pid
-        return self._env
 
     @contextlib.contextmanager
     def reader(self):
-        txn = self._get_env().begin(buffers=True)
+        env, _ = shared_env(self._where, self._subdir, self._key)
+        txn = env.begin(buffers=True)
         try:
             yield _LMDBReader(self, txn)
         finally:
@@ -146,17 +171,6 @@ class LMDBDataset(ImageDataset):
 
     def sample_name(self, i):
         return f"{self.path}[{i}]"
-
-    def close(self):
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
-
-    def __getstate__(self):  # picklable for spawn-started workers: each opens its own environment
-        state = self.__dict__.copy()
-        state["_env"] = None
-        state["_pid"] = None
-        return state
 
     def __repr__(self):
         return f"LMDBDataset({self.path!r}, {len(self)} samples, {len(self.classes)} classes)"

@@ -1,0 +1,48 @@
+"""FastLoader(device="cpu") against torchvision's ImageFolder + DataLoader, side by side in one run, on the
+ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing).
+
+    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--json out.json]
+
+Same batch size, same transforms (RandomResizedCrop 224, flip, normalise), workers = threads = cores.
+"""
+import argparse
+import json
+import os
+
+from bench import corpus
+from fastload import benchmark
+from fastload.datasets import FolderDataset
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data", help="where the corpora live or are built")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--cores", type=int, default=os.cpu_count(), help="fastload threads and torchvision workers")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    sets = {"ImageNet-like": corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"), classes=10,
+                                                       per_class=100),
+            "1080p": corpus.make_hd(os.path.join(args.data, "hd"), count=96)}
+    results = {}
+    for name, root in sets.items():
+        ds = FolderDataset(root)
+        fast, stats = benchmark.fastload_rate(ds, batch_size=args.batch_size, threads=args.cores,
+                                              epochs=args.epochs)
+        tv = benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores, epochs=args.epochs)
+        results[name] = [{"pipeline": f"fastload FastLoader (cpu, {args.cores} threads)", "images_per_s": fast,
+                          "stats": stats},
+                         {"pipeline": f"torchvision DataLoader ({args.cores} workers)", "images_per_s": tv}]
+    for name, rows in results.items():
+        print()
+        print(benchmark.format_table(rows, f"{name}: {len(FolderDataset(sets[name]))} images, batch "
+                                           f"{args.batch_size}, {args.cores} cores"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
