@@ -4,7 +4,6 @@ The permutation is a pure function of (seed, epoch): every rank computes the sam
 and a resumed run computes it again instead of storing it. Ranks take strided shards of it, as
 torch.utils.data.DistributedSampler does.
 """
-import math
 
 import numpy as np
 import torch

@@ -131,10 +131,10 @@ def test_windows_inside_image_and_matrices_inside_crop(planner):
         # CenterCrop at scale 1: the resize filter's reach (support max(1, s) around each centre) stays inside
         # the window unless the window already touches the image edge there (where torch clamps too)
         one = d == 1
-        for pos, size, lo_win, n_win, img in ((xs, out_w, left, w, ws), (ys, out_h, top, h, hs)):
-            s = np.abs(m[:, int(pos is ys), int(pos is ys)])
-            reach_lo = pos.min(1) + 0.5 - np.maximum(1, s)
-            reach_hi = pos.max(1) + 0.5 + np.maximum(1, s)
+        for axis, pos, lo_win, n_win, img in ((0, xs, left, w, ws), (1, ys, top, h, hs)):
+            support = np.maximum(1, np.abs(m[:, axis, axis]))
+            reach_lo = pos.min(1) + 0.5 - support  # edge coordinates of the decoded crop
+            reach_hi = pos.max(1) + 0.5 + support
             ok_lo = (reach_lo >= -1e-3) | (lo_win == 0)
             ok_hi = (reach_hi <= n_win + 1e-3) | (lo_win + n_win == img)
             assert np.all((ok_lo & ok_hi)[one])
@@ -294,7 +294,7 @@ def test_random_resized_crop_exact_without_dct(photos):
 def test_random_resized_crop_psnr_with_dct(photos):
     # 224 crops of the 1080p mosaic and 96 crops of the small photos: both get downscaled by 2, 4 and 8
     jobs = [(data, full, RandomResizedCrop(224 if full.shape[1] >= 1080 else 96)) for data, full in photos]
-    rows = compare(jobs[:3], rrc_reference, per_image=70) + compare(jobs[3:], rrc_reference, per_image=40)
+    rows = compare(jobs[:3], rrc_reference, per_image=80) + compare(jobs[3:], rrc_reference, per_image=40)
     check_psnr(rows, min_windows=200)
     assert {2, 4} <= {r["d"] for r in rows}
 

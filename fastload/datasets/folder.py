@@ -97,7 +97,8 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS):
 
     ImageFolder layout: one sub-folder per class, classes sorted by name -> 0..C-1, files found recursively,
     extensions matched case-insensitively, hidden files and folders ignored. With ``file_list`` (a text file of
-    ``relative/path label`` lines; label an integer or a class name) exactly the listed files, in that order.
+    ``relative/path label`` lines) exactly the listed files, in that order: labels that are all integers are the
+    labels (classes "0".."max"); otherwise they are class names, sorted -> 0..C-1.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -150,12 +151,10 @@ def _list_from_file(root, file_list):
         if min(ints) < 0:
             raise DatasetError(f"{file_list}: labels must be >= 0 (found {min(ints)})")
         classes = [str(i) for i in range(max(ints) + 1)]
-    elif not any(numeric):
+    else:  # class names (some may look like numbers: "444"), sorted -> 0..C-1
         classes = sorted({r[1] for r in rows})
         index = {c: i for i, c in enumerate(classes)}
         ints = [index[r[1]] for r in rows]
-    else:
-        raise DatasetError(f"{file_list}: labels must be all integers or all class names, not a mix")
     paths, labels, sizes, mtimes, skipped = [], [], [], [], []
     for (rel, _), label in zip(rows, ints):
         try:

@@ -302,6 +302,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         raise DatasetError(f"{src}: no such folder" if not os.path.exists(src) else f"{src}: not a folder")
     if (dst + os.sep).startswith(src + os.sep):
         raise DatasetError(f"{dst}: the store must not be inside the source folder {src}")
+    if resume and os.path.lexists(dst) and not os.path.lexists(partial):
+        return _already_done(src, dst, file_list, opt, log, t0)
     if os.path.lexists(dst):
         if not force:
             raise DatasetError(f"{dst} already exists; pass --force to replace it (the old store is removed only "
@@ -326,7 +328,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     lock_fd = _lock(partial)
     env = None
     try:
-        env = lmdb.open(partial, subdir=True, map_size=max(map_size or 0, 1 << 26), lock=False,
+        env = lmdb.open(partial, subdir=True, map_size=map_size or (64 << 20), lock=False,
                         readahead=False, meminit=False, metasync=True, sync=True)
         complete, plan, prog = _read_state(env)
         if not complete:
@@ -339,6 +341,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                 prog = {"next_file": 0, "next_record": 0}
                 _grow(env, plan, map_size)
                 _write(env, [(PLAN_KEY, dumps(plan)), (PROGRESS_KEY, dumps(prog))])
+                log(f"packing {len(plan['files'])} files ({plan['source_bytes'] / 1e6:.1f} MB) from {src} "
+                    f"into {partial}")
             else:
                 _check_plan(plan, src, file_list, opt, partial)
                 _grow(env, plan, map_size)
@@ -362,8 +366,22 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                       meta["image_bytes"], meta["reencoded"], meta["converted"])
 
 
+def _already_done(src, dst, file_list, opt, log, t0):
+    """--resume of a pack that completed (a kill after the rename, a rerun script): fine if it is the same pack."""
+    from .lmdb import read_meta
+
+    meta, _ = read_meta(dst)
+    if meta.get("source") != src or meta.get("file_list") != file_list or meta.get("options") != opt._asdict():
+        raise DatasetError(f"{dst} already exists, packed from {meta.get('source')} with other settings; pass "
+                           f"--force to replace it")
+    log(f"{dst} is already complete: nothing to resume")
+    return PackResult(dst, meta["count"], meta["files_seen"], [tuple(s) for s in meta["skipped"]],
+                      time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"])
+
+
 def _grow(env, plan, map_size):
-    need = max(map_size or 0, int(plan["source_bytes"] * 1.1) + len(plan["files"]) * 256 + (64 << 20))
+    """Starts the map at --map-size, else at the source's size + 10%; _write doubles it whenever it is full."""
+    need = map_size or int(plan["source_bytes"] * 1.1) + len(plan["files"]) * 256 + (64 << 20)
     if env.info()["map_size"] < need:
         env.set_mapsize(need)
 

@@ -254,8 +254,13 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
   // Crop to whole iMCU columns around the window; libjpeg widens xoffset/width to its boundaries. Fancy
   // upsampling of subsampled chroma treats the crop's edges as image edges, which changes the outermost
   // pixels: one extra iMCU of context on each side keeps the window bit-identical to a full decode.
+#if JPEG_LIB_VERSION >= 70  // libjpeg-turbo built with the jpeg-7/8 API (e.g. Ubuntu's libjpeg.so.8)
+  const int dct_scaled = cinfo.min_DCT_h_scaled_size;
+#else
+  const int dct_scaled = cinfo.min_DCT_scaled_size;
+#endif
   const JDIMENSION context =
-      cinfo.max_h_samp_factor > 1 ? static_cast<JDIMENSION>(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size) : 0;
+      cinfo.max_h_samp_factor > 1 ? static_cast<JDIMENSION>(cinfo.max_h_samp_factor * dct_scaled) : 0;
   JDIMENSION xoffset = col0 > context ? col0 - context : 0;
   JDIMENSION crop_width = std::min<JDIMENSION>(col0 + cols + context, cinfo.output_width) - xoffset;
   if (crop_width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &crop_width);

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
+# run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh [tests|bench|train|all]
+set -o pipefail
+what=${1:-all}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+dpkg -x .whl/libturbojpeg0*.deb /tmp/tj && export FASTLOAD_TURBOJPEG_LIB=/tmp/tj/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+t=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t )) s"; grep -i "warning" "$OUT/build.log" | head -5
+python3 -m bench.corpus imagenet data/imagenet-like --classes 10 --per-class 200 &
+corpus=$!
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_warp.py tests/test_loader.py 2>&1 | tee "$OUT/tests.log" | tail -25
+fi
+wait $corpus
+if [[ $what == bench || $what == all ]]; then
+  python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log"
+fi
+if [[ $what == train || $what == all ]]; then
+  for m in resnet18 resnet50; do
+    python3 -m fastload bench data/imagenet-like --device cuda --baseline torchvision --model $m --epochs 2 \
+      --json "$OUT/train_$m.json" 2>&1 | tee "$OUT/train_$m.log" | tail -8
+  done
+fi

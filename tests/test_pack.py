@@ -1,0 +1,324 @@
+"""`fastload pack | inspect | verify` on real photos: round trips, broken files, refusals, SIGKILL + resume."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastload.cli import main
+from fastload.datasets import DataError, DatasetError, FolderDataset, LMDBDataset, pack
+from fastload.datasets.record import (META_KEY, PLAN_KEY, PROGRESS_KEY, SKIP_PREFIX, key_index, loads,
+                                      record_key)
+from pack_corpus import add_broken, jpeg_files, photo_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
+
+
+@pytest.fixture(scope="module")
+def pack_tree(imagenet_dir, tmp_path_factory):
+    """Real photos: 4 classes x 12 JPEGs plus one PNG."""
+    return photo_tree(imagenet_dir, tmp_path_factory.mktemp("pack") / "photos")
+
+
+@pytest.fixture(scope="module")
+def broken_tree(imagenet_dir, tmp_path_factory):
+    """The real photos plus every kind of broken file; returns (root, {relative path: reason fragment})."""
+    root = photo_tree(imagenet_dir, tmp_path_factory.mktemp("broken") / "photos")
+    return root, add_broken(root, jpeg_files(root)[0])
+
+
+def quiet(**kw):
+    return dict(progress=False, log=lambda m: None, **kw)
+
+
+def store_items(path):
+    """{key: value bytes} of every key of an LMDB store (records and bookkeeping)."""
+    env = lmdb.open(str(path), readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return dict(txn.cursor())
+    finally:
+        env.close()
+
+
+def records(items):
+    return {key_index(k): v for k, v in items.items() if key_index(k) is not None}
+
+
+def test_cli_pack_inspect_verify(pack_tree, tmp_path, capsys):
+    dst = tmp_path / "photos.lmdb"
+    assert main(["pack", str(pack_tree), str(dst), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"packed 49 images from 49 files into {dst}" in out
+    assert sorted(os.listdir(dst)) == ["data.mdb", "report.txt"]
+    assert not os.path.exists(f"{dst}.partial")
+
+    assert main(["inspect", str(dst)]) == 0
+    out = capsys.readouterr().out
+    assert "samples      49 (JPEG 48, other (Pillow) 1)" in out
+    assert "classes      4; 12-13 per class" in out and "class_03" in out
+    assert "skipped      0" in out
+    assert main(["inspect", str(dst), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["count"] == 49 and summary["class_counts"] == [12, 13, 12, 12]
+    assert summary["source"] == str(pack_tree) and summary["image_bytes"] > 1e6
+
+    assert main(["verify", str(dst), "-q"]) == 0
+    assert "verified 49 images: 49 ok, 0 failed" in capsys.readouterr().out
+    assert main(["verify", str(pack_tree), "-q"]) == 0
+    assert main(["inspect", str(pack_tree)]) == 0
+    assert "image folder" in capsys.readouterr().out
+
+
+def test_help_and_usage_errors(capsys):
+    assert main(["--help"]) == 0
+    for cmd in ("pack", "inspect", "verify"):
+        assert main([cmd, "--help"]) == 0
+        assert "exit codes" in capsys.readouterr().out
+    assert main([]) == 2
+    assert main(["frobnicate"]) == 2
+    assert main(["pack", "a"]) == 2
+    assert main(["pack", "a", "b", "--workers", "0"]) == 2
+    assert main(["pack", "a", "b", "--map-size", "lots"]) == 2
+    capsys.readouterr()
+
+
+def test_pack_then_read_back_is_byte_identical(pack_tree, tmp_path):
+    result = pack(pack_tree, tmp_path / "s.lmdb", **quiet(workers=3, commit_every=5))
+    folder, store = FolderDataset(pack_tree), LMDBDataset(result.path)
+    assert (result.records, result.files, result.skipped) == (49, 49, [])
+    assert store.classes == folder.classes
+    assert store.labels.tolist() == folder.labels.tolist()
+    with store.reader() as r:
+        for i, path in enumerate(folder.paths):
+            assert bytes(r.get(i)) == Path(path).read_bytes(), path
+    assert store.meta["image_bytes"] == sum(os.path.getsize(p) for p in folder.paths)
+
+
+def test_broken_files_are_skipped_reported_and_never_packed(broken_tree, tmp_path, capsys):
+    root, expected = broken_tree
+    dst = tmp_path / "b.lmdb"
+    assert main(["pack", str(root), str(dst), "-q"]) == 0
+    out = capsys.readouterr().out
+    store = LMDBDataset(dst)
+    good = {p.read_bytes() for p in jpeg_files(root) if p.name.startswith("img_")}
+    good.add((root / "class_01" / "coffee.png").read_bytes())
+    assert len(store) == 49
+    with store.reader() as r:
+        assert {bytes(r.get(i)) for i in range(len(store))} == good
+    skipped = dict(store.skipped)
+    assert set(skipped) == set(expected)
+    report = (dst / "report.txt").read_text()
+    for rel, fragment in expected.items():
+        assert fragment.lower() in skipped[rel].lower(), (rel, skipped[rel])
+        assert f"{rel}: {skipped[rel]}" in report and rel in out
+    assert f"skipped {len(expected)} files" in out
+
+    assert main(["inspect", str(dst)]) == 0
+    assert f"skipped      {len(expected)} files at pack time" in capsys.readouterr().out
+    assert main(["verify", str(dst), "-q"]) == 0  # the store holds only good images
+    capsys.readouterr()
+    assert main(["verify", str(root), "-q"]) == 1  # the folder does not
+    out = capsys.readouterr().out
+    assert all(f"FAILED {root / rel}: " in out for rel in expected)
+    assert f"{len(expected)} failed" in out
+
+
+def test_strict_stops_at_the_first_broken_file(broken_tree, tmp_path, capsys):
+    root, expected = broken_tree
+    dst = tmp_path / "strict.lmdb"
+    assert main(["pack", str(root), str(dst), "--strict", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "(--strict)" in err and str(root / "class_02") in err and "Traceback" not in err
+    assert not dst.exists() and Path(f"{dst}.partial").is_dir()
+    with pytest.raises(DataError):
+        pack(root, dst, **quiet(strict=True, resume=True))
+    # Resuming with other settings is refused; without --strict it finishes, skipping the broken files.
+    assert main(["pack", str(root), str(dst), "--resume", "--max-side", "300", "-q"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert main(["pack", str(root), str(dst), "--resume", "-q"]) == 0
+    store = LMDBDataset(dst)
+    assert len(store) == 49 and {p for p, _ in store.skipped} == set(expected)
+    capsys.readouterr()
+
+
+def test_refusals(pack_tree, tmp_path, capsys):
+    dst = tmp_path / "r.lmdb"
+    pack(pack_tree, dst, **quiet())
+    before = store_items(dst)
+
+    def fails(argv, message, code=2):
+        assert main(argv + ["-q"] if argv[0] == "pack" else argv) == code
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+    fails(["pack", str(pack_tree), str(dst)], "already exists; pass --force")
+    fails(["pack", str(pack_tree), str(dst), "--resume", "--max-side", "300"], "with other settings")
+    assert main(["pack", str(pack_tree), str(dst), "--resume", "-q"]) == 0  # the same pack: already complete
+    assert "already complete" in capsys.readouterr().err
+    fails(["pack", str(pack_tree), str(dst), "--resume", "--force"], "pass one of them")
+    fails(["pack", str(pack_tree), str(pack_tree / "inside.lmdb")], "must not be inside the source")
+    fails(["pack", str(tmp_path / "nope"), str(tmp_path / "x.lmdb")], "no such folder")
+    fails(["pack", str(pack_tree), str(tmp_path / "x.lmdb"), "--quality", "80"], "use it with --max-side")
+    fails(["pack", str(pack_tree), str(tmp_path / "x.lmdb"), "--max-side", "300", "--quality", "0"], "1..100")
+    assert store_items(dst) == before  # none of that touched the store
+
+    user_dir = tmp_path / "precious"
+    user_dir.mkdir()
+    (user_dir / "thesis.tex").write_text("do not delete")
+    fails(["pack", str(pack_tree), str(user_dir), "--force"], "not a fastload store; not deleting it")
+    assert (user_dir / "thesis.tex").read_text() == "do not delete"
+
+    partial = tmp_path / "p.lmdb.partial"
+    partial.mkdir()
+    fails(["pack", str(pack_tree), str(tmp_path / "p.lmdb")], "Continue it with --resume")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fails(["pack", str(empty), str(tmp_path / "e.lmdb")], "no class folders")
+    (empty / "cls").mkdir()
+    fails(["pack", str(empty), str(tmp_path / "e.lmdb")], "no images in its 1 class folders")
+    assert not (tmp_path / "e.lmdb.partial").exists()
+    fails(["inspect", str(tmp_path / "p.lmdb")], "did not finish")
+    fails(["inspect", str(empty)], "no images")
+    fails(["verify", str(tmp_path / "missing")], "no such")
+
+    # --force replaces the store, and only once the new one is complete.
+    assert main(["pack", str(pack_tree), str(dst), "--force", "--max-side", "256", "-q"]) == 0
+    assert LMDBDataset(dst).meta["reencoded"] == 48
+    assert not list(tmp_path.glob("r.lmdb.old-*"))
+    capsys.readouterr()
+
+
+def test_map_grows_when_full(pack_tree, tmp_path):
+    result = pack(pack_tree, tmp_path / "m.lmdb", **quiet(map_size=256 << 10, commit_every=8))
+    assert result.records == 49
+    assert os.path.getsize(tmp_path / "m.lmdb" / "data.mdb") > 1 << 20
+    assert LMDBDataset(result.path)[48][0].shape[0] == 3
+
+
+def test_reencode_max_side_and_convert(pack_tree, tmp_path):
+    result = pack(pack_tree, tmp_path / "small.lmdb", **quiet(max_side=200, quality=85, convert_to_jpeg=True))
+    assert (result.reencoded, result.converted) == (48, 1)
+    store, folder = LMDBDataset(result.path), FolderDataset(pack_tree)
+    assert store.formats.tolist() == [0] * 49
+    assert np.maximum(store.heights, store.widths).tolist() == [200] * 49
+    assert np.abs(store.heights / store.widths - folder.heights / folder.widths).max() < 0.02
+    for i in (0, 17, 30):
+        img, label = store[i]
+        with Image.open(folder.paths[i]) as im:
+            ref = np.asarray(im.convert("RGB").resize((store.widths[i], store.heights[i]), Image.Resampling.LANCZOS))
+        diff = np.abs(img.permute(1, 2, 0).numpy().astype(int) - ref).mean()
+        assert diff < 6, diff
+        assert label == folder.labels[i]
+    # A side limit above every image keeps every byte.
+    kept = pack(pack_tree, tmp_path / "kept.lmdb", **quiet(max_side=4000))
+    assert kept.reencoded == 0 and kept.image_bytes == sum(os.path.getsize(p) for p in folder.paths)
+
+
+def test_verify_finds_a_damaged_record(pack_tree, tmp_path, capsys):
+    dst = tmp_path / "d.lmdb"
+    pack(pack_tree, dst, **quiet())
+    env = lmdb.open(str(dst), lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(record_key(5)))
+        value[len(value) // 2] ^= 0x55
+        txn.put(record_key(5), bytes(value))
+    env.close()
+    assert main(["verify", str(dst), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED {dst}[5]: checksum mismatch" in out and "1 failed" in out
+
+
+def test_every_jpeg_kind_round_trips(kinds, tmp_path):
+    root = Path(next(iter(kinds.values()))).parent
+    lst = tmp_path / "kinds.txt"
+    lst.write_text("".join(f"{Path(p).name} {k}\n" for k, p in kinds.items()))
+    result = pack(root, tmp_path / "k.lmdb", **quiet(file_list=lst))
+    assert result.records == len(kinds) and result.skipped == []
+    store = LMDBDataset(result.path)
+    assert store.classes == sorted(kinds)
+    with store.reader() as r:
+        for i in range(len(store)):
+            kind = store.classes[store.labels[i]]
+            assert bytes(r.get(i)) == Path(kinds[kind]).read_bytes(), kind
+    assert main(["verify", str(result.path), "-q"]) == 0
+
+
+def test_resume_of_a_pack_killed_after_its_last_transaction(pack_tree, tmp_path):
+    done = pack(pack_tree, tmp_path / "done.lmdb", **quiet())
+    dst = tmp_path / "late.lmdb"
+    shutil.copytree(done.path, f"{dst}.partial")  # metadata written, rename not done
+    result = pack(pack_tree, dst, **quiet(resume=True))
+    assert result.records == 49 and not Path(f"{dst}.partial").exists()
+    assert records(store_items(dst)) == records(store_items(done.path))
+
+
+def _check_committed_state(partial):
+    """What a killed pack left: a plan, a progress key, records 0..next_record-1 exactly, skips before next_file."""
+    if not (partial / "data.mdb").exists():
+        return 0
+    items = store_items(partial)
+    if META_KEY in items:
+        return -1  # killed between its final transaction and the rename
+    if PLAN_KEY not in items:
+        assert not records(items)
+        return 0
+    progress = loads(items[PROGRESS_KEY])
+    assert sorted(records(items)) == list(range(progress["next_record"]))
+    skips = [int.from_bytes(k[len(SKIP_PREFIX):], "big") for k in items if k.startswith(SKIP_PREFIX)]
+    assert all(s < progress["next_file"] for s in skips)
+    return progress["next_file"]
+
+
+def test_sigkill_at_random_points_then_resume(broken_tree, tmp_path):
+    root, expected = broken_tree
+    reference = pack(root, tmp_path / "ref.lmdb", **quiet())
+    dst = tmp_path / "killed.lmdb"
+    partial = Path(f"{dst}.partial")
+    env = {**os.environ, "FASTLOAD_PACK_SLOWDOWN": "0.03", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "fastload", "pack", str(root), str(dst), "--commit-every", "2", "--workers", "2",
+           "-q"]
+    rng = random.Random(20261122)
+    progress, kills = [], 0
+    for attempt in range(8):
+        proc = subprocess.Popen(cmd + (["--resume"] if attempt else []), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        proc.stderr.readline()  # "packing ..." / "resuming ...": the pack is under way
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 0.5))
+            break  # finished before the kill
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+            kills += 1
+        progress.append(_check_committed_state(partial))
+        if kills >= 4:
+            proc = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=120)
+            break
+    assert proc.returncode == 0, proc.stderr.read() if hasattr(proc.stderr, "read") else proc.stderr
+    assert kills >= 2, progress  # the kills landed mid-pack
+    assert any(0 < p for p in progress), progress
+    assert not partial.exists()
+    got, want = store_items(dst), store_items(reference.path)
+    assert records(got) == records(want)  # no duplicates, no gaps, same bytes
+    meta, ref_meta = loads(got[META_KEY]), loads(want[META_KEY])
+    for key in ("count", "classes", "class_counts", "skipped", "index", "image_bytes", "files_seen"):
+        assert meta[key] == ref_meta[key], key
+    assert {p for p, _ in meta["skipped"]} == set(expected)
+    assert set(got) == set(want)  # no leftover plan, progress or skip keys
