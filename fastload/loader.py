@@ -286,7 +286,7 @@ class _EpochIterator:
 
     def _submit(self, pipe, batch):
         t = time.perf_counter()
-        handle = pipe.submit(batch)
+        handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
         batch.slot.copied = handle.copied
         p = self.producers
         p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)
