@@ -188,11 +188,17 @@ def _build(root, kind, params, items):
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     header = {"generator": _GENERATOR, "version": VERSION, "kind": kind, "params": params}
+
+    def foreign():  # someone else's files: never write (or delete) there
+        return _read_manifest(root) is None and any(p.name not in (_LOCK, MANIFEST) for p in root.iterdir())
+
+    if foreign():
+        raise FileExistsError(f"{root} is not empty and is not a corpus folder; refusing to write into it")
     with _locked(root):
         manifest = _read_manifest(root)
         if _holds(root, manifest, header):
             return root
-        if manifest is None and any(p.name not in (_LOCK, MANIFEST) for p in root.iterdir()):
+        if foreign():
             raise FileExistsError(f"{root} is not empty and is not a corpus folder; refusing to write into it")
         _write_manifest(root, {**header, "complete": False, "files": {}})  # an interrupted build is not a corpus
         files = {}

@@ -19,9 +19,11 @@ MAX_PIXELS = 178_956_970
 #: DCT downscales libjpeg-turbo can apply while decoding.
 DOWNSCALES = (1, 2, 4, 8)
 
-OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED = range(8)
+OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED, UNREADABLE = range(9)
 _REASONS = {NOT_JPEG: "not a JPEG", CORRUPT: "corrupt", TOO_LARGE: "too large", BAD_WINDOW: "bad window",
-            UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded"}
+            UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded", UNREADABLE: "unreadable"}
+#: Default per-image byte limit for decode_crops (files and buffers alike).
+MAX_BYTES = 256 << 20
 _COLOR_SPACES = {0: "unknown", 1: "gray", 2: "rgb", 3: "ycbcr", 4: "cmyk", 5: "ycck"}
 _SUBSAMPLING = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}
 
@@ -71,10 +73,11 @@ def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max
     return out
 
 
-def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS):
+def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
     """Decodes a batch of windows into one ragged uint8 buffer, on ``threads`` native threads without the GIL.
 
-    buffers: sequence of bytes-like objects or uint8 tensors (not copied). windows: int64 [B, 5] rows of
+    buffers: sequence of bytes-like objects or uint8 tensors (not copied), or str file paths, which the native
+    threads read themselves (at most ``max_bytes`` each). windows: int64 [B, 5] rows of
     (top, left, height, width, downscale). out: a 1-D uint8 tensor (e.g. pinned) large enough for the batch;
     allocated when None. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
     ``out[offsets[i]:][:h*w*3].view(h, w, 3)`` when ``status[i] == 0``; otherwise ``messages[i]`` says why.
@@ -86,7 +89,8 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
         rows = (windows[:, 0] + windows[:, 2] + d - 1) // d - windows[:, 0] // d
         cols = (windows[:, 1] + windows[:, 3] + d - 1) // d - windows[:, 1] // d
         out = torch.empty(int((rows.clamp(min=0) * cols.clamp(min=0)).sum()) * 3, dtype=torch.uint8)
-    offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels)
+    offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels,
+                                                       max_bytes)
     return out, offsets, shapes, status, messages
 
 

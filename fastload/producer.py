@@ -107,7 +107,9 @@ class BatchMaker:
         buffer = slot.reserve(int(nbytes.sum()))
         with self.ds.reader() as reader:
             # Non-JPEG samples get an empty buffer: the decoder answers NOT_JPEG at once and Pillow fills them.
-            buffers = [b"" if o else reader.get(int(i)) for i, o in zip(indices, other.tolist())]
+            buffers = self._sources(reader, indices)
+            for k in np.flatnonzero(other.numpy()):
+                buffers[k] = b""
             t1 = time.perf_counter()
             _, offsets, shapes, status, messages = ops.decode_crops(
                 buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels)
@@ -124,6 +126,14 @@ class BatchMaker:
         t3 = time.perf_counter()
         self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
+
+    @staticmethod
+    def _sources(reader, indices):
+        """Bytes (or file paths) for the native decoder: zero-copy views for LMDB, paths for folders."""
+        sources = getattr(reader, "sources", None)
+        if sources is not None:
+            return list(sources(indices.tolist()))
+        return [reader.get(int(i)) for i in indices]
 
     def _pillow_fill(self, index, window, buffer, offset, shape, status, messages, k):
         """Decodes a non-JPEG sample with Pillow and writes its window where the decoder would have."""
@@ -171,7 +181,7 @@ class BatchMaker:
                     self._pillow_fill(int(pick[0]), w[0], buffer[used:], off[0], shp[0], st, msg, 0)
                 else:
                     with self.ds.reader() as reader:
-                        _, off, shp, st, msg = ops.decode_crops([reader.get(int(pick[0]))], w, buffer[used:],
+                        _, off, shp, st, msg = ops.decode_crops(self._sources(reader, pick), w, buffer[used:],
                                                                 strict=self.strict, max_pixels=self.max_pixels)
                 if int(st[0]) == ops.OK:
                     offsets[k], shapes[k], matrices[k] = used + int(off[0]), shp[0], m[0]

@@ -10,6 +10,8 @@ only found by decoding (``fastload pack --verify-decode``, ``fastload verify``).
 import io
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+#: Files larger than this are refused unread: no training image is that big, and it bounds memory.
+MAX_FILE_BYTES = 1 << 30
 _EOI = b"\xff\xd9"
 
 

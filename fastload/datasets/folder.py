@@ -14,7 +14,7 @@ import numpy as np
 from .. import ops
 from ..errors import DecodeError
 from .base import DataError, DatasetError, ImageDataset, Record
-from .check import first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
+from .check import MAX_FILE_BYTES, first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
 from .record import JPEG, OTHER
 
 #: Extensions (lowercase, with the dot) that FolderDataset and `fastload pack` pick up in class folders.
@@ -213,6 +213,9 @@ def _scan_chunk(root, paths, sizes):
         if size == 0:
             results[k] = "empty file"
             continue
+        if size > MAX_FILE_BYTES:
+            results[k] = f"file too large ({size / 2**30:.1f} GiB)"
+            continue
         try:
             data, whole = _read_head_tail(path, size)
         except OSError as e:
@@ -349,6 +352,11 @@ class _FolderReader:
 
     def record(self, i):
         return self._ds._record_with(self.get(i), i)
+
+    def sources(self, indices):
+        """What the native batch decoder reads: file paths, opened and read by its own threads (no GIL)."""
+        paths = self._ds.paths
+        return [paths[i] for i in indices]
 
 
 class FolderDataset(ImageDataset):

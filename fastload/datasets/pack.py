@@ -30,7 +30,7 @@ import numpy as np
 from .. import ops
 from ..errors import DecodeError
 from .base import DataError, DatasetError
-from .check import header_failure, is_jpeg, jpeg_structure_problem, pillow_check
+from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
 from .record import (FLAG_CONVERTED, FLAG_REENCODED, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
                      PROGRESS_KEY, SKIP_PREFIX, VERSION, dumps, encode_index, key_index, loads, parse_header,
@@ -39,7 +39,6 @@ from .record import (FLAG_CONVERTED, FLAG_REENCODED, FORMAT_NAME, HEADER_SIZE, J
 PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted")
 
 DEFAULT_QUALITY = 90
-MAX_FILE_BYTES = 1 << 30  # a bigger "image" is not a training image; refusing it bounds memory
 TURBOJPEG_FALLBACK = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
 _STORE_FILES = {"data.mdb", "lock.mdb", "pack.lock", "report.txt", "report.txt.tmp"}
 _CHUNK = 64  # files per worker task
@@ -323,7 +322,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
 
     listing = None
     if not os.path.isdir(partial):
-        listing = list_images(src, file_list=file_list)  # errors before anything is created
+        listing = _listing(src, file_list)  # errors before anything is created
         os.makedirs(partial)
     lock_fd = _lock(partial)
     env = None
@@ -333,10 +332,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         complete, plan, prog = _read_state(env)
         if not complete:
             if plan is None:
-                listing = listing or list_images(src, file_list=file_list)
-                if not listing.paths:
-                    raise DatasetError(f"{src}: none of its image files can be read "
-                                       f"(e.g. {listing.skipped[0][0]}: {listing.skipped[0][1]})")
+                listing = listing or _listing(src, file_list)
                 plan = _plan(src, file_list, listing, opt)
                 prog = {"next_file": 0, "next_record": 0}
                 _grow(env, plan, map_size)
@@ -344,15 +340,24 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                 log(f"packing {len(plan['files'])} files ({plan['source_bytes'] / 1e6:.1f} MB) from {src} "
                     f"into {partial}")
             else:
-                _check_plan(plan, src, file_list, opt, partial)
+                _check_same(plan, src, file_list, opt, partial)
                 _grow(env, plan, map_size)
                 log(f"resuming {partial}: {prog['next_file']} of {len(plan['files'])} files done, "
                     f"{prog['next_record']} records")
             _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, partial)
-            _finalize(env, plan)
+            try:
+                _finalize(env, plan)
+            except DataError:
+                if _committed_records(env) == 0:  # nothing worth keeping for a resume
+                    env.close()
+                    env = None
+                    shutil.rmtree(partial, ignore_errors=True)
+                raise
         env.close()
         env = None
         meta = read_meta_from(partial)
+        if complete:  # killed after its final transaction, before the rename
+            _check_same(meta, src, file_list, opt, partial)
         _write_report(partial, meta, dst)
     finally:
         if env is not None:
@@ -371,12 +376,16 @@ def _already_done(src, dst, file_list, opt, log, t0):
     from .lmdb import read_meta
 
     meta, _ = read_meta(dst)
-    if meta.get("source") != src or meta.get("file_list") != file_list or meta.get("options") != opt._asdict():
-        raise DatasetError(f"{dst} already exists, packed from {meta.get('source')} with other settings; pass "
-                           f"--force to replace it")
+    _check_same(meta, src, file_list, opt, dst)
     log(f"{dst} is already complete: nothing to resume")
     return PackResult(dst, meta["count"], meta["files_seen"], [tuple(s) for s in meta["skipped"]],
                       time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"])
+
+
+def _committed_records(env):
+    with env.begin() as txn:
+        raw = txn.get(PROGRESS_KEY)
+    return loads(raw)["next_record"] if raw else 0
 
 
 def _grow(env, plan, map_size):
@@ -386,15 +395,23 @@ def _grow(env, plan, map_size):
         env.set_mapsize(need)
 
 
-def _check_plan(plan, src, file_list, opt, partial):
-    if plan.get("version", 0) > VERSION:
-        raise DatasetError(f"{partial} was started by a newer fastload; finish it with that version or --force")
-    started = plan["options"]
-    if plan["source"] != src or plan.get("file_list") != file_list or started != opt._asdict():
-        was = {"source": plan["source"], "file_list": plan.get("file_list"), **started}
-        now = {"source": src, "file_list": file_list, **opt._asdict()}
-        diff = ", ".join(f"{k}: {was[k]!r} then, {now[k]!r} now" for k in was if was[k] != now.get(k))
-        raise DatasetError(f"{partial} was started with other settings ({diff}); resume with the same ones, "
+def _listing(src, file_list):
+    listing = list_images(src, file_list=file_list)
+    if not listing.paths:
+        raise DatasetError(f"{src}: none of its image files can be read "
+                           f"(e.g. {listing.skipped[0][0]}: {listing.skipped[0][1]})")
+    return listing
+
+
+def _check_same(started, src, file_list, opt, where):
+    """--resume must continue the same pack: same source, file list and image options as the plan (or metadata)."""
+    if started.get("version", 0) > VERSION:
+        raise DatasetError(f"{where} was made by a newer fastload; finish it with that version or use --force")
+    was = {"source": started.get("source"), "file_list": started.get("file_list"), **started.get("options", {})}
+    now = {"source": src, "file_list": file_list, **opt._asdict()}
+    if was != now:
+        diff = ", ".join(f"{k}: {was.get(k)!r} then, {now.get(k)!r} now" for k in now if was.get(k) != now[k])
+        raise DatasetError(f"{where} was started with other settings ({diff}); resume with the same ones, "
                            f"or start over with --force")
 
 
@@ -486,6 +503,10 @@ def _finalize(env, plan):
                 deletes.append(key)
     if expected != prog["next_record"]:
         raise DataError(f"internal error: {expected} records stored, progress says {prog['next_record']}")
+    if expected == 0:
+        first = skipped[0] if skipped else plan["listing_skipped"][0]
+        raise DataError(f"{plan['source']}: none of its {len(plan['files'])} image files can be packed "
+                        f"(e.g. {first[0]}: {first[1]}); no store written")
     skipped = sorted(skipped + [tuple(s) for s in plan["listing_skipped"]])
     classes = plan["classes"]
     labels_a = np.asarray(labels, dtype=np.int64)

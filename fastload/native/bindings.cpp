@@ -3,7 +3,13 @@
 // tensors) without copying them, releases the GIL, and decodes on native threads into one ragged buffer.
 #include <torch/extension.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <array>
 #include <atomic>
 #include <string>
@@ -32,16 +38,78 @@ struct Bytes {
   size_t size = 0;
 };
 
-// Holds the buffer views alive (and the GIL-needing releases) for the duration of a call.
+constexpr int64_t kDefaultMaxBytes = int64_t(256) << 20;  // per image: no JPEG worth training on is larger
+
+// Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
+int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::snprintf(message, size, "cannot read: %s", std::strerror(errno));
+    return kUnreadable;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::snprintf(message, size, "cannot read: not a regular file");
+    ::close(fd);
+    return kUnreadable;
+  }
+  if (st.st_size > max_bytes) {
+    std::snprintf(message, size, "file is %lld bytes, over the per-image limit of %lld",
+                  static_cast<long long>(st.st_size), static_cast<long long>(max_bytes));
+    ::close(fd);
+    return kUnreadable;
+  }
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::snprintf(message, size, "cannot read: %s", n < 0 ? std::strerror(errno) : "file shrank while reading");
+      ::close(fd);
+      return kUnreadable;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return kOk;
+}
+
+// Holds the buffer views alive (and the GIL-needing releases) for the duration of a call. A str item is a
+// file path, read by the native worker that decodes it (no GIL, no Python file objects).
 class BufferViews {
  public:
   explicit BufferViews(const py::sequence& items) {
     views_.reserve(items.size());
     bytes_.reserve(items.size());
-    for (size_t i = 0; i < items.size(); ++i) bytes_.push_back(view(items[i], i));
+    paths_.resize(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (py::isinstance<py::str>(items[i])) {
+        paths_[i] = items[i].cast<std::string>();
+        bytes_.push_back({});
+      } else {
+        bytes_.push_back(view(items[i], i));
+      }
+    }
   }
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
+  // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
+  int load(size_t i, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message,
+           size_t size) const {
+    if (paths_[i].empty()) {
+      *out = bytes_[i];
+      if (static_cast<int64_t>(out->size) > max_bytes) {
+        std::snprintf(message, size, "buffer is %zu bytes, over the per-image limit of %lld", out->size,
+                      static_cast<long long>(max_bytes));
+        return kUnreadable;
+      }
+      return kOk;
+    }
+    const int status = read_file(paths_[i], max_bytes, scratch, message, size);
+    *out = {scratch.data(), scratch.size()};
+    return status;
+  }
 
  private:
   Bytes view(const py::handle& item, size_t index) {
@@ -60,6 +128,7 @@ class BufferViews {
   }
   std::vector<py::buffer_info> views_;
   std::vector<Bytes> bytes_;
+  std::vector<std::string> paths_;
 };
 
 Limits make_limits(bool strict, int64_t max_pixels) {
@@ -177,7 +246,8 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
 // Batch decode into a caller-provided ragged buffer. windows: int64 [B, 5] = (top, left, height, width,
 // downscale). Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
 py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels) {
+                          bool strict, int64_t max_pixels, int64_t max_bytes) {
+  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   BufferViews views(buffers);
   const int64_t n = static_cast<int64_t>(views.size());
   TORCH_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 &&
@@ -213,9 +283,12 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
     run_parallel(n, threads, [&](int64_t i) {
       const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
       messages[i][0] = '\0';
+      thread_local std::vector<uint8_t> file;
+      Bytes src;
+      st[i] = views.load(i, max_bytes, file, &src, messages[i].data(), kMessageSize);
+      if (st[i] != kOk) return;
       const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
-      st[i] = decode_window(views[i].data, views[i].size, w, base + op[i], room, limits, messages[i].data(),
-                            kMessageSize);
+      st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, messages[i].data(), kMessageSize);
     });
   }
   py::list msgs;
@@ -239,5 +312,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
-        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0);
 }

@@ -18,6 +18,7 @@ enum Status : int32_t {
   kUnsupported = 5,  // valid JPEG we cannot turn into RGB (e.g. 2 components)
   kNoRoom = 6,       // caller's output buffer too small
   kNotDecoded = 7,   // batch slot never reached (another error stopped the batch)
+  kUnreadable = 8,   // the file could not be read (missing, permissions, I/O error) or is over the byte limit
 };
 
 struct Limits {
