@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
-# run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh [tests|bench|train|all]
+# run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh [tests|bench|tests+bench|train|all]
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,11 +14,12 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log"
 echo "build: $(( $(date +%s) - t )) s"; grep -i "warning" "$OUT/build.log" | head -5
 python3 -m bench.corpus imagenet data/imagenet-like --classes 10 --per-class 200 &
 corpus=$!
-if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_warp.py tests/test_loader.py 2>&1 | tee "$OUT/tests.log" | tail -25
+if [[ $what == tests || $what == tests+bench || $what == all ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/ > "$OUT/tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/tests.log" | tail -15
 fi
 wait $corpus
-if [[ $what == bench || $what == all ]]; then
+if [[ $what == bench || $what == tests+bench || $what == all ]]; then
   python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log"
 fi
 if [[ $what == train || $what == all ]]; then

@@ -4,9 +4,20 @@ Every number is measured in the run that prints it: one warm-up epoch (page cach
 context, allocator), then ``epochs`` timed epochs. The torchvision baseline is what users run today:
 ImageFolder (or PIL over the LMDB records) + RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize
 in a DataLoader with ``workers`` processes, pinned and copied to the GPU when the device is CUDA.
+
+With a model (CUDA only), each pipeline feeds a real training step (torchvision model, SGD, bf16 autocast,
+channels_last) and the rate is training images/s; the ceiling is the same step on one fixed batch already on
+the GPU, and efficiency = rate / ceiling (1.0: the loader costs the training nothing).
+
+    from fastload import benchmark
+    result = benchmark.run("train.lmdb", baseline="torchvision", device="cpu", batch_size=64)
+    print(benchmark.format_table(result["rows"], benchmark.describe(result)))
+    benchmark.plot(result["rows"], "bench.png", subtitle=benchmark.describe(result))
 """
 import io
 import os
+import platform
+import textwrap
 import time
 
 import torch
@@ -15,11 +26,30 @@ from tqdm import tqdm
 from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from .transforms import RandomResizedCrop
 
+__all__ = ["open_dataset", "fastload_rate", "torchvision_rate", "training_step", "ceiling_rate", "run", "describe",
+           "format_table", "plot", "MODELS"]
+
+#: Models --model accepts (torchvision names).
+MODELS = ("resnet18", "resnet50")
+
 
 def open_dataset(path):
-    """A FolderDataset for a folder, an LMDBDataset for a store made by `fastload pack`."""
-    from .datasets import FolderDataset, LMDBDataset
-    return LMDBDataset(path) if LMDBDataset.is_store(path) else FolderDataset(path)
+    """A FolderDataset for an image folder, an LMDBDataset for a store made by `fastload pack`.
+
+    Raises DatasetError (a ValueError) for a missing path or anything that is neither.
+    """
+    from .datasets import DatasetError, FolderDataset, LMDBDataset
+
+    path = os.path.abspath(os.fspath(path))
+    partial = os.path.exists(path + ".partial")
+    if not os.path.exists(path) and not partial:
+        raise DatasetError(f"{path}: no such folder or store")
+    # What `fastload pack` writes: a folder holding data.mdb (or that file itself); LMDBDataset explains an
+    # unfinished pack (DST.partial) better than the folder reader would.
+    if partial or path.endswith(".partial") or os.path.isfile(path) or \
+            os.path.isfile(os.path.join(path, "data.mdb")):
+        return LMDBDataset(path)
+    return FolderDataset(path)
 
 
 def _sync(device):
@@ -29,32 +59,47 @@ def _sync(device):
 
 def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None):
     """Runs one warm-up epoch and `epochs` timed ones; returns images/s over the timed ones."""
-    bar = tqdm(total=total * (epochs + 1), desc=label, unit="img", disable=not progress, leave=False)
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    bar = tqdm(total=total * (epochs + 1), desc=label, unit="img", disable=not progress, leave=False,
+               dynamic_ncols=True)
     images, start = 0, None
-    for epoch in range(epochs + 1):
-        if epoch == 1:
-            _sync(device)
-            start = time.perf_counter()
-        for x, y in make_iter(epoch):
-            if step is not None:
-                step(x, y)
-            if epoch >= 1:
-                images += len(y)
-            bar.update(len(y))
-    _sync(device)
-    bar.close()
-    return images / (time.perf_counter() - start)
+    try:
+        for epoch in range(epochs + 1):
+            if epoch == 1:
+                _sync(device)
+                start = time.perf_counter()
+            for x, y in make_iter(epoch):
+                if step is not None:
+                    step(x, y)
+                if epoch >= 1:
+                    images += len(y)
+                bar.update(len(y))
+        _sync(device)
+        seconds = time.perf_counter() - start
+    finally:
+        bar.close()
+    return images / seconds
+
+
+def _check_batches(n, batch_size):
+    if n < batch_size:
+        from .datasets import DatasetError
+        raise DatasetError(f"the dataset has {n} images, fewer than one batch of {batch_size}; "
+                           f"use a batch size of {n} or less")
 
 
 def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cpu", size=224, progress=True,
-                  step=None):
+                  step=None, label="fastload"):
+    """(images/s, loader.stats()) of FastLoader(RandomResizedCrop(size)) over ``epochs`` timed epochs."""
+    _check_batches(len(dataset), batch_size)
     loader = FastLoader(dataset, batch_size=batch_size, crop=RandomResizedCrop(size), device=device,
                         threads=threads, drop_last=True, channels_last=step is not None)
 
     def run(epoch):
         loader.set_epoch(epoch)
         return loader
-    rate = _timed_epochs(run, epochs, len(loader) * batch_size, "fastload", progress, device, step)
+    rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
     return rate, loader.stats()
 
 
@@ -70,18 +115,29 @@ class _PILRecords(torch.utils.data.Dataset):
     def __getitem__(self, i):
         from PIL import Image
         rec = self.dataset.record(i)
-        return self.transform(Image.open(io.BytesIO(bytes(rec.data))).convert("RGB")), rec.label
+        return self.transform(Image.open(io.BytesIO(rec.data)).convert("RGB")), rec.label
 
 
-def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device="cpu", size=224, progress=True,
-                     step=None):
+def torchvision_dataset(dataset, size=224):
+    """The baseline's dataset: torchvision's ImageFolder over a folder, PIL over an LMDB store's records, with
+    the standard training transforms (RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize)."""
     import torchvision
     from torchvision import transforms as T
     tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     root = getattr(dataset, "root", None)
-    tv = torchvision.datasets.ImageFolder(root, transform=tf) if root and os.path.isdir(root) and not hasattr(
-        dataset, "store_path") else _PILRecords(dataset, tf)
+    if root is not None and os.path.isdir(root) and not getattr(dataset, "skipped", None):
+        return torchvision.datasets.ImageFolder(root, transform=tf)
+    # An LMDB store, or a folder with unreadable files (ImageFolder would crash on them): read what fastload reads.
+    return _PILRecords(dataset, tf)
+
+
+def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device="cpu", size=224, progress=True,
+                     step=None, label="torchvision"):
+    """Images/s of torchvision's DataLoader (``workers`` processes, default one per core) over ``epochs`` timed
+    epochs, batches pinned and copied to the device when it is CUDA."""
+    _check_batches(len(dataset), batch_size)
+    tv = torchvision_dataset(dataset, size)
     workers = os.cpu_count() if workers is None else workers
     on_gpu = torch.device(device).type == "cuda"
     loader = torch.utils.data.DataLoader(tv, batch_size=batch_size, shuffle=True, num_workers=workers,
@@ -92,12 +148,14 @@ def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device=
             if on_gpu:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             yield x, y
-    return _timed_epochs(run, epochs, len(loader) * batch_size, "torchvision", progress, device, step)
+    return _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
 
 
 def training_step(model_name, device, batch_size):
-    """A real training step: torchvision model, SGD, bf16 autocast, channels_last."""
+    """A real training step: torchvision model, SGD, bf16 autocast, channels_last. Returns step(x, y)."""
     import torchvision
+    if model_name not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model_name!r}")
     model = getattr(torchvision.models, model_name)(num_classes=1000).to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -127,63 +185,176 @@ def ceiling_rate(step, batch_size, size, device, steps=60):
     return steps * batch_size / (time.perf_counter() - t)
 
 
+def _device_name(device):
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, workers=None, epochs=2, size=224,
         model=None, progress=True):
-    """Measures and returns a list of result rows (dicts): pipeline, images_per_s, and efficiency with a model."""
-    dataset = open_dataset(data)
+    """Measures everything asked for; returns {"config": {...}, "rows": [row, ...]}.
+
+    A row: pipeline (a readable name), kind ("ceiling", "fastload" or "torchvision"), images_per_s, and where
+    they apply efficiency (rate / ceiling, with a model), speedup (rate / the torchvision rate), stats (fastload's
+    loader.stats()). ``data`` is a path (folder or store) or a dataset.
+    """
+    if baseline not in (None, "torchvision"):
+        raise ValueError(f"baseline must be None or 'torchvision', got {baseline!r}")
+    if model is not None and torch.device(device).type != "cuda":
+        raise ValueError("a model's training efficiency is measured on a CUDA device")
+    is_path = isinstance(data, (str, os.PathLike))
+    dataset = open_dataset(data) if is_path else data
+    source = os.path.abspath(os.fspath(data)) if is_path else \
+        getattr(dataset, "path", None) or getattr(dataset, "root", None) or repr(dataset)
+    _check_batches(len(dataset), batch_size)
+    cores = os.cpu_count() or 1
+    threads = threads or cores
+    workers = cores if workers is None else workers
+    config = {
+        "data": source,
+        "data_kind": "store" if hasattr(dataset, "meta") else "folder",
+        "images": len(dataset), "classes": len(dataset.classes), "device": str(device),
+        "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
+        "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
+        "model": model, "baseline": baseline,
+        "versions": _versions(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     rows = []
     step = training_step(model, device, batch_size) if model else None
     ceiling = None
+    fed = f"{model} fed by " if model else ""
     if step is not None:
         ceiling = ceiling_rate(step, batch_size, size, device)
-        rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "images_per_s": ceiling,
-                     "efficiency": 1.0})
+        rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "kind": "ceiling",
+                     "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
                                 size=size, progress=progress, step=step)
-    rows.append({"pipeline": f"fastload FastLoader ({device}, {threads or os.cpu_count()} threads)",
+    rows.append({"pipeline": f"{fed}fastload FastLoader ({threads} threads)", "kind": "fastload",
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":
         tv = torchvision_rate(dataset, batch_size=batch_size, workers=workers, epochs=epochs, device=device,
                               size=size, progress=progress, step=step)
-        rows.append({"pipeline": f"torchvision DataLoader ({workers if workers is not None else os.cpu_count()}"
-                                 f" workers)", "images_per_s": tv})
+        rows.append({"pipeline": f"{fed}torchvision DataLoader ({workers} workers)", "kind": "torchvision",
+                     "images_per_s": tv})
+        for row in rows:
+            if row["kind"] != "ceiling":
+                row["speedup"] = row["images_per_s"] / tv
     if ceiling:
-        for row in rows[1:]:
+        for row in rows:
             row["efficiency"] = row["images_per_s"] / ceiling
-    fast = rows[1 if ceiling else 0]["images_per_s"]
-    for row in rows:
-        row["vs_fastload"] = row["images_per_s"] / fast
-    return rows
+    return {"config": config, "rows": rows}
+
+
+def _versions():
+    import fastload
+    out = {"fastload": fastload.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import torchvision
+        out["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def describe(result):
+    """One line saying what was measured, for the table's title and the chart's subtitle."""
+    c = result["config"]
+    what = "LMDB store" if c["data_kind"] == "store" else "image folder"
+    line = (f"{os.path.basename(c['data'].rstrip('/')) or c['data']}: {c['images']:,} images ({what}), "
+            f"batch {c['batch_size']}, {c['size']}x{c['size']}, {c['device']} ({c['device_name']}), "
+            f"{c['cpu_cores']} CPU cores, {c['epochs']} timed epoch{'s' if c['epochs'] != 1 else ''}")
+    return line
+
+
+def _baseline_rate(rows):
+    for r in rows:
+        if r.get("kind", "torchvision" if r["pipeline"].startswith("torchvision") else "") == "torchvision":
+            return r["images_per_s"]
+    return None
 
 
 def format_table(rows, title=""):
-    lines = [title] if title else []
+    """A plain-text table: img/s, speed-up over torchvision (when measured), efficiency (with a model)."""
+    base = _baseline_rate(rows)
     with_eff = any("efficiency" in r for r in rows)
-    head = f"{'pipeline':<52} {'img/s':>9} {'speed-up':>9}" + (f" {'efficiency':>10}" if with_eff else "")
+    width = max([len("pipeline")] + [len(r["pipeline"]) for r in rows])
+    head = f"{'pipeline':<{width}}  {'img/s':>9}"
+    if with_eff:
+        head += f"  {'efficiency':>10}"
+    if base:
+        head += f"  {'vs torchvision':>14}"
+    lines = [title] if title else []
     lines += [head, "-" * len(head)]
-    base = rows[-1]["images_per_s"]  # the last row is the baseline when there is one
     for r in rows:
-        line = f"{r['pipeline']:<52} {r['images_per_s']:9.0f} {r['images_per_s'] / base:8.2f}x"
+        line = f"{r['pipeline']:<{width}}  {r['images_per_s']:9,.0f}"
         if with_eff:
-            line += f" {r['efficiency']:10.3f}" if "efficiency" in r else f" {'':>10}"
+            line += f"  {r['efficiency']:10.3f}" if "efficiency" in r else f"  {'':>10}"
+        if base:
+            ceiling = r.get("kind") == "ceiling"
+            line += f"  {'':>14}" if ceiling else f"  {r['images_per_s'] / base:13.2f}x"
         lines.append(line)
     return "\n".join(lines)
 
 
-def plot(rows, path, title="fastload vs torchvision"):
-    """A horizontal bar chart of images/s, one bar per pipeline, numbers on the bars."""
+_COLOURS = {"fastload": "#e8590c", "torchvision": "#868e96", "ceiling": "#ced4da"}
+
+
+def plot(rows, path, title=None, subtitle=None):
+    """A horizontal bar chart of images/s, one bar per pipeline, fastload highlighted, numbers on the bars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = [r["pipeline"] for r in rows][::-1]
-    values = [r["images_per_s"] for r in rows][::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.4))
-    bars = ax.barh(names, values, color=["#1f77b4" if "fastload" in n else "#999999" for n in names])
-    for bar, v in zip(bars, values):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:,.0f}", va="center")
-    ax.set_xlabel("images per second (higher is better)")
-    ax.set_title(title)
-    ax.set_xlim(0, max(values) * 1.2)
+
+    def kind(r):
+        return r.get("kind") or ("fastload" if "fastload" in r["pipeline"] else "torchvision")
+
+    rows = list(rows)[::-1]  # barh draws bottom-up: the first row goes on top
+    base = _baseline_rate(rows)
+    training = any(kind(r) == "ceiling" for r in rows)
+    if title is None:
+        title = "Training throughput: fastload vs torchvision" if training else \
+            "Images per second delivered to training: fastload vs torchvision"
+    names = [textwrap.fill(r["pipeline"], 34) for r in rows]
+    values = [r["images_per_s"] for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 1.0 * len(rows) + 1.6))
+    bars = ax.barh(names, values, height=0.6, color=[_COLOURS[kind(r)] for r in rows],
+                   edgecolor=["#333333" if kind(r) == "ceiling" else "none" for r in rows],
+                   hatch=None)
+    for bar, r in zip(bars, rows):
+        if kind(r) == "ceiling":
+            bar.set_hatch("//")
+    top = max(values)
+    for bar, r in zip(bars, rows):
+        label = f"  {r['images_per_s']:,.0f} img/s"
+        if "efficiency" in r and kind(r) != "ceiling":
+            label += f"  ({r['efficiency']:.0%} of ceiling)"
+        elif base and kind(r) == "fastload":
+            label += f"  ({r['images_per_s'] / base:.1f}x torchvision)"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=11,
+                fontweight="bold" if kind(r) == "fastload" else "normal")
+    for tick, r in zip(ax.get_yticklabels(), rows):
+        if kind(r) == "fastload":
+            tick.set_fontweight("bold")
+    ax.set_xlabel("images per second (higher is better)", fontsize=11)
+    ax.set_xlim(0, top * 1.55)
+    ax.tick_params(axis="y", labelsize=11)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    fig.suptitle(title, fontsize=14, fontweight="bold", x=0.02, ha="left")
+    if subtitle:
+        ax.set_title(textwrap.fill(subtitle, 95), fontsize=9, color="#555555", loc="left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path

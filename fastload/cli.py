@@ -226,8 +226,101 @@ def cmd_verify(args):
     return EXIT_DATA if failures else EXIT_OK
 
 
+# --------------------------------------------------------------------------------------------------- bench
+def add_bench(sub):
+    p = sub.add_parser(
+        "bench", formatter_class=_Formatter, epilog=EXIT_CODES,
+        help="measure loader throughput (and training efficiency) against torchvision",
+        description="Measure how many training images per second FastLoader delivers from DATA (RandomResizedCrop,\n"
+        "flip, normalise), and with --baseline torchvision the same for torchvision's ImageFolder (PIL over the\n"
+        "records of a store) + DataLoader with the standard training transforms, side by side in one run.\n"
+        "One warm-up epoch, then --epochs timed epochs; every number printed is measured in this run.\n\n"
+        "With --model (CUDA): a real training step (torchvision model, SGD, bf16 autocast, channels_last) on a\n"
+        "fixed GPU batch (the ceiling), then fed by FastLoader and by torchvision; efficiency = rate / ceiling\n"
+        "answers: is my training loader-bound, and does fastload fix it?\n\n"
+        "A progress bar on stderr while it runs, a table on stdout at the end.")
+    p.add_argument("data", metavar="DATA", help="an image folder (ImageFolder layout) or a store made by `fastload pack`")
+    p.add_argument("--baseline", choices=["torchvision"], help="also measure torchvision's DataLoader")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="where batches are delivered (default: cuda when available, else cpu)")
+    p.add_argument("--batch-size", type=_positive, default=256, metavar="B", help="images per batch (default 256)")
+    p.add_argument("--threads", type=_positive, default=None, metavar="N",
+                   help="FastLoader decode threads (default: one per core)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="torchvision DataLoader worker processes (default: one per core; 0: in the main process)")
+    p.add_argument("--epochs", type=_positive, default=2, metavar="E",
+                   help="timed epochs per pipeline, after one warm-up epoch (default 2)")
+    p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
+    p.add_argument("--model", choices=["resnet18", "resnet50"],
+                   help="measure training efficiency with this torchvision model (needs CUDA)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, the table then "
+                   "goes to stderr)")
+    p.add_argument("--plot", metavar="FILE.png", help="write a bar chart of the results")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args):
+    import importlib.util
+
+    import torch
+
+    from . import benchmark
+
+    cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if cuda else "cpu")
+    if device == "cuda" and not cuda:
+        _err("--device cuda, but CUDA is not available here (torch.cuda.is_available() is False); use --device cpu")
+        return EXIT_USAGE
+    if args.model and not cuda:
+        _err(f"--model {args.model} measures training efficiency on a GPU, and CUDA is not available here; "
+             "leave --model out to measure the loaders alone")
+        return EXIT_USAGE
+    if args.model and device != "cuda":
+        _err(f"--model {args.model} measures training efficiency on the GPU; use it with --device cuda")
+        return EXIT_USAGE
+    if args.workers is not None and args.workers < 0:
+        _err(f"--workers must be 0 or more, got {args.workers}")
+        return EXIT_USAGE
+    needs = [("torchvision", "--baseline torchvision" if args.baseline else "--model")] \
+        if args.baseline or args.model else []
+    needs += [("matplotlib", "--plot")] if args.plot else []
+    for module, option in needs:
+        if importlib.util.find_spec(module) is None:
+            _err(f"{option} needs {module}: pip install {module}")
+            return EXIT_USAGE
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            _err(f"{option} {path}: the folder {os.path.dirname(os.path.abspath(path))} does not exist")
+            return EXIT_USAGE
+    if args.plot == "-":
+        _err("--plot needs a file name")
+        return EXIT_USAGE
+
+    dataset = benchmark.open_dataset(args.data)  # DatasetError -> exit 2
+    result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
+                           threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
+                           model=args.model, progress=not args.quiet)
+    title = "fastload bench: " + benchmark.describe(result)
+    table = benchmark.format_table(result["rows"], title)
+    if args.json == "-":
+        print(table, file=sys.stderr)
+        print(json.dumps(result, indent=2))
+    else:
+        print(table)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+                f.write("\n")
+            print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        benchmark.plot(result["rows"], args.plot, subtitle=benchmark.describe(result))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return EXIT_OK
+
+
 #: Subcommands in the order `fastload --help` lists them; each adds its parser and sets ``func``.
-SUBCOMMANDS = [add_pack, add_inspect, add_verify]
+SUBCOMMANDS = [add_pack, add_inspect, add_verify, add_bench]
 
 
 def build_parser():
