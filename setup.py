@@ -19,7 +19,7 @@ def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
     cpp = [os.path.join(rel, f) for f in ("bindings.cpp", "jpeg_decoder.cpp", "warp_cpu.cpp")]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
-    cxx = ["-O3", "-fvisibility=hidden"]
+    cxx = ["-O3"]
     import torch
 
     want_cuda = os.environ.get("FASTLOAD_NO_CUDA", "0") != "1"

@@ -159,6 +159,31 @@ def test_broken_files_are_left_out_and_reported(imagenet_dir, tmp_path):
         FolderDataset(tree, strict=True)
 
 
+def test_unreadable_file_is_reported(imagenet_dir, tmp_path, monkeypatch):
+    tree = photo_tree(imagenet_dir, tmp_path / "t", png=False)
+    locked = tree / "class_00" / "locked.jpg"
+    shutil.copy(jpeg_files(tree)[0], locked)
+    os.chmod(locked, 0)
+    if os.geteuid() == 0:  # root reads a chmod 000 file anyway: make opening it fail the way it would for a user
+        import builtins
+        import importlib
+
+        pack_mod = importlib.import_module("fastload.datasets.pack")  # the module (the package exports the function)
+
+        def guarded_open(path, *args, **kwargs):
+            if os.fspath(path) == str(locked):
+                raise PermissionError(13, "Permission denied", str(path))
+            return builtins.open(path, *args, **kwargs)
+
+        monkeypatch.setattr(folder_mod, "open", guarded_open, raising=False)
+        monkeypatch.setattr(pack_mod, "open", guarded_open, raising=False)
+    with pytest.warns(UserWarning, match="locked.jpg: unreadable: permission denied"):
+        ds = FolderDataset(tree)
+    assert len(ds) == 48
+    result = pack(tree, tmp_path / "s.lmdb", progress=False, log=lambda m: None)
+    assert result.records == 48 and result.skipped == [("class_00/locked.jpg", "unreadable: permission denied")]
+
+
 def test_folder_errors_name_the_folder(tmp_path, ds_tree):
     with pytest.raises(DatasetError, match=f"{tmp_path / 'missing'}: no such folder"):
         FolderDataset(tmp_path / "missing")

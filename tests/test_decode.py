@@ -400,3 +400,32 @@ def test_failing_decodes_do_not_grow_memory():
     # Measured noise after the warm-up is 0-100 KiB. A leaked libjpeg decompressor (its pools hold the Huffman
     # and quantisation tables, several KiB at least) would cost >= 40 MiB here, a leaked message string >= 1 MiB.
     assert grown < 1 << 20, f"resident memory grew by {grown / 1024:.0f} KiB over 10,000 failing decodes"
+
+
+def test_strict_rejects_corruption_found_at_end_of_scan(kinds, tmp_path):
+    """A flipped scan byte that libjpeg only notices at the end of the scan ("extraneous bytes before
+    marker"): a window reaching the last row must fail in strict mode, as `djpeg -strict` does."""
+    bad = bj.flip_bytes(kinds["420"].read_bytes(), 1, 0)
+    info = ops.read_header(bad)
+    with pytest.raises(DecodeError, match="Corrupt JPEG data"):
+        ops.decode_crop(bad, 0, 0, info.height, info.width)
+    (tmp_path / "bad.jpg").write_bytes(bad)
+    djpeg = subprocess.run(["djpeg", "-strict", "-ppm", str(tmp_path / "bad.jpg")], capture_output=True)
+    assert djpeg.returncode != 0 and b"Corrupt JPEG data" in djpeg.stderr
+    assert ops.decode_crop(bad, 0, 0, info.height, info.width, strict=False).shape == (info.height, info.width, 3)
+
+
+def test_decode_crops_reads_files_natively(kinds, tmp_path):
+    """str items are paths that the native threads read: same pixels as bytes, clear errors otherwise."""
+    path = kinds["420"]
+    info = ops.read_header(path.read_bytes())
+    windows = torch.tensor([[3, 5, 40, 60, 1]] * 3)
+    big = tmp_path / "big.jpg"
+    big.write_bytes(path.read_bytes() + bytes(1000))  # one byte over the limit set below is enough
+    out, offsets, shapes, status, messages = ops.decode_crops(
+        [str(path), str(tmp_path / "missing.jpg"), str(big)], windows, threads=2, max_bytes=os.path.getsize(path))
+    ref = ops.decode_crop(path.read_bytes(), 3, 5, 40, 60)
+    assert int(status[0]) == ops.OK and torch.equal(ops.crop_view(out, offsets, shapes, 0), ref)
+    assert int(status[1]) == ops.UNREADABLE and "No such file" in messages[1]
+    assert int(status[2]) == ops.UNREADABLE and "limit" in messages[2]
+    assert info.height > 0

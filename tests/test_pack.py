@@ -11,14 +11,13 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from fastload.cli import main
-from fastload.datasets import DataError, DatasetError, FolderDataset, LMDBDataset, pack
+from fastload.datasets import DataError, FolderDataset, LMDBDataset, pack
+from fastload.datasets.lmdb import shared_env
 from fastload.datasets.record import (META_KEY, PLAN_KEY, PROGRESS_KEY, SKIP_PREFIX, key_index, loads,
                                       record_key)
-from fastload.datasets.lmdb import shared_env
 from pack_corpus import add_broken, jpeg_files, photo_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,7 +313,9 @@ def test_sigkill_at_random_points_then_resume(broken_tree, tmp_path):
         proc = subprocess.Popen(cmd + (["--resume"] if attempt else []), env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         with proc:
-            proc.stderr.readline()  # "packing ..." / "resuming ...": the pack is under way
+            for line in proc.stderr:  # "packing ..." / "resuming ...": the pack is under way
+                if line.startswith(("packing ", "resuming ")):
+                    break
             try:
                 proc.wait(timeout=rng.uniform(0.05, 0.3))
             except subprocess.TimeoutExpired:

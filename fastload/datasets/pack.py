@@ -194,6 +194,8 @@ def _jpeg(buf, h, w, label, opt):
             return _with_payload(payload, JPEG, FLAG_REENCODED, h, w, label)
     except DecodeError as e:
         return f"corrupt JPEG data: {e}"
+    except Exception as e:  # the re-encoder (Pillow, libturbojpeg) on an odd file: skip it, do not stop the pack
+        return f"cannot re-encode: {e}"
     write_header(buf, JPEG, h, w, label, zlib.crc32(data))
     data.release()
     return buf

@@ -293,7 +293,10 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
     else if (nc == 1) gray_to_rgb(src, dst, cols);
     else cmyk_to_rgb(src, dst, cols, inverted);
   }
-  // Rows below the window are never decoded; jpeg_destroy_decompress aborts the rest cleanly.
+  // Rows below the window are never decoded; jpeg_destroy_decompress aborts the rest cleanly. A window that
+  // reaches the last row has read the whole scan: finishing reads up to EOI, where libjpeg reports leftover
+  // corrupt data (e.g. "extraneous bytes before marker") that strict mode must not let pass.
+  if (limits.strict && cinfo.output_scanline == cinfo.output_height) jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   return kOk;
 }
