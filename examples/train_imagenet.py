@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=256, help="images per step on each GPU (process)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 0.1 x global batch / 256)")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=5e-5)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--warmup-epochs", type=float, default=2.0, help="linear warm-up before the cosine decay")
     p.add_argument("--size", type=int, default=224, help="training and evaluation crop size")
