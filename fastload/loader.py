@@ -48,13 +48,16 @@ class FastLoader:
         threads: native decode threads per batch (default: the CPU cores); workers: producer threads, each
             with a batch in flight (default 2; on CUDA up to 4 with many cores, so Python work overlaps decoding).
         prefetch: batches each producer keeps ready.
-        rank, world_size: shard of the data (default: torch.distributed's when initialised).
+        rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
+            disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
+            a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
+            ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
     """
 
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
-                 prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None,
+                 prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True,
                  strict=True, max_pixels=ops.MAX_PIXELS):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -79,7 +82,7 @@ class FastLoader:
         self.drop_last = drop_last
         self.on_error = on_error
         self.sampler = ShardedSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                      drop_last=drop_last)
+                                      drop_last=drop_last, pad=pad)
         self.seed = seed
         self._stats = LoaderStats()
         self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats)
@@ -174,6 +177,7 @@ class _Producers:
 
     def __init__(self, loader, batches, start):
         self.maker = loader._maker
+        self.device = loader.device
         self.stage = loader._stage_cpu if loader.device.type == "cpu" else None
         self.epoch = loader._epoch
         self.batches = batches
@@ -211,6 +215,8 @@ class _Producers:
 
     def run(self, w, start):
         n = len(self.queues)
+        if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
+            torch.cuda.set_device(self.device)
         try:
             for k in range(start + w, len(self.batches), n):
                 slot = self.take(self.free[w])

@@ -286,7 +286,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     dst = os.path.abspath(os.fspath(dst)).rstrip(os.sep)
     partial = dst + ".partial"
     file_list = file_list and os.path.abspath(os.fspath(file_list))
-    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    workers = workers or min(8, os.cpu_count() or 1)
     if resume and force:
         raise DatasetError("--resume continues DST.partial and --force discards it: pass one of them")
     if max_side is not None and max_side < 16:

@@ -1,0 +1,119 @@
+"""`fastload bench` on a tiny real-photo corpus (CPU): the table, --json (file and stdout), --plot, the progress bar,
+and clear usage errors (exit code 2, a message on stderr, no traceback)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastload import benchmark
+from fastload.cli import main
+
+# Small and quick: 48 images, batches of 8, 64x64 crops, one warm-up + one timed epoch, no worker processes.
+QUICK = ["--device", "cpu", "--batch-size", "8", "--epochs", "1", "--size", "64", "--threads", "2"]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
+
+
+@pytest.fixture(scope="module")
+def store(imagenet_dir, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("bench") / "train.lmdb"
+    assert main(["pack", str(imagenet_dir), str(dst), "-q"]) == 0
+    return dst
+
+
+def test_folder_against_torchvision_table_json_and_plot(imagenet_dir, tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = main(["bench", str(imagenet_dir), "--baseline", "torchvision", "--workers", "0", *QUICK,
+                 "--json", str(out_json), "--plot", str(out_png)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    table = captured.out
+    assert "48 images (image folder)" in table and "img/s" in table and "vs torchvision" in table
+    assert "fastload FastLoader (2 threads)" in table and "torchvision DataLoader (0 workers)" in table
+    assert "fastload:" in captured.err and "torchvision:" in captured.err  # the progress bars
+
+    result = json.loads(out_json.read_text())
+    assert {"config", "rows"} <= set(result)
+    config = result["config"]
+    assert config["images"] == 48 and config["classes"] == 4 and config["data_kind"] == "folder"
+    assert config["device"] == "cpu" and config["batch_size"] == 8 and config["size"] == 64
+    assert config["epochs"] == 1 and config["threads"] == 2 and config["workers"] == 0
+    assert {"fastload", "torch"} <= set(config["versions"])
+    rows = {r["kind"]: r for r in result["rows"]}
+    assert set(rows) == {"fastload", "torchvision"}
+    for row in rows.values():
+        assert row["images_per_s"] > 0 and row["pipeline"] in table
+    assert rows["torchvision"]["speedup"] == 1.0
+    assert rows["fastload"]["speedup"] == pytest.approx(rows["fastload"]["images_per_s"] /
+                                                        rows["torchvision"]["images_per_s"])
+    assert rows["fastload"]["stats"]["images"] == 2 * 48  # warm-up + timed epoch, batches of 8: none dropped
+    assert "efficiency" not in rows["fastload"]  # only with --model
+
+    with Image.open(out_png) as im:
+        assert im.format == "PNG"
+        assert 800 <= im.width <= 2400 and 200 <= im.height <= 1200
+        pixels = np.asarray(im.convert("RGB")).reshape(-1, 3)
+    fastload_colour = np.array([0xE8, 0x59, 0x0C])  # the highlighted bar
+    assert (np.abs(pixels.astype(int) - fastload_colour).sum(axis=1) < 10).mean() > 0.01
+
+
+def test_store_json_on_stdout_without_progress(store, capsys):
+    code = main(["bench", str(store), "--baseline", "torchvision", "--workers", "1", *QUICK, "--json", "-", "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)  # stdout is pure JSON; the table went to stderr
+    assert result["config"]["data_kind"] == "store" and result["config"]["images"] == 48
+    assert all(r["images_per_s"] > 0 for r in result["rows"])
+    assert "(LMDB store)" in captured.err and "torchvision DataLoader (1 workers)" in captured.err
+    assert "img/s]" not in captured.err  # -q: no progress bar
+
+
+def test_fastload_alone(store, capsys):
+    assert main(["bench", str(store), *QUICK, "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "fastload FastLoader" in out and "torchvision" not in out
+
+
+def test_library_api_and_plot_with_a_model_row(tmp_path):
+    """The chart and table for a --model run (CUDA numbers faked here): ceiling, efficiency, highlighted fastload."""
+    rows = [{"pipeline": "resnet50 on a fixed GPU batch (ceiling)", "kind": "ceiling", "images_per_s": 4700.0},
+            {"pipeline": "resnet50 fed by fastload FastLoader (16 threads)", "kind": "fastload",
+             "images_per_s": 4650.0},
+            {"pipeline": "resnet50 fed by torchvision DataLoader (16 workers)", "kind": "torchvision",
+             "images_per_s": 2500.0}]
+    for r in rows:
+        r["efficiency"] = r["images_per_s"] / 4700.0
+    table = benchmark.format_table(rows, "title")
+    assert "efficiency" in table and "0.989" in table and "1.86x" in table
+    path = benchmark.plot(rows, tmp_path / "model.png", subtitle="resnet50, batch 256")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width >= 800
+
+
+def _error(capsys, argv, fragment):
+    code = main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "fastload: error:" in err or "usage:" in err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_usage_errors(imagenet_dir, tmp_path, capsys, monkeypatch):
+    _error(capsys, [str(tmp_path / "missing")], "no such folder or store")
+    (tmp_path / "empty").mkdir()
+    _error(capsys, [str(tmp_path / "empty"), "--device", "cpu"], "no class folders")
+    _error(capsys, [str(imagenet_dir), "--device", "cpu", "--batch-size", "64"], "fewer than one batch of 64")
+    _error(capsys, [str(imagenet_dir), "--epochs", "0"], "must be at least 1")
+    _error(capsys, [str(imagenet_dir), "--model", "vgg"], "invalid choice")
+    _error(capsys, [str(imagenet_dir), "--device", "cpu", "--workers", "-1"], "--workers must be 0 or more")
+    _error(capsys, [str(imagenet_dir), "--device", "cpu", "--json", str(tmp_path / "no" / "out.json")],
+           "does not exist")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _error(capsys, [str(imagenet_dir), "--device", "cuda"], "CUDA is not available")
+    _error(capsys, [str(imagenet_dir), "--model", "resnet18"], "CUDA is not available")
+    _error(capsys, [str(imagenet_dir), "--model", "resnet50", "--device", "cpu"], "CUDA is not available")
