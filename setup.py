@@ -19,7 +19,10 @@ def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
     cpp = [os.path.join(rel, f) for f in ("bindings.cpp", "jpeg_decoder.cpp", "warp_cpu.cpp")]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
-    cxx = ["-O3"]
+    cxx, link = ["-O3"], []
+    if os.environ.get("FASTLOAD_SANITIZE") == "1":  # `make asan-test`: ASan + UBSan build into build/asan
+        link = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+        cxx = ["-O1", "-g", "-fno-wrapv"] + link  # -fno-wrapv: Python's -fwrapv would hide signed overflow
     import torch
 
     want_cuda = os.environ.get("FASTLOAD_NO_CUDA", "0") != "1"
@@ -32,12 +35,12 @@ def extension():
                 "-gencode=arch=compute_90,code=compute_90"]
         return cpp_extension.CUDAExtension(
             "fastload._C", cpp + [os.path.join(rel, "warp_cuda.cu")], libraries=["jpeg"],
-            define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc})
+            define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
     why = "FASTLOAD_NO_CUDA=1" if not want_cuda else (
         "torch is a CPU build" if torch.version.cuda is None else "no CUDA toolkit found (set CUDA_HOME)")
     print(f"fastload: building without CUDA kernels ({why})", file=sys.stderr)
     return cpp_extension.CppExtension("fastload._C", cpp, libraries=["jpeg"], define_macros=macros,
-                                      extra_compile_args={"cxx": cxx})
+                                      extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 
 setup(

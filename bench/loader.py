@@ -24,7 +24,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     sets = {"ImageNet-like": corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"), classes=10,
                                                        per_class=100),
-            "1080p": corpus.make_hd(os.path.join(args.data, "hd"), count=96)}
+            "1080p": corpus.make_hd(os.path.join(args.data, "hd"), count=192)}
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)

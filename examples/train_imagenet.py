@@ -102,6 +102,12 @@ def all_reduce_sum(t):
     return t
 
 
+def finish():
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 may still be writing the last checkpoint
+        dist.destroy_process_group()
+
+
 def lr_factor(step, warmup_steps, total_steps):
     """Linear warm-up from ~0 to 1, then cosine decay to 0; per step, so a mid-epoch resume continues it exactly."""
     if step < warmup_steps:
@@ -122,27 +128,16 @@ def save_checkpoint(path, model, optimizer, scheduler, train_loader, step, args)
 
 
 @torch.no_grad()
-def evaluate(model, loader, device, rank, world_size, num_samples):
-    """Top-1 and top-5 accuracy over the whole evaluation set, each image counted once.
-
-    Each rank evaluates its own shard. With several ranks the shards are padded to equal length by wrapping
-    around to the first images (rank r holds global positions r, r + W, r + 2W, ... of the unshuffled order);
-    positions >= num_samples are that padding and are not counted.
-    """
+def evaluate(model, loader, device):
+    """Top-1 and top-5 accuracy over the whole evaluation set: each rank counts its own shard (pad=False: every
+    image on exactly one rank), then the counts are summed over the ranks."""
     model.eval()
     counts = torch.zeros(3, dtype=torch.float64, device=device)  # top-1 hits, top-5 hits, images
-    seen = 0
     for x, y in loader:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(x)
-        position = (seen + torch.arange(len(y), device=device)) * world_size + rank
-        keep = position < num_samples
-        seen += len(y)
-        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hits = top5 == y[:, None]
-        counts[0] += (hits[:, 0] & keep).sum()
-        counts[1] += (hits.any(dim=1) & keep).sum()
-        counts[2] += keep.sum()
+        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]
+        counts += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(y), device=device)])
     top1, top5, n = all_reduce_sum(counts).tolist()
     model.train()
     return top1 / n, top5 / n
@@ -167,7 +162,8 @@ def main(argv=None):
         val_ds = open_dataset(args.val)
         if val_ds.classes != train_ds.classes:
             raise SystemExit(f"{args.val} and {args.train} have different classes")
-        val_loader = fl.FastLoader(val_ds, batch_size=args.batch_size, shuffle=False,
+        # pad=False: under torchrun every image is evaluated exactly once (shards may differ by one image)
+        val_loader = fl.FastLoader(val_ds, batch_size=args.batch_size, shuffle=False, pad=False,
                                    crop=fl.CenterCrop(args.size, resize=args.val_resize), device=device,
                                    channels_last=True, threads=threads)
     log(f"train: {train_ds} -> {len(train_loader)} steps per epoch on each of {world_size} process(es)")
@@ -203,14 +199,15 @@ def main(argv=None):
         save_checkpoint(args.checkpoint, model, optimizer, scheduler, train_loader, step, args)
         log(f"checkpoint: {args.checkpoint} (step {step})")
 
-    # --- training ------------------------------------------------------------------------------------------
-    if args.evaluate:
+    if args.evaluate:  # only evaluate the weights of --resume
         if val_loader is None:
             raise SystemExit("--evaluate needs --val")
-        top1, top5 = evaluate(model, val_loader, device, rank, world_size, len(val_loader.dataset))
+        top1, top5 = evaluate(model, val_loader, device)
         log(f"eval: top-1 {top1:.2%}, top-5 {top5:.2%} ({len(val_loader.dataset)} images)")
-        args.epochs = 0  # nothing to train
+        finish()
+        return model
 
+    # --- training ------------------------------------------------------------------------------------------
     def limit_reached():
         return args.limit_steps is not None and step >= args.limit_steps
 
@@ -243,12 +240,10 @@ def main(argv=None):
         log(f"epoch {epoch} done: mean loss {loss_sum.item() / max(1, steps):.4f}, "
             f"{images / (time.perf_counter() - t):,.0f} img/s")
         if val_loader is not None:
-            top1, top5 = evaluate(model, val_loader, device, rank, world_size, len(val_loader.dataset))
+            top1, top5 = evaluate(model, val_loader, device)
             log(f"epoch {epoch} eval: top-1 {top1:.2%}, top-5 {top5:.2%} ({len(val_loader.dataset)} images)")
         checkpoint()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    finish()
     return model
 
 

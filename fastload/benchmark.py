@@ -221,7 +221,8 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
     config = {
         "data": source,
         "data_kind": "store" if hasattr(dataset, "meta") else "folder",
-        "images": len(dataset), "classes": len(dataset.classes), "device": str(device),
+        "images": len(dataset), "classes": len(dataset.classes), "batches_per_epoch": len(dataset) // batch_size,
+        "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
         "model": model, "baseline": baseline,
@@ -327,25 +328,27 @@ def plot(rows, path, title=None, subtitle=None):
     values = [r["images_per_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(10, 1.0 * len(rows) + 1.6))
     bars = ax.barh(names, values, height=0.6, color=[_COLOURS[kind(r)] for r in rows],
-                   edgecolor=["#333333" if kind(r) == "ceiling" else "none" for r in rows],
+                   edgecolor=["#868e96" if kind(r) == "ceiling" else "none" for r in rows],
                    hatch=None)
     for bar, r in zip(bars, rows):
         if kind(r) == "ceiling":
             bar.set_hatch("//")
     top = max(values)
+    labels = []
     for bar, r in zip(bars, rows):
         label = f"  {r['images_per_s']:,.0f} img/s"
         if "efficiency" in r and kind(r) != "ceiling":
-            label += f"  ({r['efficiency']:.0%} of ceiling)"
+            label += f"  ({r['efficiency']:.0%} of ceiling"
+            label += f", {r['images_per_s'] / base:.1f}x torchvision)" if base and kind(r) == "fastload" else ")"
         elif base and kind(r) == "fastload":
             label += f"  ({r['images_per_s'] / base:.1f}x torchvision)"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=11,
-                fontweight="bold" if kind(r) == "fastload" else "normal")
+        labels.append(ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=11,
+                              fontweight="bold" if kind(r) == "fastload" else "normal"))
     for tick, r in zip(ax.get_yticklabels(), rows):
         if kind(r) == "fastload":
             tick.set_fontweight("bold")
     ax.set_xlabel("images per second (higher is better)", fontsize=11)
-    ax.set_xlim(0, top * 1.55)
+    ax.set_xlim(0, top * 1.3)
     ax.tick_params(axis="y", labelsize=11)
     ax.spines[["top", "right"]].set_visible(False)
     ax.grid(axis="x", alpha=0.3)
@@ -355,6 +358,14 @@ def plot(rows, path, title=None, subtitle=None):
     if subtitle:
         ax.set_title(textwrap.fill(subtitle, 95), fontsize=9, color="#555555", loc="left")
     fig.tight_layout()
+    for _ in range(3):  # widen the axis until the numbers beside the bars fit inside it
+        fig.canvas.draw()
+        inverse = ax.transData.inverted()
+        right = max(inverse.transform(t.get_window_extent().get_points())[1, 0] for t in labels)
+        if right <= ax.get_xlim()[1]:
+            break
+        ax.set_xlim(0, right * 1.04)
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

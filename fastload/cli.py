@@ -299,6 +299,10 @@ def cmd_bench(args):
         return EXIT_USAGE
 
     dataset = benchmark.open_dataset(args.data)  # DatasetError -> exit 2
+    batches = len(dataset) // args.batch_size
+    if 0 < batches < 50:
+        print(f"note: {len(dataset)} images make only {batches} batches of {args.batch_size} per epoch; the start "
+              f"and end of every epoch weigh on these numbers (more images measure steadier rates)", file=sys.stderr)
     result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
                            model=args.model, progress=not args.quiet)

@@ -97,6 +97,9 @@ class FastLoader:
     # --- epoch bookkeeping -------------------------------------------------------------------------------
     def set_epoch(self, epoch):
         """Selects the epoch the next iteration runs (its shuffle and crops). Without calls, epochs count up."""
+        if self._start_batch and int(epoch) == self._epoch:
+            self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
+            return
         self._epoch = int(epoch)
         self._epoch_set = True
         self._start_batch = self._batches_done = 0
@@ -110,8 +113,10 @@ class FastLoader:
         epoch, done = self._epoch, self._batches_done
         if self._finished_epoch and not self._epoch_set:  # a finished epoch resumes at the next one
             epoch, done = epoch + 1, 0
-        return {"epoch": epoch, "batches_done": done, "seed": self.seed,
-                "batch_size": self.batch_size, "sampler": self.sampler.state_dict()}
+        sampler = self.sampler.state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
+        sampler["epoch"] = epoch
+        return {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
+                "sampler": sampler}
 
     def load_state_dict(self, state):
         if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
@@ -218,7 +223,8 @@ class _Producers:
         if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
             torch.cuda.set_device(self.device)
         try:
-            for k in range(start + w, len(self.batches), n):
+            # The consumer reads batch k from queue k % n: this worker's first batch at or after `start`.
+            for k in range(start + (w - start) % n, len(self.batches), n):
                 slot = self.take(self.free[w])
                 if slot is None:
                     return

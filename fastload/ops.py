@@ -4,6 +4,7 @@ JPEG: ``read_header``, ``decode_crop`` (one window) and ``decode_crops`` (a batc
 Geometry: ``warp_affine`` (dense batches, CPU and CUDA), ``warp_ragged`` (the loader's ragged batches) and
 ``affine_from_points``. The decoder returns status codes; this module turns them into exceptions.
 """
+import functools
 from collections import namedtuple
 
 import torch
@@ -121,9 +122,20 @@ def _norm_params(channels, mean, std, in_scale, device):
     std = _per_channel(std, 1.0, channels, "std")
     if any(s == 0 for s in std):
         raise ValueError("std must not contain zeros")
-    alpha = torch.tensor([in_scale / s for s in std], dtype=torch.float32, device=device)
-    beta = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32, device=device)
-    return alpha, beta
+    alpha = [in_scale / s for s in std]
+    beta = [-m / s for m, s in zip(mean, std)]
+    if torch.compiler.is_compiling():
+        return (torch.tensor(alpha, dtype=torch.float32, device=device),
+                torch.tensor(beta, dtype=torch.float32, device=device))
+    return _param_tensors(tuple(alpha), tuple(beta), torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _param_tensors(alpha, beta, device):
+    # Cached: a fresh CUDA tensor from a Python list is a pageable copy that synchronises the stream, which
+    # would stall the side stream once per batch.
+    return (torch.tensor(alpha, dtype=torch.float32, device=device),
+            torch.tensor(beta, dtype=torch.float32, device=device))
 
 
 def warp_ragged(data, offsets, shapes, matrices, out_size, *, mean=None, std=None, in_scale=1.0 / 255,

@@ -102,6 +102,26 @@ def test_resume_from_state_dict_yields_exactly_the_remaining_batches(coded_dir):
     assert resumed.state_dict()["epoch"] == 2  # a finished epoch resumes at the next one
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_resume_at_any_batch_with_several_workers(coded_dir, workers):
+    """Every resume point, with the batch count not a multiple of the workers; set_epoch of the restored epoch
+    (what a DDP loop calls at the top of each epoch) keeps the position."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=9, crop=fl.RandomResizedCrop(24), workers=workers)
+    full = collect(make())
+    for stop in range(1, len(full)):
+        first = make()
+        for i, _ in enumerate(first):
+            if i == stop - 1:
+                break
+        resumed = make()
+        resumed.load_state_dict(first.state_dict())
+        resumed.set_epoch(0)
+        rest = collect(resumed)
+        assert [y.tolist() for _, y in rest] == [y.tolist() for _, y in full[stop:]], stop
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(rest, full[stop:]))
+
+
 def torchvision_reference(ds, plan, indices):
     """torchvision's pixels for the same windows: Pillow decode, resized_crop(antialias), flip, normalise."""
     out = []

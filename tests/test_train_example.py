@@ -43,9 +43,7 @@ def test_smoke_run_trains_evaluates_and_checkpoints(straight):
     assert {"model", "optimizer", "scheduler", "loader", "args"} <= set(ckpt)
 
 
-@pytest.mark.parametrize("stop", [2, pytest.param(3, marks=pytest.mark.xfail(
-    strict=True, reason="FastLoader bug: resuming at an odd batch with workers=2 hands batches to the wrong "
-    "worker queue (producer w starts at start + w, the consumer reads queue next_batch % workers)"))])
+@pytest.mark.parametrize("stop", [2, 3])
 def test_interrupted_run_resumes_exactly(straight, imagenet_dir, tmp_path, capsys, monkeypatch, stop):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     train = _example()
