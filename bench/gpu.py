@@ -97,9 +97,9 @@ def kernel_bench(ds, size=224, batch=256):
     return rows
 
 
-def fastload_rate(ds, epochs, batch, threads, gpu_decode=0.0):
+def fastload_rate(ds, epochs, batch, threads):
     loader = fl.FastLoader(ds, batch_size=batch, device="cuda", threads=threads, dtype=torch.float32,
-                           channels_last=True, drop_last=True, gpu_decode=gpu_decode)
+                           channels_last=True, drop_last=True)
     for x, y in loader:  # warm-up epoch: page cache, allocator, CUDA context
         pass
     torch.cuda.synchronize()
@@ -155,8 +155,6 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--skip-torchvision", action="store_true")
-    p.add_argument("--gpu-decode", type=float, nargs="*", default=[0.0, 0.5, 0.65],
-                   help="FastLoader gpu_decode shares to measure (0 = CPU crop decode only)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     ds = fl.FolderDataset(args.data)
@@ -164,11 +162,8 @@ def main(argv=None):
 
     kernel = kernel_bench(ds, batch=args.batch_size)
     copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
-    fast = {}
-    for share in args.gpu_decode:
-        fast[share], stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads, share)
-        print(f"fastload gpu_decode={share}: {fast[share]:.0f} img/s; stats "
-              f"{json.dumps({k: round(v, 3) for k, v in stats.items()})}", flush=True)
+    fast, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads)
+    print(f"fastload stats: {json.dumps({k: round(v, 3) for k, v in stats.items()})}", flush=True)
     nvjpeg = nvjpeg_rate(ds, args.batch_size)
     tv = None if args.skip_torchvision else torchvision_rate(args.data, args.epochs, args.batch_size, args.workers)
 
@@ -178,16 +173,13 @@ def main(argv=None):
         print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
     print("\n(b) finished 224x224 batches on the GPU, images/s")
     print(f"{'pipeline':<60} {'img/s':>9}")
-    for share, rate in fast.items():
-        name = f"fastload FastLoader(device=cuda), {args.threads} threads" + (
-            f", gpu_decode={share}" if share else "")
-        print(f"{name:<60} {rate:9.0f}")
+    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads':<60} {fast:9.0f}")
     if tv is not None:
         print(f"{'torchvision ImageFolder + DataLoader, ' + str(args.workers) + ' workers':<60} {tv:9.0f}")
     print(f"{'torchvision nvJPEG batched full decode (decode only)':<60} {nvjpeg:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"kernel": kernel, "fastload": fast, "torchvision": tv, "nvjpeg": nvjpeg}, f)
+            json.dump({"kernel": kernel, "fastload": fast, "torchvision": tv, "nvjpeg": nvjpeg, "stats": stats}, f)
 
 
 if __name__ == "__main__":

@@ -53,15 +53,11 @@ class FastLoader:
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
-        gpu_decode: share of each batch (0..1) that nvJPEG decodes on the GPU (whole images, via torchvision),
-            the rest being crop-decoded by the CPU threads. For CPU-bound machines whose GPU has room to spare;
-            a file nvJPEG refuses is retried on the CPU and raises DecodeError if bad (no skip for these).
     """
 
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
                  prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True,
-                 gpu_decode=0.0,
                  strict=True, max_pixels=ops.MAX_PIXELS):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -89,17 +85,7 @@ class FastLoader:
                                       drop_last=drop_last, pad=pad)
         self.seed = seed
         self._stats = LoaderStats()
-        if not 0.0 <= gpu_decode <= 1.0:
-            raise ValueError(f"gpu_decode must be a share between 0 and 1, got {gpu_decode}")
-        if gpu_decode and self.device.type != "cuda":
-            raise ValueError("gpu_decode needs device='cuda'")
-        if gpu_decode:
-            try:
-                from torchvision.io import decode_jpeg  # noqa: F401
-            except ImportError as e:
-                raise ImportError("gpu_decode uses torchvision's nvJPEG decoder: pip install torchvision") from e
-        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats,
-                                 gpu_decode)
+        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats)
         self._epoch = 0
         self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
         self._batches_done = 0
@@ -315,7 +301,7 @@ class _EpochIterator:
 
     def _submit(self, pipe, batch):
         t = time.perf_counter()
-        handle = pipe.submit_batch(batch)
+        handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
         batch.slot.copied = handle.copied
         p = self.producers
         p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)

@@ -31,18 +31,6 @@ class RaggedBatch:
     labels: torch.Tensor     # int64 [B]
     nbytes: int              # bytes of data in use (what a GPU copy must move)
     slot: "Slot"
-    # Samples left to nvJPEG on the GPU (FastLoader(gpu_decode=...)); the ragged fields above hold the others.
-    gpu: "GpuPart" = None
-
-
-@dataclass
-class GpuPart:
-    jpegs: list              # uint8 CPU tensors: whole files for torchvision.io.decode_jpeg
-    shapes: torch.Tensor     # int64 [k, 3]: (h, w, 3) of the full images (the decoder's CHW output)
-    matrices: torch.Tensor   # float32 [k, 2, 3]: output pixel -> full-image pixel
-    names: list              # sample names, for errors
-    positions: torch.Tensor  # int64 [k]: where these samples sit in the batch
-    cpu_positions: torch.Tensor  # int64 [B - k]: where the ragged samples sit
 
 
 class Slot:
@@ -86,17 +74,8 @@ def full_resolution(windows, matrices):
     return w, m
 
 
-def gpu_share(count, jpeg, share):
-    """Mask of the samples nvJPEG decodes: the last round(share * count) JPEGs of the batch."""
-    mask = np.zeros(count, dtype=bool)
-    k = int(round(count * share))
-    if k:
-        mask[np.flatnonzero(jpeg)[-k:]] = True
-    return mask
-
-
 class BatchMaker:
-    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats, gpu_decode=0.0):
+    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats):
         self.ds = dataset
         self.crop = crop
         self.seed = seed
@@ -109,7 +88,6 @@ class BatchMaker:
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
         self.labels = np.asarray(dataset.labels, dtype=np.int64)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
-        self.gpu_decode = gpu_decode
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
@@ -122,41 +100,24 @@ class BatchMaker:
         return windows, matrices, other
 
     def make(self, indices, epoch, slot):
-        indices = np.asarray(indices, dtype=np.int64)
-        on_gpu = gpu_share(len(indices), self.formats[indices] == _FORMAT_JPEG, self.gpu_decode)
-        if not on_gpu.any():
-            return self._make_cpu(indices, epoch, slot)
-        batch = self._make_cpu(indices[~on_gpu], epoch, slot)
-        picked = indices[on_gpu]
-        windows, matrices, _ = self.plan(picked, epoch)
-        full_w, full_m = full_resolution(windows, matrices)
-        full_m[:, 0, 2] += full_w[:, 1].to(torch.float32)  # window coordinates -> whole-image coordinates
-        full_m[:, 1, 2] += full_w[:, 0].to(torch.float32)
-        with self.ds.reader() as reader:
-            jpegs = [torch.frombuffer(bytearray(reader.get(int(i))), dtype=torch.uint8) for i in picked]
-        shapes = torch.from_numpy(np.stack([self.heights[picked], self.widths[picked],
-                                            np.full(len(picked), 3)], axis=1))
-        labels = torch.from_numpy(self.labels[indices])
-        labels[torch.from_numpy(~on_gpu)] = batch.labels  # skip-mode replacements changed some CPU labels
-        batch.labels = labels
-        batch.gpu = GpuPart(jpegs, shapes, full_m, [self.ds.sample_name(int(i)) for i in picked],
-                            torch.from_numpy(np.flatnonzero(on_gpu)), torch.from_numpy(np.flatnonzero(~on_gpu)))
-        return batch
-
-    def _make_cpu(self, indices, epoch, slot):
         t0 = time.perf_counter()
+        indices = np.asarray(indices, dtype=np.int64)
         windows, matrices, other = self.plan(indices, epoch)
         nbytes = decoded_nbytes(windows)
         buffer = slot.reserve(int(nbytes.sum()))
         with self.ds.reader() as reader:
             # Non-JPEG samples get an empty buffer: the decoder answers NOT_JPEG at once and Pillow fills them.
-            buffers = self._sources(reader, indices)
+            unreadable = {}
+            buffers = self._sources(reader, indices, unreadable)
             for k in np.flatnonzero(other.numpy()):
                 buffers[k] = b""
             t1 = time.perf_counter()
             _, offsets, shapes, status, messages = ops.decode_crops(
                 buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels)
         t2 = time.perf_counter()
+        for k, message in unreadable.items():  # decoded as empty buffers: report them as what they are
+            status[k] = ops.CORRUPT
+            messages[k] = message
         for k in np.flatnonzero(other.numpy()):
             self._pillow_fill(int(indices[k]), windows[k], buffer, offsets[k], shapes[k], status, messages, k)
         used = int(nbytes.sum())
@@ -171,12 +132,22 @@ class BatchMaker:
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
 
     @staticmethod
-    def _sources(reader, indices):
-        """Bytes (or file paths) for the native decoder: zero-copy views for LMDB, paths for folders."""
+    def _sources(reader, indices, unreadable=None):
+        """Bytes (or file paths) for the native decoder: zero-copy views for LMDB, paths for folders. A record
+        that cannot be read (a damaged store) gets an empty buffer, and its reason goes to ``unreadable``
+        {position: message}: on_error then treats it like a sample that failed to decode."""
         sources = getattr(reader, "sources", None)
         if sources is not None:
             return list(sources(indices.tolist()))
-        return [reader.get(int(i)) for i in indices]
+        out = []
+        for k, i in enumerate(indices):
+            try:
+                out.append(reader.get(int(i)))
+            except DecodeError as e:
+                out.append(b"")
+                if unreadable is not None:
+                    unreadable[k] = str(e).removeprefix(f"{e.sample}: ")
+        return out
 
     def _pillow_fill(self, index, window, buffer, offset, shape, status, messages, k):
         """Decodes a non-JPEG sample with Pillow and writes its window where the decoder would have."""

@@ -79,10 +79,23 @@ def shared_env(where, subdir, key=None):
             if actual != key:
                 raise DatasetError(f"{where}: the store was replaced on disk since this dataset was opened")
             try:
-                env = _envs[key] = open_env(where, subdir)
+                env = open_env(where, subdir)
             except lmdb.Error as e:
                 raise DatasetError(f"{where}: not a fastload store (LMDB cannot open it: {e})") from None
+            _check_length(env, where, subdir)
+            _envs[key] = env
         return env, key
+
+
+def _check_length(env, where, subdir):
+    """DatasetError (env closed) for a data file shorter than the pages its metadata says it has: reading a page
+    past the end of a memory-mapped file kills the process with SIGBUS (a copy cut short, a full disk)."""
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(os.path.join(where, "data.mdb") if subdir else where)
+    if size < need:
+        env.close()
+        raise DatasetError(f"{where}: truncated store: its data file is {size} bytes, its pages need {need} "
+                           f"(copied or written incompletely?); copy it again or re-pack it")
 
 
 def read_meta(path):

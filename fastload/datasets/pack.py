@@ -13,6 +13,7 @@ time anyway). Reading and checking run on a thread pool (file reads, the header 
 release the GIL); one thread writes.
 """
 import contextlib
+import errno
 import fcntl
 import io
 import os
@@ -237,7 +238,9 @@ def _lock(partial):
 
 
 def _write(env, puts=(), deletes=()):
-    """One transaction; when the map is full, doubles it and retries (nothing of the failed attempt remains)."""
+    """One transaction; when the map is full, doubles it and retries (nothing of the failed attempt remains).
+    Any other failure (a full disk: LMDB reports it as an I/O error) raises OSError naming the store, with the
+    way on: the transactions committed before stay, so `--resume` continues once there is room."""
     while True:
         try:
             with env.begin(write=True) as txn:
@@ -248,6 +251,13 @@ def _write(env, puts=(), deletes=()):
             return
         except lmdb.MapFullError:
             env.set_mapsize(env.info()["map_size"] * 2)
+        except lmdb.Error as e:
+            path = env.path()
+            free = shutil.disk_usage(path).free
+            raise OSError(errno.ENOSPC if free < (64 << 20) else errno.EIO,
+                          f"cannot write the store ({e}; {free / 1e6:.1f} MB free on its disk). What was packed "
+                          f"so far is kept: make room, then continue with `fastload pack SRC DST --resume`",
+                          path) from None
 
 
 def _fsync_dir(path):

@@ -42,7 +42,8 @@ constexpr int64_t kDefaultMaxBytes = int64_t(256) << 20;  // per image: no JPEG 
 
 // Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
 int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or device) put where an image was must not block the open; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     std::snprintf(message, size, "cannot read: %s", std::strerror(errno));
     return kUnreadable;
@@ -219,7 +220,7 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
                          int downscale, bool strict, int64_t max_pixels) {
   BufferViews views(py::make_tuple(data));
   Window w{top, left, height, width, downscale};
-  if (height <= 0 || width <= 0 || !(downscale == 1 || downscale == 2 || downscale == 4 || downscale == 8)) {
+  if (!window_in_range(w) || !(downscale == 1 || downscale == 2 || downscale == 4 || downscale == 8)) {
     char message[kMessageSize] = "";
     const int status = decode_window(nullptr, 0, w, nullptr, 0, make_limits(strict, max_pixels), message,
                                      sizeof(message));
@@ -266,7 +267,8 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
     const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
     int64_t h = 0, wd = 0;
-    if (w.top >= 0 && w.left >= 0 && w.height > 0 && w.width > 0 && w.downscale > 0) scaled_extent(w, &h, &wd);
+    // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
+    if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
     op[i] = total;
     sp[i * 3] = h;
     sp[i * 3 + 1] = wd;

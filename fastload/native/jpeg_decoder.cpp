@@ -177,6 +177,13 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
                   static_cast<long long>(window.height), static_cast<long long>(window.width));
     return kBadWindow;
   }
+  if (!window_in_range(window)) {  // also keeps scaled_extent below from overflowing
+    std::snprintf(message, message_size, "window (top=%lld, left=%lld, height=%lld, width=%lld) is outside any JPEG "
+                  "(sides are at most %lld)", static_cast<long long>(window.top), static_cast<long long>(window.left),
+                  static_cast<long long>(window.height), static_cast<long long>(window.width),
+                  static_cast<long long>(kMaxSide));
+    return kBadWindow;
+  }
   int64_t out_h = 0, out_w = 0;
   scaled_extent(window, &out_h, &out_w);
   if (static_cast<size_t>(out_h) * static_cast<size_t>(out_w) * 3 > out_capacity) {
@@ -259,8 +266,11 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
 #else
   const int dct_scaled = cinfo.min_DCT_scaled_size;
 #endif
-  const JDIMENSION context =
+  JDIMENSION context =
       cinfo.max_h_samp_factor > 1 ? static_cast<JDIMENSION>(cinfo.max_h_samp_factor * dct_scaled) : 0;
+  // A progressive file whose scans stop early (e.g. after the DC scan) is block-smoothed over 5x5 blocks, and
+  // libjpeg takes the crop's left edge for the image's: two iMCUs of context keep such windows identical too.
+  if (cinfo.progressive_mode) context = static_cast<JDIMENSION>(2 * cinfo.max_h_samp_factor * dct_scaled);
   JDIMENSION xoffset = col0 > context ? col0 - context : 0;
   JDIMENSION crop_width = std::min<JDIMENSION>(col0 + cols + context, cinfo.output_width) - xoffset;
   if (crop_width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &crop_width);

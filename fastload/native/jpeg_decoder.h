@@ -34,11 +34,21 @@ struct JpegHeader {
   bool progressive = false, arithmetic = false, adobe = false;
 };
 
+// JPEG stores its height and width in 16 bits: a window reaching past this is outside every image.
+constexpr int64_t kMaxSide = 65535;
+
 // A window in original-image pixels plus the DCT downscale (1, 2, 4 or 8).
 struct Window {
   int64_t top = 0, left = 0, height = 0, width = 0;
   int32_t downscale = 1;
 };
+
+// Whether a window could be inside some JPEG: non-empty, non-negative, within kMaxSide. scaled_extent and the
+// byte count of its output cannot overflow for such a window; check this before calling them on caller input.
+inline bool window_in_range(const Window& w) {
+  return w.top >= 0 && w.left >= 0 && w.height > 0 && w.width > 0 && w.top <= kMaxSide - w.height &&
+         w.left <= kMaxSide - w.width;
+}
 
 // Shape of the decoded region for a window: rows [top/d, ceil((top+h)/d)) of the 1/d-scaled image, same for
 // columns. A pure function of the window, so callers can lay out a ragged batch before decoding anything.

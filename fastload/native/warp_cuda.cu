@@ -28,7 +28,7 @@ __device__ __forceinline__ void store(out_t* o, int64_t os_c, const float* acc, 
 }
 
 template <typename in_t, typename out_t, int CH>
-__global__ void __launch_bounds__(kBlockX * kBlockY) warp_normalize_kernel(
+__global__ void __launch_bounds__(kBlockX * kBlockY, 4) warp_normalize_kernel(
     const in_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
     const float* __restrict__ beta, int channels, bool hwc, float fill, out_t* __restrict__ out, int64_t os_b,

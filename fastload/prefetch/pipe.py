@@ -11,28 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ..errors import DecodeError
-
-
-def decode_on_gpu(part, device):
-    """Whole-image nvJPEG decodes (torchvision), [3, H, W] uint8 each. A file nvJPEG refuses is decoded on the CPU
-    instead, so a corrupt one raises the same DecodeError (naming it) as the CPU path."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-    try:
-        images = decode_jpeg(part.jpegs, device=device, mode=ImageReadMode.RGB)
-    except RuntimeError:
-        images = [None] * len(part.jpegs)
-    out = []
-    for i, (im, data) in enumerate(zip(images, part.jpegs)):
-        h, w = int(part.shapes[i, 0]), int(part.shapes[i, 1])
-        if im is None or tuple(im.shape) != (3, h, w):
-            try:
-                im = ops.decode_crop(data, 0, 0, h, w, sample=part.names[i]).permute(2, 0, 1).contiguous()
-            except ValueError as e:  # window outside the image: the file changed since the index was made
-                raise DecodeError(f"{part.names[i]}: {e}", sample=part.names[i]) from None
-            im = im.pin_memory().to(device, non_blocking=True)
-        out.append(im)
-    return out
 
 
 @dataclass
@@ -64,38 +42,10 @@ class DevicePipe:
             b = offsets.numel()
             x = ops.warp_ragged(pixels, meta[:b], meta[b:4 * b].view(b, 3), mats.view(b, 2, 3), size or self.size,
                                 mean=self.mean, std=self.std, in_scale=in_scale, out_dtype=self.dtype,
-                                channels_last=self.channels_last, hwc=hwc, channels=int(shapes[0, 2]) if len(shapes) else 3)
+                                channels_last=self.channels_last, hwc=hwc, channels=int(shapes[0, 2]))
             ready = torch.cuda.Event()
             ready.record(self.stream)
             return Handle(x, meta[4 * b:], ready, copied)
-
-    def submit_batch(self, batch):
-        """A FastLoader RaggedBatch: its CPU-decoded part, plus the part nvJPEG decodes here (gpu_decode)."""
-        if batch.gpu is None:
-            return self.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
-        part = batch.gpu
-        cpu = self.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            images = decode_on_gpu(part, self.device)
-            sizes = part.shapes.prod(dim=1)
-            offsets = torch.cumsum(sizes, 0) - sizes
-            pixels = torch.cat([im.reshape(-1) for im in images])
-            mats = part.matrices.pin_memory().to(self.device, non_blocking=True)
-            meta = torch.cat([offsets, part.shapes.reshape(-1), part.cpu_positions, part.positions]).pin_memory()
-            meta = meta.to(self.device, non_blocking=True)
-            k, n_cpu = len(part.jpegs), len(part.cpu_positions)
-            x_gpu = ops.warp_ragged(pixels, meta[:k], meta[k:4 * k].view(k, 3), mats, self.size,
-                                    mean=self.mean, std=self.std, out_dtype=self.dtype,
-                                    channels_last=self.channels_last, hwc=False, channels=3)
-            x = torch.empty((len(batch.labels),) + tuple(x_gpu.shape[1:]), dtype=x_gpu.dtype, device=self.device)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            x[meta[4 * k:4 * k + n_cpu]] = cpu.x
-            x[meta[4 * k + n_cpu:]] = x_gpu
-            y = batch.labels.pin_memory().to(self.device, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return Handle(x, y, ready, cpu.copied)
 
     def receive(self, handle):
         """The batch, usable on the current stream."""
