@@ -66,9 +66,11 @@ ASAN_ENV = LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0:detect_odr_viola
 
 .PHONY: clang fuzz-build fuzz fuzz-tsan asan-build asan-test leak-check
 clang:
-	@command -v clang++ >/dev/null && [ -n "$$(clang++ -print-file-name=libclang_rt.fuzzer-x86_64.a | grep /)" ] || \
-	  { echo "installing clang + compiler-rt"; $(SUDO) apt-get install -y -q clang libclang-rt-dev >/dev/null 2>&1 || \
-	    $(SUDO) apt-get install -y -q clang "libclang-rt-$$(clang --version 2>/dev/null | sed -n 's/.*version \([0-9]*\).*/\1/p' | head -1)-dev" >/dev/null; }
+	@command -v clang++ >/dev/null && command -v cmake >/dev/null && \
+	  [ -n "$$(clang++ -print-file-name=libclang_rt.fuzzer-x86_64.a | grep /)" ] || \
+	  { echo "installing clang, compiler-rt, cmake"; \
+	    $(SUDO) apt-get install -y -q clang libclang-rt-dev cmake >/dev/null 2>&1 || \
+	    { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q clang libclang-rt-dev cmake >/dev/null; }; }
 
 # The instrumented libjpeg (built once) or, failing that, the system one; then the fuzz and leak-check binaries.
 fuzz-build: clang
@@ -97,13 +99,13 @@ fuzz: fuzz-build $(FUZZ_DIR)/seeds/.done
 	rc=$$?; grep -E "^#[0-9]+ +(INITED|DONE)|^stat::|ERROR|runtime error|invariant|Test unit written" $(FUZZ_DIR)/fuzz.log; \
 	echo "corpus: $$(ls $(FUZZ_DIR)/corpus | wc -l) files"; exit $$rc
 
-# ThreadSanitizer replay of the corpus (batch inputs decode on 2 threads); system libjpeg, so races are looked
-# for in fastload's code and in how it shares (nothing of) libjpeg between threads.
+# ThreadSanitizer replay of seeds, corpus and regressions (batch inputs decode 2 windows on 2 threads), without
+# libFuzzer (its coverage counters race by design); system libjpeg, so races are looked for in fastload's code.
 fuzz-tsan: clang $(FUZZ_DIR)/seeds/.done
-	clang++ $(FUZZ_CXXFLAGS) -fsanitize=fuzzer,thread fuzz/fuzz_decode.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp -ljpeg \
-	  -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
-	TSAN_OPTIONS=halt_on_error=1 nice -n 10 $(FUZZ_DIR)/fuzz_decode_tsan -runs=0 -rss_limit_mb=$(FUZZ_RSS_MB) \
-	  $(FUZZ_DIR)/seeds $$(ls -d $(FUZZ_DIR)/corpus 2>/dev/null) tests/data/fuzz_regressions 2>&1 | tail -n 3
+	clang++ $(FUZZ_CXXFLAGS) -fsanitize=thread fuzz/fuzz_decode.cpp fuzz/replay_main.cpp \
+	  $(FUZZ_NATIVE)/jpeg_decoder.cpp -ljpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
+	TSAN_OPTIONS=halt_on_error=1:abort_on_error=1 nice -n 10 $(FUZZ_DIR)/fuzz_decode_tsan $(FUZZ_DIR)/seeds \
+	  $$(ls -d $(FUZZ_DIR)/corpus 2>/dev/null) tests/data/fuzz_regressions
 
 # LeakSanitizer over thousands of failing decodes (truncations, byte flips, bad windows of every seed kind).
 leak-check: fuzz-build $(FUZZ_DIR)/seeds/.done
@@ -119,4 +121,6 @@ asan-test: asan-build leak-check
 	@$(ASAN_ENV) PYTHONPATH=fuzz/asan_site $(PY) -c "import fastload.native as n; print('fastload._C under test:', n.C.__file__)"
 	$(ASAN_ENV) PYTHONPATH=fuzz/asan_site $(PY) -m pytest -q -p no:cacheprovider $(ASAN_TESTS) \
 	  --deselect tests/test_decode.py::test_failing_decodes_do_not_grow_memory
+	$(ASAN_ENV) PYTHONPATH=fuzz/asan_site nice -n 10 $(PY) fuzz/replay_python.py tests/data/fuzz_regressions \
+	  $$(ls -d $(FUZZ_DIR)/seeds $(FUZZ_DIR)/corpus 2>/dev/null)
 # (that test measures resident memory, which ASan's quarantine makes grow by design: leak-check covers leaks)

@@ -45,7 +45,8 @@ class FastLoader:
         mean, std: per-channel, applied as ``(x / 255 - mean) / std``; ``None`` for both gives x / 255.
         dtype: float32, float16 or bfloat16 (uint8 gives raw resized pixels); channels_last: output memory format.
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
-        threads: native decode threads per batch (default: the CPU cores); workers: producer threads, each
+        threads: native decode threads per batch (default: the CPU cores; they run at nice +5 so the
+            training loop's own thread keeps a core when all are busy); workers: producer threads, each
             with a batch in flight (default 2; on CUDA up to 4 with many cores, so Python work overlaps decoding).
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are

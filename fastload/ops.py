@@ -86,10 +86,14 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
     """
     windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 5)
     if out is None:
-        d = windows[:, 4].clamp(min=1)
-        rows = (windows[:, 0] + windows[:, 2] + d - 1) // d - windows[:, 0] // d
-        cols = (windows[:, 1] + windows[:, 3] + d - 1) // d - windows[:, 1] // d
-        out = torch.empty(int((rows.clamp(min=0) * cols.clamp(min=0)).sum()) * 3, dtype=torch.uint8)
+        top, left, h, w, d = windows.unbind(1)
+        # Windows outside any JPEG (sides are at most 65535) take no room, as in the native layout; the decoder
+        # reports them per sample. (Sized as they are, huge ones overflowed int64 here.)
+        ok = (top >= 0) & (left >= 0) & (h > 0) & (w > 0) & (top <= 65535 - h) & (left <= 65535 - w) & (d > 0)
+        d = d.clamp(min=1)
+        rows = torch.where(ok, (top + h + d - 1) // d - top // d, 0)
+        cols = torch.where(ok, (left + w + d - 1) // d - left // d, 0)
+        out = torch.empty(int((rows * cols).sum()) * 3, dtype=torch.uint8)
     offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels,
                                                        max_bytes)
     return out, offsets, shapes, status, messages

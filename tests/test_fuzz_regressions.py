@@ -87,6 +87,8 @@ for bad in ([0, 0, big, big, 1], [0, 0, 2**62, 3, 1], [2**63 - 1, 0, 1, 1, 1], [
     room = int((shapes.prod(1)).sum())
     assert 0 <= int(offsets.min()) and int(offsets.max()) + int(shapes[1].prod()) <= room <= 64 * 48 * 3 + 27
     assert not out[room:].any(), bad  # nothing written past the batch's layout
+    status = ops.decode_crops([data, data], [bad, [0, 0, 48, 64, 1]])[3]  # out=None: sized in Python
+    assert status.tolist() == [ops.BAD_WINDOW, ops.OK], (bad, status)
     try:
         ops.decode_crop(data, *bad[:4], downscale=bad[4])
         raise AssertionError(bad)

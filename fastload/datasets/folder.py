@@ -346,7 +346,7 @@ class _FolderReader:
         path = self._ds.paths[i]
         try:
             # O_NONBLOCK: a FIFO put where the image was since the scan must not block the open (a hang).
-            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
                 if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                     raise DecodeError(f"{path}: cannot read: not a regular file", sample=path, reason="unreadable")
                 return f.read()

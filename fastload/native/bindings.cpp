@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <jpeglib.h>
 
+#include "check.h"
 #include "jpeg_decoder.h"
 
 #ifndef FASTLOAD_SOURCE_HASH
@@ -116,15 +119,15 @@ class BufferViews {
   Bytes view(const py::handle& item, size_t index) {
     if (THPVariable_Check(item.ptr())) {
       const at::Tensor t = THPVariable_Unpack(item.ptr());
-      TORCH_CHECK(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous(), "buffer ", index,
-                  ": a tensor buffer must be a contiguous uint8 CPU tensor");
+      FL_CHECK(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous(),
+               "buffer %zu: a tensor buffer must be a contiguous uint8 CPU tensor", index);
       return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())};
     }
     py::buffer buffer = py::reinterpret_borrow<py::buffer>(item);
     views_.push_back(buffer.request());
     const py::buffer_info& info = views_.back();
-    TORCH_CHECK(info.itemsize == 1 || info.size == 0, "buffer ", index, ": expected bytes, got items of size ",
-                info.itemsize);
+    FL_CHECK(info.itemsize == 1 || info.size == 0, "buffer %zu: expected bytes, got items of size %zd", index,
+             static_cast<ssize_t>(info.itemsize));
     return {static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size)};
   }
   std::vector<py::buffer_info> views_;
@@ -139,9 +142,22 @@ Limits make_limits(bool strict, int64_t max_pixels) {
   return limits;
 }
 
-// Runs job(i) for i in [0, n) on up to `threads` native threads (the caller's thread included). Threads
-// are made per call: no pool survives a fork into a DataLoader worker, and the cost (~20 us) is noise
-// next to a batch of decodes.
+// Decode threads run this much nicer than the caller: under full load the training loop's own thread (which
+// launches the model's kernels) keeps its core instead of queueing behind decoders.
+constexpr int kDecodeNice = 5;
+
+void lower_priority() {
+#ifdef __linux__
+  const pid_t tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int current = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+  if (errno == 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), current + kDecodeNice);  // best effort
+#endif
+}
+
+// Runs job(i) for i in [0, n) on up to `threads` native threads. Threads are made per call: no pool survives
+// a fork into a DataLoader worker, and the cost (~20 us each) is noise next to a batch of decodes. One
+// thread runs inline on the caller's.
 template <typename Job>
 void run_parallel(int64_t n, int threads, const Job& job) {
   threads = std::max(1, std::min<int>({threads, kMaxThreads, static_cast<int>(std::max<int64_t>(n, 1))}));
@@ -149,16 +165,20 @@ void run_parallel(int64_t n, int threads, const Job& job) {
   auto worker = [&] {
     for (int64_t i = next++; i < n; i = next++) job(i);
   };
+  if (threads == 1) return worker();
   std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int t = 1; t < threads; ++t) {
+  pool.reserve(threads);
+  for (int t = 0; t < threads; ++t) {
     try {
-      pool.emplace_back(worker);
+      pool.emplace_back([&] {
+        lower_priority();
+        worker();
+      });
     } catch (const std::system_error&) {
       break;  // fewer threads than asked: the work still gets done
     }
   }
-  worker();
+  if (pool.empty()) worker();
   for (auto& t : pool) t.join();
 }
 
@@ -251,9 +271,9 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   BufferViews views(buffers);
   const int64_t n = static_cast<int64_t>(views.size());
-  TORCH_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 &&
-                  windows.scalar_type() == at::kLong && windows.device().is_cpu(),
-              "decode_crops: windows must be an int64 CPU tensor of shape [", n, ", 5]");
+  FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
+               windows.device().is_cpu(),
+           "decode_crops: windows must be an int64 CPU tensor of shape [%lld, 5]", static_cast<long long>(n));
   TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(),
               "decode_crops: out must be a contiguous uint8 CPU tensor");
   const at::Tensor win = windows.contiguous();
@@ -275,7 +295,8 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
     sp[i * 3 + 2] = 3;
     total += h * wd * 3;
   }
-  TORCH_CHECK(total <= out.numel(), "decode_crops: out holds ", out.numel(), " bytes, the batch needs ", total);
+  FL_CHECK(total <= out.numel(), "decode_crops: out holds %lld bytes, the batch needs %lld",
+           static_cast<long long>(out.numel()), static_cast<long long>(total));
   std::vector<std::array<char, kMessageSize>> messages(n);
   {
     py::gil_scoped_release nogil;

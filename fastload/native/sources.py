@@ -5,7 +5,7 @@ import hashlib
 import os
 
 NATIVE_DIR = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("bindings.cpp", "jpeg_decoder.cpp", "jpeg_decoder.h", "warp.h", "warp_op.h", "warp_cpu.cpp",
+SOURCES = ("bindings.cpp", "check.h", "jpeg_decoder.cpp", "jpeg_decoder.h", "warp.h", "warp_op.h", "warp_cpu.cpp",
            "warp_cuda.cu")
 
 

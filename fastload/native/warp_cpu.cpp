@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "check.h"
 #include "warp.h"
 #include "warp_op.h"
 
@@ -26,8 +27,8 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
                                int64_t channels, int64_t out_h, int64_t out_w, at::ScalarType out_dtype,
                                bool channels_last) {
   TORCH_CHECK(data.dim() == 1 && data.is_contiguous(), "warp_normalize: data must be a contiguous 1-D tensor");
-  TORCH_CHECK(data.scalar_type() == at::kByte || data.scalar_type() == at::kFloat,
-              "warp_normalize: data must be uint8 or float32, got ", data.scalar_type());
+  FL_CHECK(data.scalar_type() == at::kByte || data.scalar_type() == at::kFloat,
+           "warp_normalize: data must be uint8 or float32, got %s", c10::toString(data.scalar_type()));
   const int64_t batch = offsets.numel();
   TORCH_CHECK(offsets.dim() == 1 && offsets.scalar_type() == at::kLong && offsets.is_contiguous(),
               "warp_normalize: offsets must be a contiguous int64 [B] tensor");
@@ -37,8 +38,8 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
   TORCH_CHECK(matrices.dim() == 3 && matrices.size(0) == batch && matrices.size(1) == 2 && matrices.size(2) == 3 &&
                   matrices.scalar_type() == at::kFloat && matrices.is_contiguous(),
               "warp_normalize: matrices must be a contiguous float32 [B, 2, 3] tensor");
-  TORCH_CHECK(channels >= 1 && channels <= kMaxChannels, "warp_normalize: 1 to ", kMaxChannels,
-              " channels supported, got ", channels);
+  FL_CHECK(channels >= 1 && channels <= kMaxChannels, "warp_normalize: 1 to %d channels supported, got %lld",
+           kMaxChannels, static_cast<long long>(channels));
   TORCH_CHECK(alpha.numel() == channels && beta.numel() == channels && alpha.scalar_type() == at::kFloat &&
                   beta.scalar_type() == at::kFloat && alpha.is_contiguous() && beta.is_contiguous(),
               "warp_normalize: alpha and beta must be contiguous float32 [C] tensors");
@@ -47,7 +48,7 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
                   out_dtype == at::kByte,
               "warp_normalize: out_dtype must be float32, float16, bfloat16 or uint8");
   for (const at::Tensor* t : {&offsets, &shapes, &matrices, &alpha, &beta})
-    TORCH_CHECK(t->device() == data.device(), "warp_normalize: all tensors must be on ", data.device());
+    FL_CHECK(t->device() == data.device(), "warp_normalize: all tensors must be on the device of data");
   auto options = data.options().dtype(out_dtype);
   if (data.device().is_cpu()) return recycled_cpu_output({batch, channels, out_h, out_w}, options, channels_last);
   if (channels_last) options = options.memory_format(at::MemoryFormat::ChannelsLast);
@@ -79,7 +80,7 @@ class HostPool {
       }
     }
     void* p = nullptr;
-    TORCH_CHECK(posix_memalign(&p, 2 << 20, bytes) == 0, "warp_normalize: out of memory (", bytes, " bytes)");
+    FL_CHECK(posix_memalign(&p, 2 << 20, bytes) == 0, "warp_normalize: out of memory (%zu bytes)", bytes);
 #ifdef MADV_HUGEPAGE
     madvise(p, bytes, MADV_HUGEPAGE);  // best effort: fewer page faults on first touch
 #endif
@@ -302,10 +303,12 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   const int64_t total = data.numel();
   for (int64_t i = 0; i < offsets.numel(); ++i) {  // validate before any thread touches memory
     const int64_t h = shp[i * 3], w = shp[i * 3 + 1], c = shp[i * 3 + 2];
-    TORCH_CHECK(h > 0 && w > 0 && c == channels, "warp_normalize: sample ", i, " has shape (", h, ", ", w, ", ", c,
-                "), expected positive size and ", channels, " channels");
-    TORCH_CHECK(off[i] >= 0 && off[i] + h * w * c <= total, "warp_normalize: sample ", i,
-                " extends past the end of data");
+    FL_CHECK(h > 0 && w > 0 && c == channels,
+             "warp_normalize: sample %lld has shape (%lld, %lld, %lld), expected positive size and %lld channels",
+             static_cast<long long>(i), static_cast<long long>(h), static_cast<long long>(w),
+             static_cast<long long>(c), static_cast<long long>(channels));
+    FL_CHECK(off[i] >= 0 && off[i] + h * w * c <= total, "warp_normalize: sample %lld extends past the end of data",
+             static_cast<long long>(i));
   }
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

@@ -1,0 +1,490 @@
+"""Fault injection: what breaks under a training run, and how fastload answers (issue 8).
+
+Each fault gets a clear error naming the sample or store, or a documented recovery:
+damaged records, files deleted / replaced / unreadable between scan and read, truncated and newer-format stores,
+a store opened while `fastload pack` writes it, a full disk during pack (then `pack --resume`), hostile inputs
+against the limits (pixels, bytes, threads), and reads that would hang. Anything that could kill or hang the
+process runs in a child process with a timeout.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+from fastload import ops
+from fastload.cli import main
+from fastload.datasets import DatasetError, pack
+from fastload.datasets.lmdb import shared_env
+from fastload.datasets.record import HEADER, HEADER_SIZE, META_KEY, dumps, key_index, loads, record_key
+from pack_corpus import photo_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+CROP = dict(batch_size=16, crop=fl.CenterCrop(64, resize=72), shuffle=False, threads=2, workers=1)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
+
+
+@pytest.fixture(scope="module")
+def tree(imagenet_dir, tmp_path_factory):
+    """Real photos, 4 classes x 12 JPEGs (no PNG): a private copy the tests may damage copies of."""
+    return photo_tree(imagenet_dir, tmp_path_factory.mktemp("faults") / "photos", png=False)
+
+
+@pytest.fixture(scope="module")
+def store(tree, tmp_path_factory):
+    return pack(tree, tmp_path_factory.mktemp("faults-store") / "s.lmdb", progress=False, log=lambda m: None).path
+
+
+def fresh_tree(tree, tmp_path):
+    dst = tmp_path / "photos"
+    shutil.copytree(tree, dst)
+    return dst
+
+
+def copy_store(store, tmp_path, name="copy.lmdb"):
+    dst = tmp_path / name
+    shutil.copytree(store, dst)
+    return dst
+
+
+def rewrite_record(path, i, change):
+    env = lmdb.open(str(path), lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(record_key(i)))
+        change(value)
+        txn.put(record_key(i), bytes(value))
+    env.close()
+
+
+def run_epoch(ds, **kw):
+    loader = fl.FastLoader(ds, **{**CROP, **kw})
+    n = sum(len(y) for _, y in loader)
+    return n, loader.stats()
+
+
+def child(code, timeout=60, **kw):
+    """Runs ``code`` in a fresh interpreter; returns the CompletedProcess (a crash is a return code, not pytest's)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+# ---- damaged store records ------------------------------------------------------------------------------------
+
+def test_damaged_record_header_is_named_or_skipped(store, tmp_path):
+    """A record whose header bytes changed on disk: the loader names it (store[i]); on_error="skip" replaces it.
+    (Before: the reader's DecodeError escaped the decode status path, so "skip" raised too.)"""
+    damaged = copy_store(store, tmp_path)
+    rewrite_record(damaged, 3, lambda v: v.__setitem__(slice(0, 4), b"XXXX"))
+    ds = fl.LMDBDataset(damaged)
+    with pytest.raises(fl.DecodeError, match=r"copy\.lmdb\[3\]: record does not start with the fastload magic"):
+        run_epoch(ds)
+    n, stats = run_epoch(ds, on_error="skip")
+    assert n == len(ds) and stats["skipped"] >= 1
+
+
+def _flip_in_scan(value):
+    data = value[HEADER_SIZE:]
+    sos = data.index(b"\xff\xda")
+    start = HEADER_SIZE + sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    value[start + (len(value) - start) // 3] ^= 0x5A
+
+
+def test_damaged_image_bytes_are_found_by_verify(store, tmp_path, capsys):
+    """Bytes changed inside a record's JPEG: `fastload verify` checks each record's CRC-32 and reports it. (The
+    loader may not: a flipped byte in entropy-coded data often still decodes, to other pixels; see the xfail below.)"""
+    damaged = copy_store(store, tmp_path)
+    rewrite_record(damaged, 5, _flip_in_scan)
+    assert main(["verify", str(damaged), "-q"]) == 1
+    assert f"FAILED {damaged}[5]: checksum mismatch" in capsys.readouterr().out
+
+
+@pytest.mark.xfail(strict=True, reason="the loader does not check record CRCs (zlib.crc32 costs ~20 us per 110 KB "
+                   "ImageNet JPEG here, ~5% of a ~0.4 ms crop decode); damage that still decodes (here a quantisation "
+                   "table; flipped entropy bytes often do too) is found by `fastload verify` only. Design decision: "
+                   "check CRCs in the loader (always, or opt-in)?")
+def test_damage_that_still_decodes_is_noticed_by_the_loader(store, tmp_path):
+    damaged = copy_store(store, tmp_path)
+
+    def change_dqt(value):
+        dqt = value.index(b"\xff\xdb", HEADER_SIZE)
+        value[dqt + 5 + 10] ^= 0x20  # a quantisation step: every block decodes, with other pixels
+
+    rewrite_record(damaged, 7, change_dqt)
+    ds = fl.LMDBDataset(damaged)
+    with ds.reader() as r:
+        (_, _, _, _, _, crc), data = r.raw(7)
+        assert zlib.crc32(data) != crc  # the store knows
+    with pytest.raises(fl.DecodeError, match=r"\[7\]"):
+        run_epoch(ds)
+
+
+# ---- files that change between the scan and the read ----------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["deleted", "directory"])
+def test_file_gone_between_scan_and_read(tree, tmp_path, fault):
+    root = fresh_tree(tree, tmp_path)
+    ds = fl.FolderDataset(root)
+    victim = ds.paths[5]
+    os.unlink(victim)
+    if fault == "directory":  # what a permission problem looks like to a root process: the read fails
+        os.mkdir(victim)
+    why = "No such file or directory" if fault == "deleted" else "not a regular file"
+    with pytest.raises(fl.DecodeError, match=rf"{victim}: cannot read: {why}") as e:
+        run_epoch(ds)
+    assert e.value.sample == victim
+    n, stats = run_epoch(ds, on_error="skip")
+    assert n == len(ds) and stats["skipped"] == 1
+    with pytest.raises(fl.DecodeError, match=rf"{victim}: cannot read"):
+        ds[5]
+
+
+def _can_drop_root_read_rights():
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+@pytest.mark.skipif(not _can_drop_root_read_rights(), reason="needs root and setpriv (util-linux)")
+def test_permission_denied(tree, tmp_path):
+    """A real EACCES: the child runs as root without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH, so file modes apply.
+    Unreadable at scan time: left out and listed. Made unreadable after the scan: DecodeError naming the path."""
+    root = fresh_tree(tree, tmp_path)
+    early = sorted((root / "class_01").iterdir())[0]
+    os.chmod(early, 0)
+    code = f"""
+        import os, warnings, fastload as fl
+        warnings.simplefilter("ignore")
+        ds = fl.FolderDataset({str(root)!r}, cache=False)
+        print("skipped", ds.skipped)
+        late = ds.paths[2]
+        os.chmod(late, 0)
+        loader = fl.FastLoader(ds, batch_size=16, crop=fl.CenterCrop(64, resize=72), shuffle=False)
+        try:
+            sum(len(y) for _, y in loader)
+        except fl.DecodeError as e:
+            print("error", e.sample == late, e)
+        print("skip", sum(len(y) for _, y in fl.FastLoader(ds, batch_size=16, crop=fl.CenterCrop(64, resize=72),
+                                                           on_error="skip")), len(ds))
+    """
+    cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", sys.executable, "-c", textwrap.dedent(code)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert f"skipped [('{early}', 'unreadable: permission denied')]" in out, out
+    assert "error True" in out and "cannot read: Permission denied" in out, out
+    assert "skip 47 47" in out, out
+
+
+def test_fifo_in_a_class_folder_is_skipped_at_scan(tree, tmp_path):
+    """A FIFO named .jpg would block any reader forever: the scan stats it and leaves it out, never opens it."""
+    root = fresh_tree(tree, tmp_path)
+    os.mkfifo(root / "class_00" / "pipe.jpg")
+    proc = child(f"""
+        import warnings, fastload as fl
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ds = fl.FolderDataset({str(root)!r})
+        print(len(ds), ds.skipped)
+    """, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("48 [(") and "pipe.jpg', 'not a regular file')]" in proc.stdout
+
+
+def test_fifo_swapped_in_after_the_scan_does_not_hang(tree, tmp_path):
+    """The file becomes a FIFO after the scan: the native reader and ds[i] open it non-blocking and refuse it.
+    (Before: open() blocked forever, in a native decode thread, and the loader hung.)"""
+    root = fresh_tree(tree, tmp_path)
+    proc = child(f"""
+        import os, fastload as fl
+        ds = fl.FolderDataset({str(root)!r})
+        victim = ds.paths[9]
+        os.unlink(victim)
+        os.mkfifo(victim)
+        try:
+            sum(len(y) for _, y in fl.FastLoader(ds, batch_size=16, crop=fl.CenterCrop(64, resize=72)))
+        except fl.DecodeError as e:
+            print("loader:", e)
+        try:
+            ds[9]
+        except fl.DecodeError as e:
+            print("getitem:", e)
+    """, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "loader: " in proc.stdout and "cannot read: not a regular file" in proc.stdout
+    assert proc.stdout.count("not a regular file") == 2, proc.stdout
+
+
+class _StuckReader:
+    def __init__(self, ds, gate):
+        self._ds, self._gate = ds, gate
+
+    def get(self, i):
+        if i == 3:
+            self._gate.wait()  # a read that never returns (a hung network file system)
+        with self._ds.reader() as r:
+            return bytes(r.get(i))
+
+
+class _StuckDataset:
+    """A dataset whose read of sample 3 blocks until ``gate`` is set."""
+
+    def __init__(self, ds, gate):
+        self.ds, self.gate = ds, gate
+        self.heights, self.widths, self.labels, self.formats = ds.heights, ds.widths, ds.labels, ds.formats
+
+    def __len__(self):
+        return len(self.ds)
+
+    def sample_name(self, i):
+        return self.ds.sample_name(i)
+
+    def reader(self):
+        import contextlib
+        return contextlib.nullcontext(_StuckReader(self.ds, self.gate))
+
+
+@pytest.mark.xfail(strict=True, reason="no read timeout: a read that blocks in the kernel (NFS, FUSE) blocks its "
+                   "producer and the training loop waits for ever. Needs a design change (e.g. FastLoader(timeout=) "
+                   "raising in the consumer, as DataLoader's timeout does); FIFOs are refused, see above")
+def test_a_stuck_read_becomes_an_error(store):
+    gate = threading.Event()
+    ds = _StuckDataset(fl.LMDBDataset(store), gate)
+    outcome = []
+
+    def consume():
+        try:
+            outcome.append(run_epoch(ds))
+        except Exception as e:  # noqa: BLE001 -- the error a timeout would raise is what we want
+            outcome.append(e)
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(timeout=5)
+    gate.set()  # release the stuck producer, whatever happened
+    t.join(timeout=30)
+    assert outcome and isinstance(outcome[0], Exception), "the loader waited on the stuck read for 5 s"
+
+
+# ---- stores: truncated, newer, unfinished -------------------------------------------------------------------------
+
+def test_truncated_store_is_refused_not_a_crash(store, tmp_path):
+    """data.mdb cut short (a copy that stopped, a full disk): opening it must not touch pages past the end of the
+    mapped file (SIGBUS kills the process). LMDBDataset compares the file with its last page and refuses it."""
+    size = os.path.getsize(Path(store) / "data.mdb")
+    cuts = []
+    for cut in (8192, size // 2, size - 100):
+        cuts.append(str(copy_store(store, tmp_path, f"cut-{cut}.lmdb")))
+        os.truncate(Path(cuts[-1]) / "data.mdb", cut)
+    proc = child(f"""
+        import fastload as fl
+        for path in {cuts!r}:
+            try:
+                ds = fl.LMDBDataset(path)
+                print("opened", sum(ds[i][0].shape[0] for i in range(len(ds))), flush=True)
+            except fl.datasets.DatasetError as e:
+                print("refused:", e, flush=True)
+    """)
+    assert proc.returncode == 0, f"rc {proc.returncode} after {proc.stdout!r}: {proc.stderr[-2000:]}"
+    assert proc.stdout.count("truncated store") == 3, proc.stdout
+    t = copy_store(store, tmp_path, "cut-tiny.lmdb")
+    os.truncate(t / "data.mdb", 100)
+    with pytest.raises(DatasetError, match="not a fastload store"):
+        fl.LMDBDataset(t)
+    assert main(["verify", str(t), "-q"]) == 2
+
+
+def test_store_from_a_newer_format_version(store, tmp_path):
+    """Metadata version above ours: refused at open. A record whose header says a newer version: named."""
+    newer = copy_store(store, tmp_path, "newer.lmdb")
+    env = lmdb.open(str(newer), lock=False)
+    with env.begin(write=True) as txn:
+        meta = loads(txn.get(META_KEY))
+        meta["version"] = 2
+        txn.put(META_KEY, dumps(meta))
+    env.close()
+    with pytest.raises(DatasetError, match="newer fastload .*version 2.*upgrade"):
+        fl.LMDBDataset(newer)
+
+    record = copy_store(store, tmp_path, "record.lmdb")
+
+    def bump(value):
+        fields = list(HEADER.unpack_from(value, 0))
+        fields[1] = 2
+        HEADER.pack_into(value, 0, *fields)
+
+    rewrite_record(record, 4, bump)
+    ds = fl.LMDBDataset(record)
+    with pytest.raises(fl.DecodeError, match=r"record\.lmdb\[4\]: record format version 2 is newer"):
+        run_epoch(ds)
+    assert run_epoch(ds, on_error="skip")[0] == len(ds)
+
+
+def test_store_opened_while_pack_is_writing(tree, tmp_path):
+    """A live `fastload pack` (slowed down): DST is not there yet and DST.partial is refused with the way on; a
+    second pack of the same DST is refused while the first holds its lock; the finished store opens."""
+    dst = tmp_path / "live.lmdb"
+    env = {**os.environ, "FASTLOAD_PACK_SLOWDOWN": "0.1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "fastload", "pack", str(tree), str(dst), "--commit-every", "4", "--workers", "1", "-q"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("packing "):
+                break
+        with pytest.raises(DatasetError, match="did not finish.*--resume"):
+            fl.LMDBDataset(dst)
+        with pytest.raises(DatasetError, match="unfinished pack"):
+            fl.LMDBDataset(f"{dst}.partial")
+        with pytest.raises(DatasetError, match="another fastload pack is writing it right now"):
+            pack(tree, dst, resume=True, progress=False, log=lambda m: None)
+        assert proc.poll() is None, "the pack finished before the checks: slow it down more"
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert len(fl.LMDBDataset(dst)) == 48
+
+
+def _records(path):
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False)
+    except lmdb.Error:  # an LMDBDataset of this process has it open: py-lmdb allows one handle per process
+        env, _ = shared_env(str(path), True)
+        with env.begin() as txn:
+            return {key_index(k): bytes(v) for k, v in txn.cursor() if key_index(k) is not None}
+    try:
+        with env.begin() as txn:
+            return {key_index(k): bytes(v) for k, v in txn.cursor() if key_index(k) is not None}
+    finally:
+        env.close()
+
+
+def _mount_tmpfs(where, size):
+    where.mkdir(exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_disk_full_during_pack_then_resume(tree, store, tmp_path, capsys):
+    """Pack onto a 1.5 MB tmpfs (the photos are ~3 MB): the commit that does not fit fails with a clear error and
+    the committed prefix stays; with room made, `pack --resume` finishes: same records as an uninterrupted pack,
+    no duplicates, no gaps."""
+    disk = tmp_path / "disk"
+    if os.geteuid() != 0 or not _mount_tmpfs(disk, "1500k"):
+        pytest.skip("needs root and tmpfs mounts")
+    try:
+        dst = disk / "full.lmdb"
+        args = ["pack", str(tree), str(dst), "-q", "--commit-every", "8", "--workers", "1"]
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        assert f"{dst}.partial: cannot write the store" in err and "--resume" in err, err
+        assert not dst.exists()
+        with pytest.raises(DatasetError, match="did not finish"):
+            fl.LMDBDataset(dst)
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        assert main(args + ["--resume"]) == 0
+        got, want = _records(dst), _records(store)
+        assert sorted(got) == list(range(48)) and got == want
+        assert len(fl.LMDBDataset(dst)) == 48
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+# ---- hostile inputs against the limits ------------------------------------------------------------------------------
+
+def _jpeg(tree):
+    return sorted(Path(tree).rglob("*.jpg"))[0].read_bytes()
+
+
+def _claim_size(data, height, width):
+    for i in range(2, len(data) - 8):
+        if data[i] == 0xFF and data[i + 1] in (0xC0, 0xC1, 0xC2):
+            return data[:i + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[i + 9:]
+    raise ValueError("no SOF")
+
+
+def test_pixel_limit_cannot_be_bypassed(tree, tmp_path):
+    """A header claiming 65000 x 65000 (4.2 Gpx): refused before any allocation, by every entry point."""
+    bomb = _claim_size(_jpeg(tree), 65000, 65000)
+    with pytest.raises(fl.DecodeError, match="over the limit") as e:
+        ops.read_header(bomb)
+    assert e.value.reason == "too large"
+    with pytest.raises(fl.DecodeError, match="over the limit"):
+        ops.decode_crop(bomb, 0, 0, 64, 64)
+    assert ops.decode_crops([bomb], [[0, 0, 64, 64, 1]])[3].tolist() == [ops.TOO_LARGE]
+    assert ops.read_headers([bomb], threads=2)[1].tolist() == [ops.TOO_LARGE]
+    # A window no image under the limit could hold is refused before its buffer is allocated.
+    with pytest.raises(fl.DecodeError, match="larger than the pixel limit"):
+        ops.decode_crop(_jpeg(tree), 0, 0, 60000, 60000, max_pixels=1 << 20)
+    # A lower limit is a limit too; and the scan of a folder leaves the bomb out.
+    good = _jpeg(tree)
+    with pytest.raises(fl.DecodeError, match="over the limit of 1000"):
+        ops.decode_crop(good, 0, 0, 8, 8, max_pixels=1000)
+    root = fresh_tree(tree, tmp_path)
+    (root / "class_00" / "bomb.jpg").write_bytes(bomb)
+    with pytest.warns(UserWarning, match="bomb.jpg"):
+        ds = fl.FolderDataset(root)
+    assert len(ds) == 48 and "over the limit" in dict(ds.skipped)[str(root / "class_00" / "bomb.jpg")]
+
+
+def test_byte_limit_applies_to_buffers_and_files(tree):
+    good = _jpeg(tree)
+    path = str(sorted(Path(tree).rglob("*.jpg"))[0])
+    win = [[0, 0, 8, 8, 1]] * 3
+    _, _, _, status, messages = ops.decode_crops([good, path, memoryview(good)], win, max_bytes=1000)
+    assert status.tolist() == [ops.UNREADABLE] * 3
+    assert all("over the per-image limit of 1000" in m for m in messages), messages
+    assert ops.decode_crops([good, path], win[:2], max_bytes=len(good))[3].tolist() == [ops.OK, ops.OK]
+
+
+def _threads_now():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_thread_count_is_bounded(tree):
+    """threads=10**6 asks for a million native threads: run_parallel caps them at 256 (and at the batch size)."""
+    good = _jpeg(tree)
+    peak, stop = [_threads_now()], threading.Event()
+    base = peak[0] + 1  # the sampler thread itself
+
+    def sample():
+        while not stop.is_set():
+            peak.append(_threads_now())
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        t0 = time.perf_counter()
+        n = 600
+        status = ops.decode_crops([good] * n, [[0, 0, 64, 64, 1]] * n, threads=10**6)[3]
+        sizes, hstatus, _ = ops.read_headers([good] * n, threads=10**6)
+        seconds = time.perf_counter() - t0
+    finally:
+        stop.set()
+        sampler.join()
+    assert bool((status == ops.OK).all()) and bool((hstatus == ops.OK).all())
+    assert max(peak) - base <= 256, f"{max(peak) - base} threads at once"
+    assert seconds < 30
+    small = ops.decode_crops([good] * 3, [[0, 0, 8, 8, 1]] * 3, threads=10**6)[3]
+    assert small.tolist() == [ops.OK] * 3  # and never more threads than samples
+
+
+def test_loader_with_absurd_thread_count(store):
+    n, _ = run_epoch(fl.LMDBDataset(store), threads=10**6)
+    assert n == 48
