@@ -76,6 +76,24 @@ bool looks_like_jpeg(const uint8_t* data, size_t size) {
   return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
 }
 
+int not_jpeg(size_t size, char* message, size_t message_size) {
+  set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
+  return kNotJpeg;
+}
+
+// Our handlers on top of libjpeg's defaults. The setjmp itself stays in the caller: it must be in the frame
+// that owns the decompressor and outlives every longjmp.
+jpeg_error_mgr* install_error_manager(ErrorManager* err, bool strict) {
+  jpeg_error_mgr* pub = jpeg_std_error(&err->pub);
+  pub->error_exit = on_error_exit;
+  pub->emit_message = on_emit_message;
+  pub->output_message = on_output_message;
+  err->strict = strict;
+  err->status = kOk;
+  err->message[0] = '\0';
+  return pub;
+}
+
 // Everything that must happen between jpeg_create_decompress and reading pixels, shared by both entry
 // points. Must be called inside the setjmp-protected region.
 int open_header(j_decompress_ptr cinfo, const uint8_t* data, size_t size, const Limits& limits,
@@ -137,19 +155,10 @@ void gray_to_rgb(const uint8_t* in, uint8_t* out, int64_t n) {
 
 int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits& limits, char* message,
                 size_t message_size) {
-  if (!looks_like_jpeg(data, size)) {
-    set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
-    return kNotJpeg;
-  }
+  if (!looks_like_jpeg(data, size)) return not_jpeg(size, message, message_size);
   jpeg_decompress_struct cinfo;
   ErrorManager err;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error_exit;
-  err.pub.emit_message = on_emit_message;
-  err.pub.output_message = on_output_message;
-  err.strict = limits.strict;
-  err.status = kOk;
-  err.message[0] = '\0';
+  cinfo.err = install_error_manager(&err, limits.strict);
   volatile bool created = false;
   if (setjmp(err.jump)) {
     if (created) jpeg_destroy_decompress(&cinfo);
@@ -190,21 +199,12 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
     set_message(message, message_size, "output buffer too small for the window");
     return kNoRoom;
   }
-  if (!looks_like_jpeg(data, size)) {
-    set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
-    return kNotJpeg;
-  }
+  if (!looks_like_jpeg(data, size)) return not_jpeg(size, message, message_size);
 
   jpeg_decompress_struct cinfo;
   ErrorManager err;
   ProgressMonitor progress;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error_exit;
-  err.pub.emit_message = on_emit_message;
-  err.pub.output_message = on_output_message;
-  err.strict = limits.strict;
-  err.status = kOk;
-  err.message[0] = '\0';
+  cinfo.err = install_error_manager(&err, limits.strict);
   volatile bool created = false;
   if (setjmp(err.jump)) {
     if (created) jpeg_destroy_decompress(&cinfo);

@@ -326,29 +326,17 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   });
 }
 
-template <typename in_t>
-void dispatch_out(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
-                  const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta, int64_t channels,
-                  bool hwc, double fill, at::Tensor& out) {
-  switch (out.scalar_type()) {
-    case at::kFloat: return warp_batch_cpu<in_t, float>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
-    case at::kHalf: return warp_batch_cpu<in_t, c10::Half>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
-    case at::kBFloat16: return warp_batch_cpu<in_t, c10::BFloat16>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
-    case at::kByte: return warp_batch_cpu<in_t, uint8_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
-    default: TORCH_CHECK(false, "warp_normalize: unsupported out_dtype");
-  }
-}
-
 at::Tensor warp_normalize_cpu(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                               const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                               int64_t channels, int64_t out_h, int64_t out_w, bool hwc, at::ScalarType out_dtype,
                               bool channels_last, double fill) {
   at::Tensor out = prepare_warp_output(data, offsets, shapes, matrices, alpha, beta, channels, out_h, out_w,
                                        out_dtype, channels_last);
-  if (data.scalar_type() == at::kByte)
-    dispatch_out<uint8_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
-  else
-    dispatch_out<float>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
+  dispatch_warp_types(data.scalar_type(), out_dtype, [&](auto in_tag, auto out_tag) {
+    using in_t = typename decltype(in_tag)::type;
+    using out_t = typename decltype(out_tag)::type;
+    warp_batch_cpu<in_t, out_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
+  });
   return out;
 }
 
