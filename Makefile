@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-APT_PACKAGES := libjpeg62-turbo-dev libturbojpeg0-dev libjpeg-turbo-progs
+APT_PACKAGES := libjpeg62-turbo-dev libturbojpeg0-dev libjpeg-turbo-progs zlib1g-dev
 TORCH := torch==2.14.1 torchvision==0.29.1
 NATIVE := $(wildcard fastload/native/*.cpp fastload/native/*.h fastload/native/*.cu) setup.py
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -96,7 +96,7 @@ fuzz: fuzz-build $(FUZZ_DIR)/seeds/.done
 	@echo "fuzzing for $(FUZZ_SECONDS) s; log in $(FUZZ_DIR)/fuzz.log"
 	@nice -n 10 $(FUZZ_DIR)/fuzz_decode $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds $(FUZZ_ARGS) \
 	  -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_DIR)/artifacts/ > $(FUZZ_DIR)/fuzz.log 2>&1; \
-	rc=$$?; grep -E "^#[0-9]+ +(INITED|DONE)|^stat::|ERROR|runtime error|invariant|Test unit written" $(FUZZ_DIR)/fuzz.log; \
+	rc=$$?; grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::|ERROR|runtime error|invariant|Test unit written" $(FUZZ_DIR)/fuzz.log; \
 	echo "corpus: $$(ls $(FUZZ_DIR)/corpus | wc -l) files"; exit $$rc
 
 # ThreadSanitizer replay of seeds, corpus and regressions (batch inputs decode 2 windows on 2 threads), without

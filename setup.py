@@ -34,12 +34,12 @@ def extension():
                 "-gencode=arch=compute_90,code=sm_90",
                 "-gencode=arch=compute_90,code=compute_90"]
         return cpp_extension.CUDAExtension(
-            "fastload._C", cpp + [os.path.join(rel, "warp_cuda.cu")], libraries=["jpeg"],
+            "fastload._C", cpp + [os.path.join(rel, "warp_cuda.cu")], libraries=["jpeg", "z"],
             define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
     why = "FASTLOAD_NO_CUDA=1" if not want_cuda else (
         "torch is a CPU build" if torch.version.cuda is None else "no CUDA toolkit found (set CUDA_HOME)")
     print(f"fastload: building without CUDA kernels ({why})", file=sys.stderr)
-    return cpp_extension.CppExtension("fastload._C", cpp, libraries=["jpeg"], define_macros=macros,
+    return cpp_extension.CppExtension("fastload._C", cpp, libraries=["jpeg", "z"], define_macros=macros,
                                       extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 

@@ -54,11 +54,13 @@ class FastLoader:
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
+        timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
+            e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
     """
 
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
-                 prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True,
+                 prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True, timeout=None,
                  strict=True, max_pixels=ops.MAX_PIXELS):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -82,6 +84,9 @@ class FastLoader:
         self.workers = workers
         self.drop_last = drop_last
         self.on_error = on_error
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
+        self.timeout = timeout
         self.sampler = ShardedSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                                       drop_last=drop_last, pad=pad)
         self.seed = seed
@@ -268,6 +273,11 @@ class _EpochIterator:
             except queue.Empty:
                 if not any(th.is_alive() for th in p.threads) and q.empty():
                     raise RuntimeError("fastload producer threads stopped unexpectedly")
+                waited = time.perf_counter() - t
+                if self.loader.timeout is not None and waited > self.loader.timeout:
+                    self.close()
+                    raise TimeoutError(f"no batch for {waited:.0f} s (timeout={self.loader.timeout}): batch "
+                                       f"{self.next_batch} of epoch {self.loader._epoch} is stuck reading or decoding")
         self.loader._stats.add(wait=time.perf_counter() - t)
         if isinstance(item, BaseException):
             self.close()

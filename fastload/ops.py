@@ -74,13 +74,15 @@ def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max
     return out
 
 
-def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES,
+                 crcs=None):
     """Decodes a batch of windows into one ragged uint8 buffer, on ``threads`` native threads without the GIL.
 
     buffers: sequence of bytes-like objects or uint8 tensors (not copied), or str file paths, which the native
     threads read themselves (at most ``max_bytes`` each). windows: int64 [B, 5] rows of
     (top, left, height, width, downscale). out: a 1-D uint8 tensor (e.g. pinned) large enough for the batch;
-    allocated when None. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
+    allocated when None. crcs: optional int64 [B], the CRC-32 each buffer must have (-1: unchecked); a mismatch is
+    a CORRUPT status, found before decoding. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
     ``out[offsets[i]:][:h*w*3].view(h, w, 3)`` when ``status[i] == 0``; otherwise ``messages[i]`` says why.
     Errors are reported per sample, never raised, so one bad file does not cost the batch.
     """
@@ -94,8 +96,10 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
         rows = torch.where(ok, (top + h + d - 1) // d - top // d, 0)
         cols = torch.where(ok, (left + w + d - 1) // d - left // d, 0)
         out = torch.empty(int((rows * cols).sum()) * 3, dtype=torch.uint8)
+    if crcs is not None:
+        crcs = torch.as_tensor(crcs, dtype=torch.int64)
     offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels,
-                                                       max_bytes)
+                                                       max_bytes, crcs)
     return out, offsets, shapes, status, messages
 
 

@@ -108,12 +108,15 @@ class BatchMaker:
         with self.ds.reader() as reader:
             # Non-JPEG samples get an empty buffer: the decoder answers NOT_JPEG at once and Pillow fills them.
             unreadable = {}
-            buffers = self._sources(reader, indices, unreadable)
+            buffers, crcs = self._sources(reader, indices, unreadable)
             for k in np.flatnonzero(other.numpy()):
                 buffers[k] = b""
+                if crcs is not None:
+                    crcs[k] = -1
             t1 = time.perf_counter()
             _, offsets, shapes, status, messages = ops.decode_crops(
-                buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels)
+                buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels,
+                crcs=crcs)
         t2 = time.perf_counter()
         for k, message in unreadable.items():  # decoded as empty buffers: report them as what they are
             status[k] = ops.CORRUPT
@@ -133,21 +136,29 @@ class BatchMaker:
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):
-        """Bytes (or file paths) for the native decoder: zero-copy views for LMDB, paths for folders. A record
-        that cannot be read (a damaged store) gets an empty buffer, and its reason goes to ``unreadable``
-        {position: message}: on_error then treats it like a sample that failed to decode."""
+        """(buffers, crcs) for the native decoder: zero-copy views and their packed CRC-32 for LMDB, file paths
+        and no checksums for folders. A record that cannot be read (a damaged store) gets an empty buffer and its
+        reason goes to ``unreadable`` {position: message}: on_error then treats it like a failed decode."""
         sources = getattr(reader, "sources", None)
-        if sources is not None:
-            return list(sources(indices.tolist()))
-        out = []
-        for k, i in enumerate(indices):
+        if sources is None:  # a dataset of our protocol's minimum: bytes from get(), no checksums
+            sources = lambda idx: ([reader.get(i) for i in idx], None)  # noqa: E731
+        try:
+            buffers, crcs = sources(indices.tolist())
+            return list(buffers), (None if crcs is None else list(crcs))
+        except DecodeError:  # a damaged record among them: one by one, so only that sample fails
+            pass
+        buffers, crcs = [], []
+        for k, i in enumerate(indices.tolist()):
             try:
-                out.append(reader.get(int(i)))
+                b, c = sources([i])
+                buffers.append(b[0])
+                crcs.append(-1 if c is None else c[0])
             except DecodeError as e:
-                out.append(b"")
+                buffers.append(b"")
+                crcs.append(-1)
                 if unreadable is not None:
                     unreadable[k] = str(e).removeprefix(f"{e.sample}: ")
-        return out
+        return buffers, crcs
 
     def _pillow_fill(self, index, window, buffer, offset, shape, status, messages, k):
         """Decodes a non-JPEG sample with Pillow and writes its window where the decoder would have."""
@@ -195,8 +206,9 @@ class BatchMaker:
                     self._pillow_fill(int(pick[0]), w[0], buffer[used:], off[0], shp[0], st, msg, 0)
                 else:
                     with self.ds.reader() as reader:
-                        _, off, shp, st, msg = ops.decode_crops(self._sources(reader, pick), w, buffer[used:],
-                                                                strict=self.strict, max_pixels=self.max_pixels)
+                        picked, crc = self._sources(reader, pick)
+                        _, off, shp, st, msg = ops.decode_crops(picked, w, buffer[used:], strict=self.strict,
+                                                                max_pixels=self.max_pixels, crcs=crc)
                 if int(st[0]) == ops.OK:
                     offsets[k], shapes[k], matrices[k] = used + int(off[0]), shp[0], m[0]
                     indices[k] = pick[0]

@@ -429,3 +429,14 @@ def test_decode_crops_reads_files_natively(kinds, tmp_path):
     assert int(status[1]) == ops.UNREADABLE and "No such file" in messages[1]
     assert int(status[2]) == ops.UNREADABLE and "limit" in messages[2]
     assert info.height > 0
+
+
+def test_decode_crops_checks_expected_crcs(kinds):
+    """crcs: each buffer's CRC-32 is compared before decoding; -1 skips the check."""
+    import zlib
+    data = kinds["420"].read_bytes()
+    good = zlib.crc32(data)
+    windows = torch.tensor([[0, 0, 16, 16, 1]] * 3)
+    _, _, _, status, messages = ops.decode_crops([data] * 3, windows, crcs=[good, good ^ 1, -1])
+    assert status.tolist() == [ops.OK, ops.CORRUPT, ops.OK]
+    assert "checksum mismatch" in messages[1] and f"{good ^ 1:08x}" in messages[1]

@@ -357,9 +357,10 @@ class _FolderReader:
         return self._ds._record_with(self.get(i), i)
 
     def sources(self, indices):
-        """What the native batch decoder reads: file paths, opened and read by its own threads (no GIL)."""
+        """What the native batch decoder reads: file paths, opened and read by its own threads (no GIL), and no
+        checksums."""
         paths = self._ds.paths
-        return [paths[i] for i in indices]
+        return [paths[i] for i in indices], None  # a folder keeps no checksums
 
 
 class FolderDataset(ImageDataset):

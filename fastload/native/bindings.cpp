@@ -20,6 +20,7 @@
 
 #include <cstdio>
 #include <jpeglib.h>
+#include <zlib.h>
 
 #include "check.h"
 #include "jpeg_decoder.h"
@@ -267,8 +268,16 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
 // Batch decode into a caller-provided ragged buffer. windows: int64 [B, 5] = (top, left, height, width,
 // downscale). Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
 py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels, int64_t max_bytes) {
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
+  const int64_t* expected = nullptr;  // CRC-32 of each buffer as stored, or -1: checked before decoding
+  at::Tensor crc_values;
+  if (crcs.has_value()) {
+    crc_values = crcs->to(at::kLong).contiguous();
+    FL_CHECK(crc_values.numel() == static_cast<int64_t>(buffers.size()), "decode_crops: %lld crcs for %lld buffers",
+             static_cast<long long>(crc_values.numel()), static_cast<long long>(buffers.size()));
+    expected = crc_values.data_ptr<int64_t>();
+  }
   BufferViews views(buffers);
   const int64_t n = static_cast<int64_t>(views.size());
   FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
@@ -310,6 +319,16 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
       Bytes src;
       st[i] = views.load(i, max_bytes, file, &src, messages[i].data(), kMessageSize);
       if (st[i] != kOk) return;
+      if (expected && expected[i] >= 0) {
+        const uint32_t crc = static_cast<uint32_t>(::crc32_z(0, src.data, src.size));
+        if (crc != static_cast<uint32_t>(expected[i])) {
+          std::snprintf(messages[i].data(), kMessageSize,
+                        "checksum mismatch: CRC-32 %08x, the store recorded %08x (bytes changed since packing)", crc,
+                        static_cast<uint32_t>(expected[i]));
+          st[i] = kCorrupt;
+          return;
+        }
+      }
       const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
       st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, messages[i].data(), kMessageSize);
     });
@@ -335,5 +354,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
-        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0);
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none());
 }
