@@ -5,6 +5,7 @@ arrays, one entry per sample) to plan crops, then fetches a batch's bytes with `
 r.get(i)`` and decodes them inside the ``with``. ``ds[i]`` is the slow, simple path (full decode, uint8
 [3, H, W]) for torchvision-style pipelines and tests.
 """
+import abc
 import io
 import operator
 from collections import namedtuple
@@ -46,7 +47,7 @@ def decode_image(data, fmt, sample=None):
     return hwc.permute(2, 0, 1).contiguous()
 
 
-class ImageDataset(torch.utils.data.Dataset):
+class ImageDataset(torch.utils.data.Dataset, abc.ABC):
     """Base of FolderDataset and LMDBDataset. Subclasses set ``classes``, ``heights``, ``widths``, ``labels``,
     ``formats`` and implement ``reader()`` and ``sample_name(i)``."""
 
@@ -77,12 +78,14 @@ class ImageDataset(torch.utils.data.Dataset):
             raise IndexError(f"sample index {i} is out of range for a dataset of {n} samples")
         return i
 
+    @abc.abstractmethod
     def sample_name(self, i):
-        raise NotImplementedError
+        """What error messages call sample i: its path, or ``store[i]``."""
 
+    @abc.abstractmethod
     def reader(self):
-        """A context manager giving an object with ``get(i) -> bytes-like`` (valid until the ``with`` exits)."""
-        raise NotImplementedError
+        """A context manager giving an object with ``get(i) -> bytes-like`` (valid until the ``with`` exits) and,
+        for the loader's native path, ``sources(indices) -> (buffers or paths, crcs or None)``."""
 
     def record(self, i):
         """Record(data: bytes, height, width, label, format) of sample i (a copy, usable anywhere)."""
