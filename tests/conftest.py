@@ -57,3 +57,9 @@ def hd_dir(tmp_path_factory):
 def kinds(tmp_path_factory):
     """{kind: path} with one JPEG per decoder path, see bench.corpus.KINDS."""
     return corpus.make_kinds(_corpus_dir(tmp_path_factory, "kinds"))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Every test gets its own FolderDataset scan cache: no test sees another's cached sizes, none writes ~/.cache."""
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))

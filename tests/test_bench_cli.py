@@ -14,11 +14,6 @@ from fastload.cli import main
 QUICK = ["--device", "cpu", "--batch-size", "8", "--epochs", "1", "--size", "64", "--threads", "2"]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
-
-
 @pytest.fixture(scope="module")
 def store(imagenet_dir, tmp_path_factory):
     dst = tmp_path_factory.mktemp("bench") / "train.lmdb"

@@ -19,11 +19,6 @@ from fastload.datasets.record import HEADER_SIZE, META_KEY, dumps, loads, record
 from pack_corpus import add_broken, jpeg_files, photo_tree
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
-
-
 @pytest.fixture(scope="module")
 def ds_tree(imagenet_dir, tmp_path_factory):
     """The real-photo corpus (4 classes x 12 JPEGs) plus one PNG, in a folder of this module's own."""

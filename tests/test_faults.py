@@ -34,11 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CROP = dict(batch_size=16, crop=fl.CenterCrop(64, resize=72), shuffle=False, threads=2, workers=1)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
-
-
 @pytest.fixture(scope="module")
 def tree(imagenet_dir, tmp_path_factory):
     """Real photos, 4 classes x 12 JPEGs (no PNG): a private copy the tests may damage copies of."""

@@ -23,11 +23,6 @@ from pack_corpus import add_broken, jpeg_files, photo_tree
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
-
-
 @pytest.fixture(scope="module")
 def pack_tree(imagenet_dir, tmp_path_factory):
     """Real photos: 4 classes x 12 JPEGs plus one PNG."""

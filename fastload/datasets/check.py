@@ -57,26 +57,27 @@ def jpeg_structure_problem(data, start=0):
 
     ``data`` must support rfind (bytes or bytearray; use ``start`` for an offset, not a memoryview slice).
     """
-    try:
-        scan = first_scan_offset(data, start)
-    except ValueError as e:
-        return f"corrupt JPEG: {e}"
-    if scan < 0:
-        return "truncated JPEG: the file ends before its image data"
-    if data.rfind(_EOI, scan) < 0:
-        return "truncated JPEG: no end-of-image marker after the image data"
-    return None
+    scan, problem = _first_scan(data, start)
+    if problem is None and data.rfind(_EOI, scan) < 0:
+        problem = "truncated JPEG: no end-of-image marker after the image data"
+    return problem
 
 
 def header_failure(data, message, start=0):
     """The reason to give for a JPEG whose header the decoder refused with ``message``."""
+    _, problem = _first_scan(data, start)
+    return problem or f"invalid JPEG header: {message}"
+
+
+def _first_scan(data, start):
+    """(offset of the first scan, None), or (-1, reason) when the marker walk shows the file is broken."""
     try:
         scan = first_scan_offset(data, start)
     except ValueError as e:
-        return f"corrupt JPEG: {e}"
+        return -1, f"corrupt JPEG: {e}"
     if scan < 0:
-        return "truncated JPEG: the file ends before its image data"
-    return f"invalid JPEG header: {message}"
+        return -1, "truncated JPEG: the file ends before its image data"
+    return scan, None
 
 
 def pillow_open(data):
