@@ -79,9 +79,9 @@ fuzz-build: clang
 	  jpeg="-I$(FUZZ_DIR)/libjpeg/include $(FUZZ_DIR)/libjpeg/lib/libjpeg.a"; cov=libjpeg-turbo+fastload; \
 	else jpeg="-ljpeg"; cov="fastload only (system libjpeg is not instrumented)"; fi; \
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/fuzz_decode.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $$jpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode && \
+	  fuzz/fuzz_decode.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp $$jpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode && \
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/leak_check.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $$jpeg -o $(FUZZ_DIR)/leak_check && \
+	  fuzz/leak_check.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp $$jpeg -o $(FUZZ_DIR)/leak_check && \
 	echo "built $(FUZZ_DIR)/fuzz_decode and $(FUZZ_DIR)/leak_check (coverage: $$cov)"
 
 $(FUZZ_DIR)/seeds/.done: fuzz/make_seeds.py bench/corpus.py
@@ -103,7 +103,7 @@ fuzz: fuzz-build $(FUZZ_DIR)/seeds/.done
 # libFuzzer (its coverage counters race by design); system libjpeg, so races are looked for in fastload's code.
 fuzz-tsan: clang $(FUZZ_DIR)/seeds/.done
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=thread fuzz/fuzz_decode.cpp fuzz/replay_main.cpp \
-	  $(FUZZ_NATIVE)/jpeg_decoder.cpp -ljpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
+	  $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp -ljpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
 	TSAN_OPTIONS=halt_on_error=1:abort_on_error=1 nice -n 10 $(FUZZ_DIR)/fuzz_decode_tsan $(FUZZ_DIR)/seeds \
 	  $$(ls -d $(FUZZ_DIR)/corpus 2>/dev/null) tests/data/fuzz_regressions
 

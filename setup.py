@@ -17,7 +17,8 @@ from torch.utils import cpp_extension  # noqa: E402
 
 def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
-    cpp = [os.path.join(rel, f) for f in ("bindings.cpp", "jpeg_decoder.cpp", "warp_cpu.cpp")]
+    names = ("bindings.cpp", "jpeg_decoder.cpp", "jpeg_regions.cpp", "jpeg_transcode.cpp", "warp_cpu.cpp")
+    cpp = [os.path.join(rel, f) for f in names]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
     cxx, link = ["-O3"], []
     if os.environ.get("FASTLOAD_SANITIZE") == "1":  # `make asan-test`: ASan + UBSan build into build/asan

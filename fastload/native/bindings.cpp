@@ -24,6 +24,8 @@
 
 #include "check.h"
 #include "jpeg_decoder.h"
+#include "jpeg_regions.h"
+#include "jpeg_transcode.h"
 
 #ifndef FASTLOAD_SOURCE_HASH
 #define FASTLOAD_SOURCE_HASH "unknown"
@@ -338,6 +340,53 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   return py::make_tuple(offsets, shapes, status, msgs);
 }
 
+// Lossless re-encoding with restart markers: (status, message, bytes or None).
+py::tuple add_restart_markers_py(const py::object& data, bool strict, int64_t max_pixels) {
+  BufferViews views(py::make_tuple(data));
+  std::vector<uint8_t> out;
+  char message[kMessageSize] = "";
+  int status;
+  {
+    py::gil_scoped_release nogil;
+    status = add_restart_markers(views[0].data, views[0].size, make_limits(strict, max_pixels), &out, message,
+                                 sizeof(message));
+  }
+  if (status != kOk) return py::make_tuple(status, std::string(message), py::none());
+  return py::make_tuple(status, std::string(message),
+                        py::bytes(reinterpret_cast<const char*>(out.data()), out.size()));
+}
+
+// How a file can be sliced (None when it cannot): for inspect and tests.
+py::object restart_layout_py(const py::object& data) {
+  BufferViews views(py::make_tuple(data));
+  RestartLayout layout;
+  if (!parse_restart_layout(views[0].data, views[0].size, &layout)) return py::none();
+  py::dict d;
+  d["mcu_height"] = layout.mcu_h;
+  d["mcu_width"] = layout.mcu_w;
+  d["mcus_per_row"] = layout.mcus_per_row;
+  d["mcu_rows"] = layout.mcu_rows;
+  d["interval"] = layout.interval;
+  return d;
+}
+
+// The region JPEG the decoder would use for a window, and the window inside it; None when it would not slice.
+py::object jpeg_region_py(const py::object& data, int64_t top, int64_t left, int64_t height, int64_t width,
+                          int downscale) {
+  BufferViews views(py::make_tuple(data));
+  RestartLayout layout;
+  const Window w{top, left, height, width, downscale};
+  if (!window_in_range(w) || !parse_restart_layout(views[0].data, views[0].size, &layout) ||
+      top + height > layout.height || left + width > layout.width)
+    return py::none();
+  std::vector<uint8_t> out(views[0].size + 2);
+  Window sub;
+  const size_t n = build_region(views[0].data, views[0].size, layout, w, out.data(), out.size(), &sub);
+  if (n == 0) return py::none();
+  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data()), n),
+                        py::make_tuple(sub.top, sub.left, sub.height, sub.width, sub.downscale));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -356,4 +405,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
+  m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,
+        py::arg("max_pixels") = 0);
+  m.def("restart_layout", &restart_layout_py, py::arg("data"));
+  m.def("jpeg_region", &jpeg_region_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
+        py::arg("width"), py::arg("downscale") = 1);
 }

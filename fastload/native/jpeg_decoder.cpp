@@ -14,85 +14,17 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include <jpeglib.h>
+
+#include "jpeg_errors.h"
+#include "jpeg_regions.h"
 
 namespace fastload {
 namespace {
 
-struct ErrorManager {
-  jpeg_error_mgr pub;  // must be first: libjpeg sees only this
-  jmp_buf jump;
-  bool strict;
-  int status;  // Status to report after the jump
-  char message[JMSG_LENGTH_MAX + 64];
-};
-
-struct ProgressMonitor {
-  jpeg_progress_mgr pub;  // must be first
-  int max_scans;
-};
-
-void on_error_exit(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
-  err->status = kCorrupt;
-  longjmp(err->jump, 1);
-}
-
-// msg_level < 0 is a corrupt-data warning ("Premature end of JPEG file", "Corrupt JPEG data: ...").
-// libjpeg then goes on with made-up pixels; in strict mode that is an error, not an image.
-void on_emit_message(j_common_ptr cinfo, int msg_level) {
-  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  if (msg_level >= 0) return;  // trace messages
-  err->pub.num_warnings++;
-  if (err->strict) {
-    (*cinfo->err->format_message)(cinfo, err->message);
-    err->status = kCorrupt;
-    longjmp(err->jump, 1);
-  }
-}
-
-void on_output_message(j_common_ptr) {}
-
-// A hostile progressive file can hold thousands of tiny scans and take minutes to decode; refuse it.
-void on_progress(j_common_ptr cinfo) {
-  auto* progress = reinterpret_cast<ProgressMonitor*>(cinfo->progress);
-  auto* dinfo = reinterpret_cast<j_decompress_ptr>(cinfo);
-  if (dinfo->progressive_mode && dinfo->input_scan_number > progress->max_scans) {
-    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-    std::snprintf(err->message, sizeof(err->message), "progressive JPEG has more than %d scans",
-                  progress->max_scans);
-    err->status = kCorrupt;
-    longjmp(err->jump, 1);
-  }
-}
-
-void set_message(char* message, size_t size, const char* text) {
-  if (message && size) std::snprintf(message, size, "%s", text);
-}
-
-bool looks_like_jpeg(const uint8_t* data, size_t size) {
-  return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
-}
-
-int not_jpeg(size_t size, char* message, size_t message_size) {
-  set_message(message, message_size, size == 0 ? "empty input, not a JPEG" : "not a JPEG (no SOI marker)");
-  return kNotJpeg;
-}
-
-// Our handlers on top of libjpeg's defaults. The setjmp itself stays in the caller: it must be in the frame
-// that owns the decompressor and outlives every longjmp.
-jpeg_error_mgr* install_error_manager(ErrorManager* err, bool strict) {
-  jpeg_error_mgr* pub = jpeg_std_error(&err->pub);
-  pub->error_exit = on_error_exit;
-  pub->emit_message = on_emit_message;
-  pub->output_message = on_output_message;
-  err->strict = strict;
-  err->status = kOk;
-  err->message[0] = '\0';
-  return pub;
-}
+using namespace detail;
 
 // Everything that must happen between jpeg_create_decompress and reading pixels, shared by both entry
 // points. Must be called inside the setjmp-protected region.
@@ -173,8 +105,11 @@ int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits&
   return status;
 }
 
-int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
-                  const Limits& limits, char* message, size_t message_size) {
+namespace {
+
+// The window straight from libjpeg: every MCU above the window, and beside it in its rows, is entropy-decoded.
+int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
+                        const Limits& limits, char* message, size_t message_size) {
   const int d = window.downscale;
   if (!(d == 1 || d == 2 || d == 4 || d == 8)) {
     std::snprintf(message, message_size, "downscale must be 1, 2, 4 or 8, got %d", d);
@@ -213,9 +148,7 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
   }
   jpeg_create_decompress(&cinfo);
   created = true;
-  progress.pub.progress_monitor = on_progress;
-  progress.max_scans = limits.max_scans;
-  cinfo.progress = &progress.pub;
+  install_progress(&progress, &cinfo, limits.max_scans);
 
   int status = open_header(&cinfo, data, size, limits, message, message_size);
   if (status != kOk) {
@@ -309,6 +242,26 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
   if (limits.strict && cinfo.output_scanline == cinfo.output_height) jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   return kOk;
+}
+
+}  // namespace
+
+int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
+                  const Limits& limits, char* message, size_t message_size) {
+  // Slice the file at its restart markers when it has usable ones (jpeg_regions.h). Anything unusual (an
+  // invalid window, an image over the pixel limit, markers not where they should be) takes the plain path,
+  // which reports it in the original image's terms.
+  RestartLayout layout;
+  if (window_in_range(window) && parse_restart_layout(data, size, &layout) &&
+      layout.height * layout.width <= limits.max_pixels && window.top + window.height <= layout.height &&
+      window.left + window.width <= layout.width) {
+    thread_local std::vector<uint8_t> region;  // grows to the largest file this thread has sliced
+    if (region.size() < size + 2) region.resize(size + 2);
+    Window sub;
+    const size_t n = build_region(data, size, layout, window, region.data(), region.size(), &sub);
+    if (n > 0) return decode_with_libjpeg(region.data(), n, sub, out, out_capacity, limits, message, message_size);
+  }
+  return decode_with_libjpeg(data, size, window, out, out_capacity, limits, message, message_size);
 }
 
 }  // namespace fastload
