@@ -1,5 +1,6 @@
 """FastLoader(device="cpu") against torchvision's ImageFolder + DataLoader, side by side in one run, on the
-ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing).
+ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing). FastLoader runs twice:
+on the folder itself and on the store `fastload pack --seekable` makes of it (packed once, kept in --data).
 
     python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--json out.json]
 
@@ -11,7 +12,8 @@ import os
 
 from bench import corpus
 from fastload import benchmark
-from fastload.datasets import FolderDataset
+from fastload.datasets import FolderDataset, LMDBDataset
+from fastload.datasets.pack import pack
 
 
 def main(argv=None):
@@ -28,12 +30,18 @@ def main(argv=None):
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)
-        fast, stats = benchmark.fastload_rate(ds, batch_size=args.batch_size, threads=args.cores,
-                                              epochs=args.epochs)
+        store = os.fspath(root).rstrip(os.sep) + ".seekable.lmdb"
+        if not os.path.exists(store):
+            pack(root, store, seekable=True, progress=False, resume=True)
+        rows = []
+        for what, dataset in (("folder", ds), ("pack --seekable", LMDBDataset(store))):
+            rate, stats = benchmark.fastload_rate(dataset, batch_size=args.batch_size, threads=args.cores,
+                                                  epochs=args.epochs)
+            rows.append({"pipeline": f"fastload FastLoader (cpu, {args.cores} threads, {what})",
+                         "images_per_s": rate, "stats": stats})
         tv = benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores, epochs=args.epochs)
-        results[name] = [{"pipeline": f"fastload FastLoader (cpu, {args.cores} threads)", "images_per_s": fast,
-                          "stats": stats},
-                         {"pipeline": f"torchvision DataLoader ({args.cores} workers)", "images_per_s": tv}]
+        results[name] = rows + [{"pipeline": f"torchvision DataLoader ({args.cores} workers, folder)",
+                                 "images_per_s": tv}]
     for name, rows in results.items():
         print()
         print(benchmark.format_table(rows, f"{name}: {len(FolderDataset(sets[name]))} images, batch "

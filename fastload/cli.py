@@ -67,7 +67,7 @@ def add_pack(sub):
         "pack", formatter_class=_Formatter, epilog=EXIT_CODES,
         help="pack an image folder into an LMDB store",
         description="Pack an ImageFolder tree (one sub-folder per class) into an LMDB store for LMDBDataset.\n\n"
-        "Original file bytes are kept (lossless, no re-encoding) unless --max-side is given. Every file is\n"
+        "Original file bytes are kept unless --seekable (lossless) or --max-side is given. Every file is\n"
         "checked: JPEGs (recognised by their bytes, not their name) by their header and marker structure,\n"
         "which finds empty, garbage and truncated files at a few microseconds each; other formats by a Pillow\n"
         "decode. Unreadable or broken files are skipped and listed, with reasons, in the summary, in\n"
@@ -84,6 +84,13 @@ def add_pack(sub):
                    "a full decode finds that too, but costs ~0.6 ms per ImageNet-sized JPEG per core: on 2 cores "
                    "it takes packing from ~7,000 to ~2,300 files/s (less on a busy machine). `fastload verify "
                    "DST` does the same check later, and the loader reports any file that fails to decode")
+    p.add_argument("--seekable", action="store_true",
+                   help="re-encode JPEGs losslessly with restart markers (same DCT coefficients, so every decoder "
+                   "gives exactly the same pixels; optimised Huffman tables; APPn/COM markers kept), so that the "
+                   "loader entropy-decodes only the part of the file around each crop instead of everything above "
+                   "and beside it. RandomResizedCrop decoding gets ~1.2x faster on ImageNet-sized photos and "
+                   "~1.8x on 1080p; the store is about as large (+-3%%); packing costs ~2 ms more per "
+                   "ImageNet-sized file per core (~30 ms per 1080p file). Files in other colour spaces (CMYK, RGB) keep their bytes")
     p.add_argument("--max-side", type=_positive, metavar="S",
                    help="re-encode JPEGs whose longer side exceeds S pixels, resized to S (libjpeg-turbo via "
                    "PyTurboJPEG), for a smaller store; others keep their bytes")
@@ -111,7 +118,8 @@ def cmd_pack(args):
     from .datasets.pack import pack
 
     result = pack(args.src, args.dst, workers=args.workers, max_side=args.max_side, quality=args.quality,
-                  convert_to_jpeg=args.convert_to_jpeg, verify_decode=args.verify_decode, strict=args.strict,
+                  convert_to_jpeg=args.convert_to_jpeg, verify_decode=args.verify_decode, seekable=args.seekable,
+                  strict=args.strict,
                   resume=args.resume, force=args.force, map_size=args.map_size, commit_every=args.commit_every,
                   file_list=args.file_list, progress=not args.quiet,
                   log=lambda m: print(m, file=sys.stderr))
@@ -119,7 +127,8 @@ def cmd_pack(args):
     print(f"packed {result.records} images from {result.files} files into {result.path} in {result.seconds:.1f} s "
           f"({rate:,.0f} files/s), {_human(result.image_bytes)} of image data"
           + (f", {result.reencoded} re-encoded" if result.reencoded else "")
-          + (f", {result.converted} converted to JPEG" if result.converted else ""))
+          + (f", {result.converted} converted to JPEG" if result.converted else "")
+          + (f", {result.seekable} made seekable" if result.seekable else ""))
     if result.skipped:
         print(f"skipped {len(result.skipped)} files (all listed in {os.path.join(result.path, 'report.txt')}):")
         for path, reason in result.skipped[:20]:
@@ -149,7 +158,8 @@ def cmd_inspect(args):
         s.update(kind="store", path=ds.path, version=meta["version"], source=meta.get("source"),
                  created=meta.get("created"), image_bytes=meta.get("image_bytes"),
                  disk_bytes=_disk_bytes(ds.path), reencoded=meta.get("reencoded", 0),
-                 converted=meta.get("converted", 0), files_seen=meta.get("files_seen"))
+                 converted=meta.get("converted", 0), seekable=meta.get("seekable", 0),
+                 files_seen=meta.get("files_seen"))
     else:
         s.update(kind="folder", path=ds.root, image_bytes=int(ds.sizes.sum()))
     if args.json:
@@ -181,6 +191,8 @@ def cmd_inspect(args):
         line += f", {_human(s['disk_bytes'])} on disk"
         if s["reencoded"] or s["converted"]:
             line += f"; {s['reencoded']} re-encoded, {s['converted']} converted to JPEG"
+        if s["seekable"]:
+            line += f"; {s['seekable']} seekable (restart markers)"
     print(line)
     skipped = s["skipped"]
     print(f"skipped      {len(skipped)}" + (" files at pack time" if meta is not None else " files unreadable"))

@@ -12,8 +12,8 @@ import torch
 from .errors import DecodeError
 from .native import C
 
-__all__ = ["JpegInfo", "read_header", "decode_crop", "decode_crops", "warp_affine", "warp_ragged",
-           "affine_from_points", "MAX_PIXELS", "DOWNSCALES"]
+__all__ = ["JpegInfo", "read_header", "decode_crop", "decode_crops", "add_restart_markers", "restart_layout",
+           "warp_affine", "warp_ragged", "affine_from_points", "MAX_PIXELS", "DOWNSCALES"]
 
 #: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
 MAX_PIXELS = 178_956_970
@@ -72,6 +72,29 @@ def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max
     if status != OK:
         _raise(status, message, sample)
     return out
+
+
+def add_restart_markers(data, *, strict=True, max_pixels=MAX_PIXELS, sample=None):
+    """Re-encodes a JPEG losslessly with restart markers every few MCUs, so that crops decode faster.
+
+    The DCT coefficients are copied untouched (like ``jpegtran``): every decoder gives exactly the pixels of the
+    original. The decoder then entropy-decodes only the segments around a crop window instead of every MCU
+    above and beside it (1080p RandomResizedCrop: ~1.8x faster). Returns the new bytes (Huffman tables
+    optimised, APPn/COM markers kept; usually within a few percent of the original size), or None for files it
+    leaves alone (colour spaces other than YCbCr and grayscale). Raises DecodeError for a broken JPEG.
+    """
+    status, message, out = C.add_restart_markers(data, strict, max_pixels)
+    if status == UNSUPPORTED:
+        return None
+    if status != OK:
+        _raise(status, message, sample)
+    return out
+
+
+def restart_layout(data):
+    """How a JPEG's restart markers let the decoder cut out crops: a dict (MCU size, MCUs per row and per
+    restart interval), or None when it cannot (no markers, progressive, or an interval that does not fit)."""
+    return C.restart_layout(data)
 
 
 def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES,

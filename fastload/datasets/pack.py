@@ -33,11 +33,11 @@ from ..errors import DecodeError
 from .base import DataError, DatasetError
 from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
-from .record import (FLAG_CONVERTED, FLAG_REENCODED, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
+from .record import (FLAG_CONVERTED, FLAG_REENCODED, FLAG_SEEKABLE, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
                      PROGRESS_KEY, SKIP_PREFIX, VERSION, dumps, encode_index, key_index, loads, parse_header,
                      record_key, skip_key, write_header)
 
-PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted")
+PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted seekable")
 
 DEFAULT_QUALITY = 90
 TURBOJPEG_FALLBACK = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
@@ -132,7 +132,7 @@ def _read(path):
     return buf
 
 
-_Options = namedtuple("_Options", "max_side quality convert_to_jpeg verify_decode")
+_Options = namedtuple("_Options", "max_side quality convert_to_jpeg verify_decode seekable")
 
 
 def _with_payload(payload, fmt, flags, h, w, label):
@@ -189,10 +189,17 @@ def _jpeg(buf, h, w, label, opt):
     try:
         if opt.verify_decode:
             ops.decode_crop(data, 0, 0, h, w)
+        flags, payload = 0, None
         if opt.max_side and max(h, w) > opt.max_side:
             payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality)
+            flags = FLAG_REENCODED
+        if opt.seekable:
+            seekable = ops.add_restart_markers(data if payload is None else payload)
+            if seekable is not None:  # None: a colour space it leaves alone (CMYK, RGB): stored as it is
+                payload, flags = seekable, flags | FLAG_SEEKABLE
+        if payload is not None:
             data.release()
-            return _with_payload(payload, JPEG, FLAG_REENCODED, h, w, label)
+            return _with_payload(payload, JPEG, flags, h, w, label)
     except DecodeError as e:
         return f"corrupt JPEG data: {e}"
     except Exception as e:  # the re-encoder (Pillow, libturbojpeg) on an odd file: skip it, do not stop the pack
@@ -208,6 +215,9 @@ def _other(buf, label, opt):
         h, w, _ = pillow_check(data, ops.MAX_PIXELS)
         if opt.convert_to_jpeg:
             payload, h, w = _pillow_to_jpeg(data, opt.max_side, opt.quality)
+            seekable = ops.add_restart_markers(payload) if opt.seekable else None
+            if seekable is not None:
+                return _with_payload(seekable, JPEG, FLAG_CONVERTED | FLAG_SEEKABLE, h, w, label)
             return _with_payload(payload, JPEG, FLAG_CONVERTED, h, w, label)
     except ValueError as e:
         return str(e)
@@ -283,7 +293,7 @@ def _read_state(env):
 
 
 def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg=False, verify_decode=False,
-         strict=False, resume=False, force=False, map_size=None, commit_every=512, file_list=None,
+         seekable=False, strict=False, resume=False, force=False, map_size=None, commit_every=512, file_list=None,
          progress=True, log=None):
     """Packs the image folder ``src`` into the store ``dst``; returns a PackResult. See `fastload pack --help`.
 
@@ -308,7 +318,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     if workers < 1 or commit_every < 1:
         raise DatasetError("--workers and --commit-every must be at least 1")
     opt = _Options(max_side, (quality or DEFAULT_QUALITY) if (max_side or convert_to_jpeg) else None,
-                   bool(convert_to_jpeg), bool(verify_decode))
+                   bool(convert_to_jpeg), bool(verify_decode), bool(seekable))
     if not os.path.isdir(src):
         raise DatasetError(f"{src}: no such folder" if not os.path.exists(src) else f"{src}: not a folder")
     if (dst + os.sep).startswith(src + os.sep):
@@ -380,7 +390,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     _swap_into_place(partial, dst)
     skipped = [tuple(s) for s in meta["skipped"]]
     return PackResult(dst, meta["count"], meta["files_seen"], skipped, time.perf_counter() - t0,
-                      meta["image_bytes"], meta["reencoded"], meta["converted"])
+                      meta["image_bytes"], meta["reencoded"], meta["converted"], meta.get("seekable", 0))
 
 
 def _already_done(src, dst, file_list, opt, log, t0):
@@ -391,7 +401,8 @@ def _already_done(src, dst, file_list, opt, log, t0):
     _check_same(meta, src, file_list, opt, dst)
     log(f"{dst} is already complete: nothing to resume")
     return PackResult(dst, meta["count"], meta["files_seen"], [tuple(s) for s in meta["skipped"]],
-                      time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"])
+                      time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"],
+                      meta.get("seekable", 0))
 
 
 def _committed_records(env):
@@ -419,7 +430,8 @@ def _check_same(started, src, file_list, opt, where):
     """--resume must continue the same pack: same source, file list and image options as the plan (or metadata)."""
     if started.get("version", 0) > VERSION:
         raise DatasetError(f"{where} was made by a newer fastload; finish it with that version or use --force")
-    was = {"source": started.get("source"), "file_list": started.get("file_list"), **started.get("options", {})}
+    was = {"source": started.get("source"), "file_list": started.get("file_list"), "seekable": False,
+           **started.get("options", {})}  # stores from before --seekable existed were packed without it
     now = {"source": src, "file_list": file_list, **opt._asdict()}
     if was != now:
         diff = ", ".join(f"{k}: {was.get(k)!r} then, {now.get(k)!r} now" for k in now if was.get(k) != now[k])
@@ -485,7 +497,7 @@ def _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, p
 def _finalize(env, plan):
     """Builds the index from the committed records and writes the metadata: the pack's last transaction."""
     heights, widths, labels, formats = [], [], [], []
-    image_bytes = reencoded = converted = 0
+    image_bytes = reencoded = converted = seekable = 0
     skipped, deletes = [], [PLAN_KEY, PROGRESS_KEY]
     with env.begin(buffers=True) as txn:
         prog = loads(txn.get(PROGRESS_KEY))
@@ -505,6 +517,7 @@ def _finalize(env, plan):
             image_bytes += len(value) - HEADER_SIZE
             reencoded += bool(flags & FLAG_REENCODED)
             converted += bool(flags & FLAG_CONVERTED)
+            seekable += bool(flags & FLAG_SEEKABLE)
             expected += 1
         if cursor.set_range(SKIP_PREFIX):
             for key, value in cursor:
@@ -532,6 +545,7 @@ def _finalize(env, plan):
         "skipped": [list(s) for s in skipped],
         "formats": {"JPEG": int((formats_a == JPEG).sum()), "other": int((formats_a == OTHER).sum())},
         "image_bytes": image_bytes, "reencoded": reencoded, "converted": converted,
+        "seekable": seekable,
         "index": encode_index(heights=heights, widths=widths, labels=labels_a, formats=formats_a),
     }
     _write(env, [(META_KEY, dumps(meta))], deletes)
@@ -563,7 +577,7 @@ def _write_report(partial, meta, dst):
              f"created: {meta['created']}",
              f"files: {meta['files_seen']}, records: {meta['count']}, skipped: {len(meta['skipped'])}",
              f"formats: {meta['formats']['JPEG']} JPEG, {meta['formats']['other']} other; "
-             f"re-encoded {meta['reencoded']}, converted {meta['converted']}",
+             f"re-encoded {meta['reencoded']}, converted {meta['converted']}, seekable {meta.get('seekable', 0)}",
              f"image bytes: {meta['image_bytes']}", ""]
     if meta["skipped"]:
         lines.append("skipped files (path relative to the source: reason):")

@@ -5,7 +5,7 @@ An LMDB environment (a directory holding data.mdb) with one unnamed database:
 * record i: key = i as a big-endian uint64 (8 bytes, so keys sort in index order); value = a 24-byte
   little-endian header, then the image file's bytes exactly as they were on disk (unless the pack was asked to
   re-encode): ``magic "FLRC", u16 format version, u8 image format (0 JPEG, 1 other: decode with Pillow),
-  u8 flags (1 re-encoded, 2 converted to JPEG), u32 height, u32 width, i32 label, u32 CRC-32 of the image bytes``.
+  u8 flags (1 re-encoded, 2 converted to JPEG, 4 restart markers added losslessly), u32 height, u32 width, i32 label, u32 CRC-32 of the image bytes``.
 * every other key is longer than 8 bytes and starts with ``__fastload_``, so it can never be taken for a record:
   ``META_KEY`` (JSON, written last, in the pack's final transaction: a store without it is not finished),
   and, only while a pack is in progress, ``PLAN_KEY``, ``PROGRESS_KEY`` and ``SKIP_PREFIX`` + file index.
@@ -31,7 +31,7 @@ HEADER_SIZE = HEADER.size  # 24
 
 JPEG, OTHER = 0, 1
 FORMAT_NAMES = {JPEG: "JPEG", OTHER: "other (Pillow)"}
-FLAG_REENCODED, FLAG_CONVERTED = 1, 2
+FLAG_REENCODED, FLAG_CONVERTED, FLAG_SEEKABLE = 1, 2, 4
 
 META_KEY = b"__fastload_meta__"
 PLAN_KEY = b"__fastload_plan__"

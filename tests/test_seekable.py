@@ -1,0 +1,227 @@
+"""Restart markers: lossless re-encoding (`fastload pack --seekable`) and region decoding through them.
+
+The re-encoder copies DCT coefficients, so the maths says decoded pixels must be identical: every comparison here
+is exact. Region decoding must give exactly the pixels of the plain decode for every window and downscale, and
+must really slice (the region JPEG is smaller than the file) or it would prove nothing.
+"""
+import io
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload as fl
+from fastload import DecodeError, ops
+from fastload.cli import main
+from fastload.datasets import FolderDataset, LMDBDataset, pack
+from fastload.datasets.record import FLAG_SEEKABLE
+from fastload.native import C
+
+# Kinds the re-encoder takes (YCbCr and gray, any sampling, progressive and arithmetic input).
+REENCODED = ("444", "422", "420", "440", "411", "progressive", "arithmetic", "arithmetic_progressive", "restart",
+             "gray", "1x1", "8x8")
+
+
+def pillow(data):
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def random_windows(h, w, n, seed):
+    rng = np.random.default_rng(seed)
+    out = [(0, 0, h, w), (h - 1, w - 1, 1, 1), (0, 0, 1, 1)]
+    for i in range(n):
+        small = i % 3 == 0
+        wh = int(rng.integers(1, (min(h, 40) if small else h) + 1))
+        ww = int(rng.integers(1, (min(w, 40) if small else w) + 1))
+        out.append((int(rng.integers(0, h - wh + 1)), int(rng.integers(0, w - ww + 1)), wh, ww))
+    return out
+
+
+@pytest.fixture(scope="module")
+def photos(imagenet_dir, hd_dir):
+    """Real photos: a few ImageNet-like ones and two 1080p frames, as bytes."""
+    files = sorted(imagenet_dir.rglob("*.jpg"))[:6] + sorted(hd_dir.rglob("*.jpg"))[:2]
+    return [f.read_bytes() for f in files]
+
+
+@pytest.mark.parametrize("kind", REENCODED)
+def test_reencoding_keeps_every_pixel(kinds, kind):
+    data = kinds[kind].read_bytes()
+    out = ops.add_restart_markers(data)
+    assert out is not None
+    np.testing.assert_array_equal(pillow(out), pillow(data))
+    info = ops.read_header(out)
+    assert not info.progressive and not info.arithmetic  # sequential Huffman: what the slicer needs
+    assert info[:5] == ops.read_header(data)[:5]
+    layout = ops.restart_layout(out)
+    assert layout is not None and layout["interval"] >= 1
+    if kind == "gray":  # one component: the MCU is one 8x8 block
+        assert (layout["mcu_height"], layout["mcu_width"]) == (8, 8)
+
+
+def test_reencoding_leaves_other_colour_spaces_and_refuses_broken_files(kinds):
+    assert ops.add_restart_markers(kinds["cmyk"].read_bytes()) is None
+    assert ops.add_restart_markers(kinds["rgb"].read_bytes()) is None
+    data = kinds["420"].read_bytes()
+    with pytest.raises(DecodeError, match="x.jpg"):
+        ops.add_restart_markers(data[: len(data) // 2], sample="x.jpg")
+    with pytest.raises(DecodeError):
+        ops.add_restart_markers(b"not a jpeg at all")
+    with pytest.raises(DecodeError, match="over the limit"):
+        ops.add_restart_markers(data, max_pixels=1000)
+
+
+def test_reencoding_keeps_app_and_comment_markers(kinds):
+    im = Image.open(kinds["420"])
+    exif = Image.Exif()
+    exif[0x010E] = "a description that must survive"  # ImageDescription
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=90, exif=exif.tobytes(), comment=b"kept comment")
+    out = ops.add_restart_markers(buf.getvalue())
+    with Image.open(io.BytesIO(out)) as back:
+        assert back.getexif()[0x010E] == "a description that must survive"
+        assert back.info.get("comment") == b"kept comment"
+    assert out.count(b"JFIF") == 1  # the encoder's own APP0, not a second copy
+
+
+def test_interval_is_a_divisor_of_the_row_near_32_pixels():
+    # Checked through files: 1080p 4:2:0 has 120 MCUs of 16 px per row -> 2 MCUs (32 px) per segment.
+    rgb = np.zeros((64, 1920, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=90)
+    layout = ops.restart_layout(ops.add_restart_markers(buf.getvalue()))
+    assert layout["mcus_per_row"] == 120 and layout["interval"] == 2
+    # A prime number of MCUs per row: one MCU per segment is the only divisor near 32 px.
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((64, 16 * 37, 3), np.uint8)).save(buf, "JPEG", quality=90)
+    layout = ops.restart_layout(ops.add_restart_markers(buf.getvalue()))
+    assert layout["mcus_per_row"] == 37 and layout["interval"] == 1
+    # Gray has 8 px MCUs: segments of 2..8 MCUs; none divides 37, so whole rows (vertical slicing only).
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((64, 8 * 37), np.uint8)).save(buf, "JPEG", quality=90)
+    layout = ops.restart_layout(ops.add_restart_markers(buf.getvalue()))
+    assert layout["mcus_per_row"] == 37 and layout["interval"] == 37
+
+
+@pytest.mark.parametrize("downscale", [1, 2, 4, 8])
+def test_region_decode_equals_plain_decode(photos, downscale):
+    for n, data in enumerate(photos):
+        seekable = ops.add_restart_markers(data)
+        h, w = ops.read_header(data)[:2]
+        for top, left, wh, ww in random_windows(h, w, 40, seed=n * 10 + downscale):
+            a = ops.decode_crop(data, top, left, wh, ww, downscale)
+            b = ops.decode_crop(seekable, top, left, wh, ww, downscale)
+            assert torch.equal(a, b), (n, top, left, wh, ww, downscale)
+        if downscale == 1:  # and both are Pillow's pixels
+            top, left, wh, ww = h // 3, w // 4, h // 3, w // 2
+            np.testing.assert_array_equal(ops.decode_crop(seekable, top, left, wh, ww).numpy(),
+                                          pillow(data)[top:top + wh, left:left + ww])
+
+
+def test_region_really_slices_and_is_a_valid_jpeg(photos):
+    data = ops.add_restart_markers(photos[-1])  # 1080p
+    h, w = ops.read_header(data)[:2]
+    top, left, wh, ww = 500, 900, 200, 300
+    region, sub = C.jpeg_region(data, top, left, wh, ww, 1)
+    # One MCU of context around the window, rounded out to whole 2-MCU segments: a small part of the file.
+    assert len(region) < len(data) * 0.12
+    rh, rw = ops.read_header(region)[:2]
+    assert wh + 16 <= rh <= wh + 3 * 16 and ww + 16 <= rw <= ww + 6 * 16
+    st, sl = sub[0], sub[1]
+    np.testing.assert_array_equal(pillow(region)[st:st + wh, sl:sl + ww], pillow(data)[top:top + wh, left:left + ww])
+    # The whole image gains nothing from slicing: the decoder takes the file as it is.
+    assert C.jpeg_region(data, 0, 0, h, w, 1) is None
+    assert C.jpeg_region(photos[-1], top, left, wh, ww, 1) is None  # no restart markers
+
+
+def test_whole_row_intervals_from_other_encoders(kinds):
+    """cjpeg -restart 1 puts a marker after every MCU row: windows are cut by rows only, still exact."""
+    data = kinds["restart"].read_bytes()
+    layout = ops.restart_layout(data)
+    assert layout["interval"] == layout["mcus_per_row"]
+    h, w = ops.read_header(data)[:2]
+    region, _ = C.jpeg_region(data, h - 40, 10, 20, 30, 1)
+    rh, rw = ops.read_header(region)[:2]
+    assert rw == w and rh < h // 4  # full rows, only those around the window
+    ref = pillow(data)
+    for top, left, wh, ww in random_windows(h, w, 30, seed=3):
+        np.testing.assert_array_equal(ops.decode_crop(data, top, left, wh, ww).numpy(),
+                                      ref[top:top + wh, left:left + ww])
+
+
+def _restart_offsets(data):
+    """Offsets of the RSTn markers in the entropy-coded data."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + struct.unpack(">H", data[sos + 2:sos + 4])[0]
+    return [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+
+
+def test_damage_above_the_window_is_still_an_error(photos):
+    """A misnumbered marker makes the slicer step aside; the plain decode then meets it and strict mode refuses."""
+    data = bytearray(ops.add_restart_markers(photos[0]))
+    h, w = ops.read_header(bytes(data))[:2]
+    marks = _restart_offsets(bytes(data))
+    at = marks[3]
+    data[at + 1] = 0xD0 + (data[at + 1] - 0xD0 + 4) % 8  # RST3 -> RST7
+    with pytest.raises(DecodeError, match="(?i)corrupt|marker"):
+        ops.decode_crop(bytes(data), h - 30, 0, 30, w // 2, sample="damaged")
+    # Lenient mode decodes what it can instead, without crashing.
+    out = ops.decode_crop(bytes(data), h - 30, 0, 30, w // 2, strict=False)
+    assert out.shape == (30, w // 2, 3)
+
+
+def test_truncated_seekable_file_is_an_error_not_a_crash(photos):
+    data = ops.add_restart_markers(photos[-1])
+    h, w = ops.read_header(data)[:2]
+    for cut in (len(data) // 2, len(data) - 40):
+        with pytest.raises(DecodeError):
+            ops.decode_crop(data[:cut], h - 64, w - 64, 64, 64)
+    # A window wholly above the cut needs nothing from the lost part: it decodes, and exactly.
+    short = data[: len(data) * 3 // 4]
+    np.testing.assert_array_equal(ops.decode_crop(short, 0, 0, 100, 100).numpy(), pillow(data)[:100, :100])
+
+
+def test_batch_decode_of_seekable_files_matches(photos):
+    seekable = [ops.add_restart_markers(d) for d in photos]
+    wins = []
+    for n, d in enumerate(photos):
+        h, w = ops.read_header(d)[:2]
+        wins.append([h // 4, w // 5, h // 2, w // 2, 1 + (n % 4 == 3)])
+    wins = torch.tensor(wins)
+    a = ops.decode_crops(photos, wins, threads=1)
+    b = ops.decode_crops(seekable, wins, threads=4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# ---- the store -----------------------------------------------------------------------------------------------
+
+def test_pack_seekable_store_gives_the_same_batches(imagenet_dir, tmp_path, capsys):
+    dst = tmp_path / "s.lmdb"
+    assert main(["pack", str(imagenet_dir), str(dst), "--seekable", "-q"]) == 0
+    assert "48 made seekable" in capsys.readouterr().out
+    store, folder = LMDBDataset(dst), FolderDataset(imagenet_dir)
+    assert store.meta["seekable"] == 48 and store.meta["options"]["seekable"] is True
+    with store.reader() as r:
+        for i in (0, 11, 47):
+            header, image = r.raw(i)
+            assert header[1] & FLAG_SEEKABLE
+            assert ops.restart_layout(bytes(image)) is not None
+    for i in (0, 23, 47):
+        assert torch.equal(store[i][0], folder[i][0]) and store[i][1] == folder[i][1]
+    make = lambda ds: fl.FastLoader(ds, batch_size=8, seed=3, crop=fl.RandomResizedCrop(64), threads=2)
+    for (xa, ya), (xb, yb) in zip(make(folder), make(store)):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert main(["inspect", str(dst)]) == 0
+    assert "48 seekable (restart markers)" in capsys.readouterr().out
+    assert main(["verify", str(dst), "-q"]) == 0
+
+
+def test_resume_must_keep_the_seekable_choice(imagenet_dir, tmp_path, capsys):
+    from fastload.datasets import DatasetError
+    dst = tmp_path / "r.lmdb"
+    pack(imagenet_dir, dst, seekable=True, progress=False, log=lambda m: None)
+    with pytest.raises(DatasetError, match="seekable: True then, False now"):
+        pack(imagenet_dir, dst, resume=True, progress=False, log=lambda m: None)
