@@ -1,7 +1,7 @@
 """`make demo`: fastload against torchvision on real photos, from nothing to a table and a chart in a few minutes.
 
 1. builds an ImageNet-like ImageFolder of real photos (bench/corpus.py; 10 classes x 100 JPEGs by default),
-2. packs it into an LMDB store with `fastload pack`,
+2. packs it into an LMDB store with `fastload pack --seekable`,
 3. runs `fastload bench` on the store against torchvision's DataLoader (on the GPU when there is one),
    prints the table (every number measured in this run) and writes the chart.
 
@@ -52,7 +52,7 @@ def main(argv=None):
 
     store = os.path.join(args.data, "demo.lmdb")
     _step(2, f"pack it into an LMDB store: {store}")
-    pack = ["pack", src, store, "--force", "--quiet"]
+    pack = ["pack", src, store, "--seekable", "--force", "--quiet"]
     _command(pack)
     code = cli.main(pack)
     if code != 0:

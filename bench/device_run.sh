@@ -38,8 +38,10 @@ for c in sorted(os.listdir(src)):
             if not os.path.exists(link):
                 os.symlink(os.path.abspath(os.path.join(src, c, f)), link)
 PY
+  python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
+    --resume 2>&1 | tail -1
   for m in resnet18 resnet50; do
-    python3 -m fastload bench data/imagenet-like-x6 --device cuda --baseline torchvision --model $m --epochs 2 \
+    python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --baseline torchvision --model $m --epochs 2 \
       --json "$OUT/train_$m.json" --plot "$OUT/train_$m.png" 2>"$OUT/train_$m.err" | tee "$OUT/train_$m.log" | tail -8
   done
 fi

@@ -7,6 +7,9 @@
     ImageFolder + DataLoader (RandomResizedCrop, flip, ToTensor, Normalize, pinned, copied to the GPU) and
     against torchvision's nvJPEG batched full decode (decode alone, no crop or normalise).
 
+    FastLoader runs on the folder and on the store `fastload pack --seekable` makes of it (packed once, kept
+    beside the folder as DIR.seekable.lmdb).
+
     python -m bench.gpu --data DIR [--workers 16] [--epochs 3] [--json out.json]
 """
 import argparse
@@ -164,6 +167,13 @@ def main(argv=None):
     copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
     fast, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads)
     print(f"fastload stats: {json.dumps({k: round(v, 3) for k, v in stats.items()})}", flush=True)
+    store = args.data.rstrip(os.sep) + ".seekable.lmdb"
+    if not os.path.exists(store):
+        from fastload.datasets.pack import pack
+        pack(args.data, store, seekable=True, progress=False, resume=True)
+    fast_store, stats_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size, args.threads)
+    print(f"fastload stats (pack --seekable): {json.dumps({k: round(v, 3) for k, v in stats_store.items()})}",
+          flush=True)
     nvjpeg = nvjpeg_rate(ds, args.batch_size)
     tv = None if args.skip_torchvision else torchvision_rate(args.data, args.epochs, args.batch_size, args.workers)
 
@@ -173,13 +183,15 @@ def main(argv=None):
         print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
     print("\n(b) finished 224x224 batches on the GPU, images/s")
     print(f"{'pipeline':<60} {'img/s':>9}")
-    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads':<60} {fast:9.0f}")
+    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, folder':<60} {fast:9.0f}")
+    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, pack --seekable':<60} "
+          f"{fast_store:9.0f}")
     if tv is not None:
         print(f"{'torchvision ImageFolder + DataLoader, ' + str(args.workers) + ' workers':<60} {tv:9.0f}")
     print(f"{'torchvision nvJPEG batched full decode (decode only)':<60} {nvjpeg:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"kernel": kernel, "fastload": fast, "torchvision": tv, "nvjpeg": nvjpeg, "stats": stats}, f)
+            json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "torchvision": tv, "nvjpeg": nvjpeg, "stats": stats}, f)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,16 @@
 #define FL_HD inline
 #endif
 
+// Channel loops run to kMaxChannels, guarded by c < C, and are fully unrolled so that per-channel accumulators stay
+// in registers on CUDA (a runtime-indexed local array would live in local memory).
+#if defined(__CUDA_ARCH__)
+#define FL_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define FL_UNROLL  // nvcc's host pass: only device instantiations are used, and either pragma draws a warning
+#else
+#define FL_UNROLL _Pragma("GCC unroll 4")
+#endif
+
 namespace fastload {
 
 constexpr int kMaxChannels = 4;
@@ -59,5 +69,59 @@ struct OutCast<uint8_t> {
     return static_cast<uint8_t>(v + 0.5f);
   }
 };
+
+// Writes channels c < C of one output pixel: the normalised sum, then alpha/beta and the cast.
+template <typename out_t>
+FL_HD void store_pixel(out_t* o, int64_t os_c, const float* acc, float inv, const float* alpha, const float* beta,
+                       int C) {
+  FL_UNROLL
+  for (int c = 0; c < kMaxChannels; ++c)
+    if (c < C) o[c * os_c] = OutCast<out_t>::apply(acc[c] * inv * alpha[c] + beta[c]);
+}
+
+// One input image: channel c of pixel (y, x) is p[y * s_y + x * s_x + c * s_c]. index_t is int on CUDA (the kernel
+// checks that the image fits) to keep address arithmetic 32-bit, int64_t on the CPU.
+template <typename in_t, typename index_t>
+struct InputView {
+  const in_t* p;
+  int h, w;
+  index_t s_c, s_y, s_x;
+};
+
+// Output pixel (u, v) of a general (rotation, shear, large shrink) warp: the full 2-D filter, normalised by the
+// product of the per-axis weight sums; fill_value (already through alpha/beta) when the centre maps outside.
+// sx, sy: filter_support() of the matrix rows, constant per sample. The one definition for both backends, so the
+// CPU twin and the CUDA kernel perform the same float operations in the same order.
+template <typename in_t, typename index_t, typename out_t>
+FL_HD void warp_pixel_general(const InputView<in_t, index_t>& in, int C, const float* m, float sx, float sy, int u,
+                              int v, const float* alpha, const float* beta, const float* fill_value, out_t* o,
+                              int64_t os_c) {
+  float cx, cy;
+  if (!sample_centre(m, u, v, in.h, in.w, &cx, &cy)) {
+    // Not unrolled: that would hold fill_value in registers, and the CUDA kernel would spill more.
+    for (int c = 0; c < C; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
+    return;
+  }
+  int x0, x1, y0, y1;
+  filter_taps(cx, sx, in.w, &x0, &x1);
+  filter_taps(cy, sy, in.h, &y0, &y1);
+  float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
+  float total_x = 0.f, total_y = 0.f;
+  for (int x = x0; x < x1; ++x) total_x += triangle((x + 0.5f - cx) / sx);
+  for (int y = y0; y < y1; ++y) {
+    const float wy = triangle((y + 0.5f - cy) / sy);
+    total_y += wy;
+    const in_t* row = in.p + y * in.s_y;
+    for (int x = x0; x < x1; ++x) {
+      const float w = wy * triangle((x + 0.5f - cx) / sx);
+      const in_t* p = row + x * in.s_x;
+      FL_UNROLL
+      for (int c = 0; c < kMaxChannels; ++c)
+        if (c < C) acc[c] += w * static_cast<float>(p[c * in.s_c]);
+    }
+  }
+  const float total = total_x * total_y;
+  store_pixel(o, os_c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, C);
+}
 
 }  // namespace fastload

@@ -141,7 +141,6 @@ struct Image {
   const in_t* p;
   int h, w, c;
   Strides s;
-  float at(int y, int x, int ch) const { return static_cast<float>(p[y * s.y + x * s.x + ch * s.c]); }
 };
 
 // Taps and normalised weights of one output coordinate along one axis.
@@ -312,34 +311,12 @@ template <typename in_t, typename out_t>
 void warp_general(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                   out_t* out, const Strides& os, int out_h, int out_w) {
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
-  const int C = img.c;
-  for (int v = 0; v < out_h; ++v) {
-    for (int u = 0; u < out_w; ++u) {
-      out_t* o = out + v * os.y + u * os.x;
-      float cx, cy;
-      if (!sample_centre(m, u, v, img.h, img.w, &cx, &cy)) {
-        for (int c = 0; c < C; ++c) o[c * os.c] = OutCast<out_t>::apply(fill * alpha[c] + beta[c]);
-        continue;
-      }
-      int x0, x1, y0, y1;
-      filter_taps(cx, sx, img.w, &x0, &x1);
-      filter_taps(cy, sy, img.h, &y0, &y1);
-      float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
-      float total_x = 0.f, total_y = 0.f;
-      for (int x = x0; x < x1; ++x) total_x += triangle((x + 0.5f - cx) / sx);
-      for (int y = y0; y < y1; ++y) {
-        const float wy = triangle((y + 0.5f - cy) / sy);
-        total_y += wy;
-        for (int x = x0; x < x1; ++x) {
-          const float w = wy * triangle((x + 0.5f - cx) / sx);
-          for (int c = 0; c < C; ++c) acc[c] += w * img.at(y, x, c);
-        }
-      }
-      const float total = total_x * total_y;
-      const float inv = total > 0.f ? 1.f / total : 0.f;
-      for (int c = 0; c < C; ++c) o[c * os.c] = OutCast<out_t>::apply(acc[c] * inv * alpha[c] + beta[c]);
-    }
-  }
+  const InputView<in_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
+  float fill_value[kMaxChannels] = {};
+  for (int c = 0; c < img.c; ++c) fill_value[c] = fill * alpha[c] + beta[c];
+  for (int v = 0; v < out_h; ++v)
+    for (int u = 0; u < out_w; ++u)
+      warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
 }
 
 template <typename in_t, typename out_t>

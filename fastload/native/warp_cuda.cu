@@ -19,14 +19,6 @@ namespace {
 constexpr int kBlockX = 32, kBlockY = 8, kRows = 4;
 constexpr int kMaxTaps = 12;  // x taps kept in shared memory: shrinks up to ~5.5x; beyond, the general path
 
-template <typename out_t>
-__device__ __forceinline__ void store(out_t* o, int64_t os_c, const float* acc, float inv, const float* alpha,
-                                      const float* beta, int C) {
-#pragma unroll
-  for (int c = 0; c < kMaxChannels; ++c)
-    if (c < C) o[c * os_c] = OutCast<out_t>::apply(acc[c] * inv * alpha[c] + beta[c]);
-}
-
 template <typename in_t, typename out_t, int CH>
 __global__ void __launch_bounds__(kBlockX * kBlockY, 4) warp_normalize_kernel(
     const in_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
@@ -102,40 +94,15 @@ __global__ void __launch_bounds__(kBlockX * kBlockY, 4) warp_normalize_kernel(
           for (int c = 0; c < kMaxChannels; ++c) acc[c] += wy * part[c];
         }
         const float total = total_x * total_y;
-        store(o, os_c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, C);
+        store_pixel(o, os_c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, C);
       }
       return;
     }
   }
   // General affine (rotation, shear, large shrink): the 2-D filter per output pixel.
-  for (int v = v_first; v < v_end; ++v) {
-    out_t* o = o_base + v * os_y;
-    float cx, cy;
-    if (!sample_centre(m, u, v, h, w, &cx, &cy)) {
-      for (int c = 0; c < C; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
-      continue;
-    }
-    int x0, x1, y0, y1;
-    filter_taps(cx, sx, w, &x0, &x1);
-    filter_taps(cy, sy, h, &y0, &y1);
-    float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
-    float total_x = 0.f, total_y = 0.f;
-    for (int x = x0; x < x1; ++x) total_x += triangle((x + 0.5f - cx) / sx);
-    for (int y = y0; y < y1; ++y) {
-      const float wy = triangle((y + 0.5f - cy) / sy);
-      total_y += wy;
-      const in_t* row = img + y * s_y;
-      for (int x = x0; x < x1; ++x) {
-        const float wgt = wy * triangle((x + 0.5f - cx) / sx);
-        const in_t* p = row + x * s_x;
-#pragma unroll
-        for (int c = 0; c < kMaxChannels; ++c)
-          if (c < C) acc[c] += wgt * static_cast<float>(p[c * s_c]);
-      }
-    }
-    const float total = total_x * total_y;
-    store(o, os_c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, C);
-  }
+  const InputView<in_t, int> in{img, h, w, s_c, s_y, s_x};
+  for (int v = v_first; v < v_end; ++v)
+    warp_pixel_general(in, C, m, sx, sy, u, v, alpha, beta, fill_value, o_base + v * os_y, os_c);
 }
 
 template <typename in_t, typename out_t>
