@@ -11,6 +11,8 @@ On each corpus (ImageNet-like, 1080p), single-threaded, files already in memory,
       resize runs later, fused with normalisation, on the GPU when there is one.
   (d) the same windows through one fastload.ops.decode_crops call (the loader's batch path) on 1 thread, into
       a reused output buffer as the loader's pinned slot is.
+  (e) (d) on the same files re-encoded losslessly with restart markers (`fastload pack --seekable`): the same
+      pixels, but only the segments around each window are entropy-decoded.
 """
 import argparse
 import io
@@ -30,6 +32,7 @@ METHODS = {
     "b": "PyTurboJPEG full decode",
     "c": "fastload decode_crop (DCT-scaled)",
     "d": "fastload decode_crops batch, 1 thread",
+    "e": "(d) on pack --seekable bytes",
 }
 DEFAULT_TURBOJPEG = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
 
@@ -88,7 +91,7 @@ def best_of(fns, passes, warmup=True):
 
 
 def measure(name, files, seed, tj, passes, warmup=True, size=SIZE):
-    """One corpus: rows for (a)-(d) plus a summary dict."""
+    """One corpus: rows for (a)-(e) plus a summary dict."""
     from torchvision.transforms import v2
     windows = plan(files, seed, size)
     rrc = v2.RandomResizedCrop(size, antialias=True)
@@ -115,7 +118,12 @@ def measure(name, files, seed, tj, passes, warmup=True, size=SIZE):
     def batch():
         ops.decode_crops(files, windows, slot, threads=1)
 
-    runs = {"a": pillow, "b": turbo, "c": crop, "d": batch}
+    seekable = [ops.add_restart_markers(data) or data for data in files]
+
+    def batch_seekable():
+        ops.decode_crops(seekable, windows, slot, threads=1)
+
+    runs = {"a": pillow, "b": turbo, "c": crop, "d": batch, "e": batch_seekable}
     seconds = best_of({k: fn for k, fn in runs.items() if k != "b" or tj is not None}, passes, warmup)
     rows = [{"corpus": name, "method": k, "label": METHODS[k], "images": len(files), "seconds": s,
              "img_per_s": len(files) / s, "speedup": seconds["a"] / s} for k, s in seconds.items()]
@@ -162,7 +170,7 @@ def format_table(rows, summaries=()):
         lines.append(f"{r['corpus']:<14} ({r['method']}) {r['label']:<38} {r['img_per_s']:>10.0f} "
                      f"{1e3 / r['img_per_s']:>8.2f} {r['speedup']:>6.2f}x")
     lines.append("single thread, files in memory, best of the timed passes. (a) ends with a 224x224 PIL image (no "
-                 "tensor conversion); (b) is a full-size decode; (c), (d) end with the uint8 crop at 1/d, before the "
+                 "tensor conversion); (b) is a full-size decode; (c)-(e) end with the uint8 crop at 1/d, before the "
                  "final resize.")
     return "\n".join(lines)
 

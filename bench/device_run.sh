@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh [tests|bench|tests+bench|train|all]
+# (train: DECODER=cpu|nvjpeg picks FastLoader's decoder, default cpu)
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -41,7 +42,7 @@ PY
   python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
     --resume 2>&1 | tail -1
   for m in resnet18 resnet50; do
-    python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --baseline torchvision --model $m --epochs 2 \
+    python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --decoder ${DECODER:-cpu} --baseline torchvision --model $m --epochs 2 \
       --json "$OUT/train_$m.json" --plot "$OUT/train_$m.png" 2>"$OUT/train_$m.err" | tee "$OUT/train_$m.log" | tail -8
   done
 fi

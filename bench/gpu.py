@@ -100,9 +100,9 @@ def kernel_bench(ds, size=224, batch=256):
     return rows
 
 
-def fastload_rate(ds, epochs, batch, threads):
+def fastload_rate(ds, epochs, batch, threads, decoder="cpu"):
     loader = fl.FastLoader(ds, batch_size=batch, device="cuda", threads=threads, dtype=torch.float32,
-                           channels_last=True, drop_last=True)
+                           channels_last=True, drop_last=True, decoder=decoder)
     for x, y in loader:  # warm-up epoch: page cache, allocator, CUDA context
         pass
     torch.cuda.synchronize()
@@ -174,6 +174,17 @@ def main(argv=None):
     fast_store, stats_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size, args.threads)
     print(f"fastload stats (pack --seekable): {json.dumps({k: round(v, 3) for k, v in stats_store.items()})}",
           flush=True)
+    from fastload import nvjpeg as nvj
+    hardware, why = nvj.available()
+    fast_hw = fast_hw_store = None
+    if hardware:
+        fast_hw, stats_hw = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="nvjpeg")
+        fast_hw_store, stats_hw_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size,
+                                                      args.threads, decoder="nvjpeg")
+        print(f"fastload stats (nvjpeg, store): {json.dumps({k: round(v, 3) for k, v in stats_hw_store.items()})}",
+              flush=True)
+    else:
+        print(f"decoder='nvjpeg' skipped: {why}")
     nvjpeg = nvjpeg_rate(ds, args.batch_size)
     tv = None if args.skip_torchvision else torchvision_rate(args.data, args.epochs, args.batch_size, args.workers)
 
@@ -186,12 +197,16 @@ def main(argv=None):
     print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, folder':<60} {fast:9.0f}")
     print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, pack --seekable':<60} "
           f"{fast_store:9.0f}")
+    if fast_hw is not None:
+        print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), folder':<60} {fast_hw:9.0f}")
+        print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), pack --seekable':<60} {fast_hw_store:9.0f}")
     if tv is not None:
         print(f"{'torchvision ImageFolder + DataLoader, ' + str(args.workers) + ' workers':<60} {tv:9.0f}")
     print(f"{'torchvision nvJPEG batched full decode (decode only)':<60} {nvjpeg:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "torchvision": tv, "nvjpeg": nvjpeg, "stats": stats}, f)
+            json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "fastload_nvjpeg": fast_hw,
+                       "fastload_nvjpeg_seekable": fast_hw_store, "torchvision": tv, "nvjpeg": nvjpeg, "stats": stats}, f)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--kernel-only", action="store_true")
+    p.add_argument("--decode-scaling", action="store_true", help="only: crop decoding vs thread count, CPU only")
     a = p.parse_args()
     ds = fl.FolderDataset(a.data)
+    if a.decode_scaling:
+        return decode_scaling(ds)
     data, offsets, shapes, mats = realistic_batch(ds)
     dev = [t.cuda() for t in (data, offsets, shapes, mats)]
     print(f"batch bytes in {data.numel() / 1e6:.1f} MB, mean crop {shapes[:, 0].float().mean():.0f}x"
@@ -83,6 +86,27 @@ def main():
         s = loader.stats()
         print(f"FastLoader workers={workers}: {rate:8.0f} img/s | slot grows {grows[0]} ({grows[1]:.3f} s) | "
               f"read {s['read_s']:.2f} decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f}")
+
+
+def decode_scaling(ds, n=1024):
+    """RandomResizedCrop decodes of in-memory files (original and --seekable bytes) against thread count."""
+    import subprocess
+    print(subprocess.run("lscpu | grep -E 'Model name|^CPU\\(s\\)|Thread|Core|Socket|MHz|L3'", shell=True,
+                         capture_output=True, text=True).stdout)
+    idx = np.arange(n) % len(ds)
+    plan = fl.RandomResizedCrop(224).plan(ds.heights[idx], ds.widths[idx], 0, 0, idx)
+    files = [open(ds.paths[i], "rb").read() for i in idx]
+    sets = {"original": files, "seekable": [ops.add_restart_markers(f) for f in files]}
+    out = torch.empty(512 << 20, dtype=torch.uint8)
+    for name, bufs in sets.items():
+        for threads in (1, 2, 4, 8, 12, 16, 32):
+            ops.decode_crops(bufs, plan.windows, out, threads=threads)
+            t = time.perf_counter()
+            for _ in range(3):
+                ops.decode_crops(bufs, plan.windows, out, threads=threads)
+            dt = (time.perf_counter() - t) / 3
+            print(f"decode_crops {name:<9} {threads:2d} threads: {n / dt:8.0f} img/s "
+                  f"({dt / n * threads * 1e3:.3f} ms per image per thread)", flush=True)
 
 
 if __name__ == "__main__":

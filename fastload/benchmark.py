@@ -90,11 +90,11 @@ def _check_batches(n, batch_size):
 
 
 def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cpu", size=224, progress=True,
-                  step=None, label="fastload"):
+                  step=None, label="fastload", decoder="cpu"):
     """(images/s, loader.stats()) of FastLoader(RandomResizedCrop(size)) over ``epochs`` timed epochs."""
     _check_batches(len(dataset), batch_size)
     loader = FastLoader(dataset, batch_size=batch_size, crop=RandomResizedCrop(size), device=device,
-                        threads=threads, drop_last=True, channels_last=step is not None)
+                        threads=threads, drop_last=True, channels_last=step is not None, decoder=decoder)
 
     def run(epoch):
         loader.set_epoch(epoch)
@@ -199,7 +199,7 @@ def _device_name(device):
 
 
 def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, workers=None, epochs=2, size=224,
-        model=None, progress=True):
+        model=None, progress=True, decoder="cpu"):
     """Measures everything asked for; returns {"config": {...}, "rows": [row, ...]}.
 
     A row: pipeline (a readable name), kind ("ceiling", "fastload" or "torchvision"), images_per_s, and where
@@ -225,7 +225,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
-        "model": model, "baseline": baseline,
+        "model": model, "baseline": baseline, "decoder": decoder,
         "versions": _versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -238,8 +238,9 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "kind": "ceiling",
                      "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
-                                size=size, progress=progress, step=step)
-    rows.append({"pipeline": f"{fed}fastload FastLoader ({threads} threads)", "kind": "fastload",
+                                size=size, progress=progress, step=step, decoder=decoder)
+    how = "GPU hardware decoder" if decoder == "nvjpeg" else f"{threads} threads"
+    rows.append({"pipeline": f"{fed}fastload FastLoader ({how})", "kind": "fastload",
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":
         tv = torchvision_rate(dataset, batch_size=batch_size, workers=workers, epochs=epochs, device=device,

@@ -263,6 +263,9 @@ def add_bench(sub):
                    help="torchvision DataLoader worker processes (default: one per core; 0: in the main process)")
     p.add_argument("--epochs", type=_positive, default=2, metavar="E",
                    help="timed epochs per pipeline, after one warm-up epoch (default 2)")
+    p.add_argument("--decoder", choices=["cpu", "nvjpeg", "auto"], default="cpu",
+                   help="FastLoader's JPEG decoder: cpu (libjpeg-turbo crop decode, default), nvjpeg (the GPU's "
+                   "hardware decoder; --device cuda), auto (nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
@@ -295,6 +298,9 @@ def cmd_bench(args):
     if args.workers is not None and args.workers < 0:
         _err(f"--workers must be 0 or more, got {args.workers}")
         return EXIT_USAGE
+    if args.decoder == "nvjpeg" and device != "cuda":
+        _err("--decoder nvjpeg decodes on the GPU; use it with --device cuda")
+        return EXIT_USAGE
     needs = [("torchvision", "--baseline torchvision" if args.baseline else "--model")] \
         if args.baseline or args.model else []
     needs += [("matplotlib", "--plot")] if args.plot else []
@@ -317,7 +323,7 @@ def cmd_bench(args):
               f"and end of every epoch weigh on these numbers (more images measure steadier rates)", file=sys.stderr)
     result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
-                           model=args.model, progress=not args.quiet)
+                           model=args.model, progress=not args.quiet, decoder=args.decoder)
     title = "fastload bench: " + benchmark.describe(result)
     table = benchmark.format_table(result["rows"], title)
     if args.json == "-":

@@ -53,6 +53,13 @@ class FastLoader:
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
+        decoder: "cpu" (default): libjpeg-turbo decodes only the crop, DCT-downscaled, on ``threads`` cores: the
+            same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
+            H200) decodes the crop at full resolution and the kernel does all the resizing: several times the
+            throughput of the cores, which stay free for the training loop; pixels close to, not equal to, the
+            CPU decoder's (nvJPEG's IDCT and chroma upsampling). Batches with other JPEG kinds (progressive,
+            CMYK, grayscale, 4:1:1) or any problem take the CPU path. "auto": "nvjpeg" when the device has a
+            hardware decoder, else "cpu".
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -61,10 +68,11 @@ class FastLoader:
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
                  prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True, timeout=None,
-                 strict=True, max_pixels=ops.MAX_PIXELS):
+                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu"):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.device = _resolve_device(device)
+        self.decoder = _resolve_decoder(decoder, self.device)
         self.threads = threads or os.cpu_count() or 1
         if workers is None:
             workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" else 2
@@ -91,7 +99,8 @@ class FastLoader:
                                       drop_last=drop_last, pad=pad)
         self.seed = seed
         self._stats = LoaderStats()
-        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats)
+        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats,
+                                 device=self.device, decoder=self.decoder)
         self._epoch = 0
         self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
         self._batches_done = 0
@@ -180,6 +189,22 @@ def _resolve_device(device):
     elif device.type != "cpu":
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device}")
     return device
+
+
+def _resolve_decoder(decoder, device):
+    if decoder not in ("cpu", "nvjpeg", "auto"):
+        raise ValueError(f"decoder must be 'cpu', 'nvjpeg' or 'auto', got {decoder!r}")
+    if decoder == "cpu" or (decoder == "auto" and device.type != "cuda"):
+        return "cpu"
+    if device.type != "cuda":
+        raise ValueError("decoder='nvjpeg' decodes on the GPU: it needs device='cuda'")
+    from .nvjpeg import available
+    ok, why = available(device)
+    if ok:
+        return "nvjpeg"
+    if decoder == "auto":
+        return "cpu"
+    raise RuntimeError(f"decoder='nvjpeg' cannot be used on {device}: {why}")
 
 
 class _Producers:
@@ -313,7 +338,8 @@ class _EpochIterator:
     def _submit(self, pipe, batch):
         t = time.perf_counter()
         handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
-        batch.slot.copied = handle.copied
+        # A host slot is free once copied; a device one (decoder="nvjpeg") once the kernel has read it.
+        batch.slot.copied = handle.ready if batch.data.is_cuda else handle.copied
         p = self.producers
         p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)
         self.loader._stats.add(stage=time.perf_counter() - t)

@@ -4,8 +4,13 @@ One ``BatchMaker.make(indices, epoch, slot)`` call per batch: the crop plan for 
 bytes of every record inside one reader context (zero-copy for LMDB), one native ``decode_crops`` call on
 ``threads`` native threads straight into the slot's buffer (pinned when the batch goes to a GPU), then Pillow
 for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replacements for broken ones.
+
+With ``decoder="nvjpeg"`` a batch whose samples are all baseline YCbCr JPEGs is decoded by the GPU's hardware
+decoder instead, straight into the slot's device buffer; any other batch, and any batch where something goes
+wrong (a checksum, an unreadable file, an nvJPEG error), takes the CPU path above, which reports what it finds.
 """
 import io
+import threading
 import time
 from dataclasses import dataclass
 
@@ -39,12 +44,19 @@ class Slot:
     def __init__(self, pin):
         self.pin = pin
         self.buffer = torch.empty(0, dtype=torch.uint8)
-        self.copied = None  # CUDA event: the host buffer may be rewritten once the H2D copy it guards is done
+        self.device_buffer = None  # decoder="nvjpeg": the hardware decoder's output
+        self.copied = None  # CUDA event: the buffer may be rewritten once the copy (or kernel) it guards is done
 
     def reserve(self, nbytes):
         if self.buffer.numel() < nbytes:
             self.buffer = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=self.pin)
         return self.buffer
+
+    def reserve_device(self, nbytes, device):
+        if self.device_buffer is None or self.device_buffer.numel() < nbytes:
+            self.device_buffer = None  # free first: the kernel that read it is done (wait_reusable)
+            self.device_buffer = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, device=device)
+        return self.device_buffer
 
     def wait_reusable(self):
         if self.copied is not None:
@@ -74,8 +86,19 @@ def full_resolution(windows, matrices):
     return w, m
 
 
+# read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these samplings.
+_HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2), (1, 2)}
+
+
+def _hardware_decodable(header):
+    return (header["status"] == ops.OK and header["components"] == 3 and header["color_space"] == 3
+            and not header["progressive"] and not header["arithmetic"]
+            and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
+
+
 class BatchMaker:
-    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats):
+    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats, device=None,
+                 decoder="cpu"):
         self.ds = dataset
         self.crop = crop
         self.seed = seed
@@ -88,6 +111,10 @@ class BatchMaker:
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
         self.labels = np.asarray(dataset.labels, dtype=np.int64)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
+        self.device = device
+        self.hardware = decoder == "nvjpeg"
+        self._decodable = np.full(len(self.heights), -1, dtype=np.int8)  # per sample: unknown / no / yes
+        self._local = threading.local()  # per producer thread: its nvJPEG decoder and CUDA stream
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
@@ -100,6 +127,10 @@ class BatchMaker:
         return windows, matrices, other
 
     def make(self, indices, epoch, slot):
+        if self.hardware:
+            batch = self._make_on_gpu(np.asarray(indices, dtype=np.int64), epoch, slot)
+            if batch is not None:
+                return batch
         t0 = time.perf_counter()
         indices = np.asarray(indices, dtype=np.int64)
         windows, matrices, other = self.plan(indices, epoch)
@@ -133,6 +164,47 @@ class BatchMaker:
         t3 = time.perf_counter()
         self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
+
+    def _make_on_gpu(self, indices, epoch, slot):
+        """The batch through the hardware decoder, or None to take the CPU path (see the module docstring)."""
+        from .nvjpeg import HardwareDecoder, NvjpegError
+        t0 = time.perf_counter()
+        if bool((self.formats[indices] != _FORMAT_JPEG).any()) or bool((self._decodable[indices] == 0).any()):
+            return None
+        windows, matrices, _ = self.plan(indices, epoch)
+        windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
+        local = self._local
+        if getattr(local, "decoder", None) is None:
+            local.decoder, local.stream = HardwareDecoder(len(indices)), torch.cuda.Stream(self.device)
+        with self.ds.reader() as reader:
+            unreadable = {}
+            buffers, crcs = self._sources(reader, indices, unreadable)
+            if unreadable:
+                return None
+            buffers = [_read_file(b) if isinstance(b, str) else b for b in buffers]
+            unknown = np.flatnonzero(self._decodable[indices] < 0)
+            for k in unknown.tolist():
+                self._decodable[indices[k]] = _hardware_decodable(ops.C.read_header(buffers[k], self.max_pixels))
+            if bool((self._decodable[indices] == 0).any()):
+                return None
+            if crcs is not None:  # the CPU path checks these natively as it decodes; here, before
+                expected = np.asarray(crcs, dtype=np.int64)
+                got = ops.C.crc32s(buffers, self.threads).numpy()
+                if bool(((expected >= 0) & (got != expected)).any()):
+                    return None
+            t1 = time.perf_counter()
+            with torch.cuda.stream(local.stream):
+                out = slot.reserve_device(int(decoded_nbytes(windows).sum()), self.device)
+                try:
+                    offsets, shapes = local.decoder.decode(buffers, windows, out, local.stream)
+                except NvjpegError:
+                    return None
+                # The bitstreams are host memory that the reader context owns: done with them before it ends.
+                local.stream.synchronize()
+        labels = torch.from_numpy(self.labels[indices])
+        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(indices))
+        nbytes = int((shapes[:, 0] * shapes[:, 1] * 3).sum())
+        return RaggedBatch(out, offsets, shapes, matrices, labels, nbytes, slot)
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):
@@ -220,3 +292,8 @@ class BatchMaker:
                 raise DecodeError(f"{name}: {messages[k]} (and {_MAX_REPLACEMENTS} replacements failed too)",
                                   sample=name, reason=messages[k])
         return buffer, offsets, shapes, matrices, used
+
+
+def _read_file(path):
+    with open(path, "rb") as f:
+        return f.read()

@@ -340,6 +340,19 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   return py::make_tuple(offsets, shapes, status, msgs);
 }
 
+// CRC-32 of every buffer (int64 [B]), on native threads: the checksum check of paths that do not decode here.
+at::Tensor crc32s_py(const py::sequence& buffers, int threads) {
+  BufferViews views(buffers);
+  const int64_t n = static_cast<int64_t>(views.size());
+  at::Tensor out = at::empty({n}, at::kLong);
+  int64_t* o = out.data_ptr<int64_t>();
+  {
+    py::gil_scoped_release nogil;
+    run_parallel(n, threads, [&](int64_t i) { o[i] = static_cast<int64_t>(::crc32_z(0, views[i].data, views[i].size)); });
+  }
+  return out;
+}
+
 // Lossless re-encoding with restart markers: (status, message, bytes or None).
 py::tuple add_restart_markers_py(const py::object& data, bool strict, int64_t max_pixels) {
   BufferViews views(py::make_tuple(data));
@@ -408,6 +421,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,
         py::arg("max_pixels") = 0);
   m.def("restart_layout", &restart_layout_py, py::arg("data"));
+  m.def("crc32s", &crc32s_py, py::arg("buffers"), py::arg("threads") = 1);
   m.def("jpeg_region", &jpeg_region_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1);
 }

@@ -37,6 +37,8 @@ class DevicePipe:
             meta = meta.pin_memory().to(self.device, non_blocking=True)
             mats = matrices.to(torch.float32).contiguous().pin_memory().to(self.device, non_blocking=True)
             pixels = data[:nbytes].to(self.device, non_blocking=True)
+            if data.is_cuda:  # decoded on the GPU on another stream: keep its memory ours until the kernel ran
+                pixels.record_stream(self.stream)
             copied = torch.cuda.Event()
             copied.record(self.stream)
             b = offsets.numel()

@@ -1,0 +1,125 @@
+"""decoder="nvjpeg": the GPU's hardware JPEG decoder behind FastLoader(device="cuda").
+
+Option handling runs everywhere; the decoding tests need a GPU with a hardware decoder (A100, A30, H100, H200)
+and skip elsewhere. nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's, so its pixels are compared by
+PSNR (what the loader's DCT-scaling test accepts too), while everything the loader decides (windows, flips,
+labels, order) must be identical.
+"""
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+from fastload import nvjpeg, ops
+from fastload.datasets import LMDBDataset, pack
+from fastload.loader import _resolve_decoder
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def test_decoder_option_is_checked(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    with pytest.raises(ValueError, match="decoder must be"):
+        fl.FastLoader(ds, decoder="turbo")
+    with pytest.raises(ValueError, match="needs device='cuda'"):
+        fl.FastLoader(ds, decoder="nvjpeg")
+    assert fl.FastLoader(ds, decoder="auto").decoder == "cpu"  # no GPU: the CPU decoder, no error
+
+
+def test_missing_library_says_where_it_looked(monkeypatch):
+    monkeypatch.setattr(nvjpeg, "_lib", None)
+    monkeypatch.setattr(nvjpeg, "_lib_error", None)
+    monkeypatch.setenv("FASTLOAD_NVJPEG_LIB", "/nonexistent/libnvjpeg.so.13")
+    with pytest.raises(nvjpeg.NvjpegError, match="/nonexistent/libnvjpeg.so.13"):
+        nvjpeg.library()
+
+
+def _has_hardware():
+    return torch.cuda.is_available() and nvjpeg.available()[0]
+
+
+hardware = pytest.mark.skipif(not _has_hardware(), reason="needs a GPU with a hardware JPEG decoder")
+
+
+def psnr(a, b, peak=255.0):
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(peak ** 2 / mse)
+
+
+@hardware
+def test_hardware_decode_is_close_to_libjpeg(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    idx = np.arange(len(ds))
+    plan = fl.RandomResizedCrop(96, dct_downscale=False).plan(ds.heights, ds.widths, 0, 0, idx)
+    files = [open(p, "rb").read() for p in ds.paths]
+    decoder = nvjpeg.HardwareDecoder(len(files))
+    stream = torch.cuda.Stream()
+    out = torch.full((int((plan.windows[:, 2] * plan.windows[:, 3] * 3).sum()),), 7, dtype=torch.uint8, device="cuda")
+    offsets, shapes = decoder.decode(files, plan.windows, out, stream)
+    stream.synchronize()
+    values = []
+    for i, (top, left, h, w, _) in enumerate(plan.windows.tolist()):
+        got = out[int(offsets[i]):int(offsets[i]) + h * w * 3].view(h, w, 3).cpu()
+        values.append(psnr(got, ops.decode_crop(files[i], top, left, h, w)))
+    assert np.median(values) >= 35 and min(values) >= 30, sorted(values)[:5]
+    decoder.close()
+
+
+@hardware
+def test_fastload_nvjpeg_batches_match_the_cpu_decoder(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    common = dict(batch_size=8, seed=3, crop=fl.RandomResizedCrop(64, dct_downscale=False), threads=2,
+                  device="cuda", mean=None, std=None)
+    cpu = fl.FastLoader(ds, decoder="cpu", **common)
+    gpu = fl.FastLoader(ds, decoder="nvjpeg", **common)
+    batches = list(zip(cpu, gpu))
+    assert len(batches) == len(cpu)
+    for (xc, yc), (xg, yg) in batches:
+        assert torch.equal(yc, yg)
+        assert not torch.isnan(xg).any()
+        assert psnr(xg, xc, peak=1.0) >= 35
+    assert gpu.stats()["gpu_decoded"] == len(ds)
+
+
+@hardware
+def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_path):
+    # A progressive file is not for the hardware: its batch is decoded on the CPU, nothing fails.
+    root = tmp_path / "mixed"
+    (root / "a").mkdir(parents=True)
+    for i, f in enumerate(sorted(imagenet_dir.rglob("*.jpg"))[:7]):
+        (root / "a" / f"{i}.jpg").write_bytes(f.read_bytes())
+    from PIL import Image
+    with Image.open(sorted(imagenet_dir.rglob("*.jpg"))[8]) as im:
+        im.save(root / "a" / "p.jpg", quality=90, progressive=True)
+    loader = fl.FastLoader(fl.FolderDataset(root), batch_size=8, device="cuda", decoder="nvjpeg",
+                           crop=fl.RandomResizedCrop(32))
+    assert sum(len(y) for _, y in loader) == 8 and loader.stats()["gpu_decoded"] == 0
+    # A record whose bytes changed after packing: the CPU path finds the checksum and names the record.
+    store = tmp_path / "s.lmdb"
+    pack(imagenet_dir, store, progress=False, log=lambda m: None)
+    import lmdb
+    from fastload.datasets.record import record_key
+    env = lmdb.open(str(store), lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(record_key(5)))
+        value[len(value) // 2] ^= 0x55
+        txn.put(record_key(5), bytes(value))
+    env.close()
+    loader = fl.FastLoader(LMDBDataset(store), batch_size=8, shuffle=False, device="cuda", decoder="nvjpeg",
+                           crop=fl.RandomResizedCrop(32))
+    with pytest.raises(fl.DecodeError, match=r"\[5\].*checksum"):
+        for _ in loader:
+            pass
+
+
+@hardware
+def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=8, crop=fl.RandomResizedCrop(96),
+                           device="cuda", decoder="nvjpeg")
+    reserved = []
+    for epoch in range(12):
+        for x, y in loader:
+            x.sum().item()
+        reserved.append(torch.cuda.memory_reserved())
+    assert reserved[-1] == reserved[3], reserved
+    assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
