@@ -55,7 +55,9 @@ class Slot:
     def reserve_device(self, nbytes, device):
         if self.device_buffer is None or self.device_buffer.numel() < nbytes:
             self.device_buffer = None  # free first: the kernel that read it is done (wait_reusable)
-            self.device_buffer = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, device=device)
+            # Powers of two: the few sizes the caching allocator then sees are reused epoch after epoch.
+            self.device_buffer = torch.empty(1 << max(20, (int(nbytes) - 1).bit_length()), dtype=torch.uint8,
+                                             device=device)
         return self.device_buffer
 
     def wait_reusable(self):
@@ -114,7 +116,10 @@ class BatchMaker:
         self.device = device
         self.hardware = decoder == "nvjpeg"
         self._decodable = np.full(len(self.heights), -1, dtype=np.int8)  # per sample: unknown / no / yes
-        self._local = threading.local()  # per producer thread: its nvJPEG decoder and CUDA stream
+        # (nvJPEG decoder, CUDA stream) pairs, one per concurrent producer, kept for the loader's life: producer
+        # threads are new every epoch, and a new stream per epoch would strand the allocator's cached blocks.
+        self._hardware_pool = []
+        self._pool_lock = threading.Lock()
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
@@ -167,15 +172,32 @@ class BatchMaker:
 
     def _make_on_gpu(self, indices, epoch, slot):
         """The batch through the hardware decoder, or None to take the CPU path (see the module docstring)."""
-        from .nvjpeg import HardwareDecoder, NvjpegError
+        from .nvjpeg import HardwareDecoder
         t0 = time.perf_counter()
         if bool((self.formats[indices] != _FORMAT_JPEG).any()) or bool((self._decodable[indices] == 0).any()):
             return None
         windows, matrices, _ = self.plan(indices, epoch)
         windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
-        local = self._local
-        if getattr(local, "decoder", None) is None:
-            local.decoder, local.stream = HardwareDecoder(len(indices)), torch.cuda.Stream(self.device)
+        with self._pool_lock:
+            pair = self._hardware_pool.pop() if self._hardware_pool else None
+        if pair is None:
+            pair = HardwareDecoder(len(indices)), torch.cuda.Stream(self.device)
+        try:
+            decoded = self._decode_on_gpu(pair, indices, windows, slot)
+        finally:
+            with self._pool_lock:
+                self._hardware_pool.append(pair)
+        if decoded is None:
+            return None
+        t1, offsets, shapes, out = decoded
+        labels = torch.from_numpy(self.labels[indices])
+        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(indices))
+        nbytes = int((shapes[:, 0] * shapes[:, 1] * 3).sum())
+        return RaggedBatch(out, offsets, shapes, matrices, labels, nbytes, slot)
+
+    def _decode_on_gpu(self, pair, indices, windows, slot):
+        from .nvjpeg import NvjpegError
+        decoder, stream = pair
         with self.ds.reader() as reader:
             unreadable = {}
             buffers, crcs = self._sources(reader, indices, unreadable)
@@ -193,18 +215,15 @@ class BatchMaker:
                 if bool(((expected >= 0) & (got != expected)).any()):
                     return None
             t1 = time.perf_counter()
-            with torch.cuda.stream(local.stream):
+            with torch.cuda.stream(stream):
                 out = slot.reserve_device(int(decoded_nbytes(windows).sum()), self.device)
                 try:
-                    offsets, shapes = local.decoder.decode(buffers, windows, out, local.stream)
+                    offsets, shapes = decoder.decode(buffers, windows, out, stream)
                 except NvjpegError:
                     return None
                 # The bitstreams are host memory that the reader context owns: done with them before it ends.
-                local.stream.synchronize()
-        labels = torch.from_numpy(self.labels[indices])
-        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(indices))
-        nbytes = int((shapes[:, 0] * shapes[:, 1] * 3).sum())
-        return RaggedBatch(out, offsets, shapes, matrices, labels, nbytes, slot)
+                stream.synchronize()
+        return t1, offsets, shapes, out
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):
