@@ -20,10 +20,13 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--kernel-only", action="store_true")
     p.add_argument("--decode-scaling", action="store_true", help="only: crop decoding vs thread count, CPU only")
+    p.add_argument("--nvjpeg-workers", metavar="STORE", help="only: FastLoader(decoder='nvjpeg') on STORE vs workers")
     a = p.parse_args()
     ds = fl.FolderDataset(a.data)
     if a.decode_scaling:
         return decode_scaling(ds)
+    if a.nvjpeg_workers:
+        return nvjpeg_workers(fl.LMDBDataset(a.nvjpeg_workers))
     data, offsets, shapes, mats = realistic_batch(ds)
     dev = [t.cuda() for t in (data, offsets, shapes, mats)]
     print(f"batch bytes in {data.numel() / 1e6:.1f} MB, mean crop {shapes[:, 0].float().mean():.0f}x"
@@ -86,6 +89,27 @@ def main():
         s = loader.stats()
         print(f"FastLoader workers={workers}: {rate:8.0f} img/s | slot grows {grows[0]} ({grows[1]:.3f} s) | "
               f"read {s['read_s']:.2f} decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f}")
+
+
+def nvjpeg_workers(ds):
+    """Where decoder="nvjpeg" spends its time, against the number of producer threads."""
+    for workers in (1, 2, 3, 4):
+        loader = fl.FastLoader(ds, batch_size=256, device="cuda", channels_last=True, drop_last=True,
+                               workers=workers, decoder="nvjpeg")
+        for x, y in loader:
+            pass
+        torch.cuda.synchronize()
+        loader._stats = type(loader._stats)()
+        loader._maker.stats = loader._stats
+        t, n = time.perf_counter(), 0
+        for _ in range(3):
+            for x, y in loader:
+                n += len(y)
+        torch.cuda.synchronize()
+        s = loader.stats()
+        print(f"nvjpeg workers={workers:2d}: {n / (time.perf_counter() - t):8.0f} img/s | read {s['read_s']:.2f} "
+              f"decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f} s "
+              f"(gpu_decoded {s['gpu_decoded']} of {s['images']})", flush=True)
 
 
 def decode_scaling(ds, n=1024):

@@ -74,8 +74,8 @@ class FastLoader:
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
         self.threads = threads or os.cpu_count() or 1
-        if workers is None:
-            workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" else 2
+        if workers is None:  # nvjpeg: one producer reads while another has the hardware decoder
+            workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" and decoder == "cpu" else 2
         if batch_size < 1 or prefetch < 1 or workers < 1:
             raise ValueError("batch_size, prefetch and workers must be at least 1")
         if len(dataset) == 0:
