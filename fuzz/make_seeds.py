@@ -1,5 +1,6 @@
 """Seed corpus for fuzz/fuzz_decode.cpp: every JPEG kind of bench/corpus.py (make_kinds), each under 64 KB, with
-the harness's control bytes in front (several windows, scales and modes per file), plus a few broken files.
+the harness's control bytes in front (several windows, scales and modes per file), plus a few broken files and
+files re-encoded with restart markers (the region slicer's input).
 
     python fuzz/make_seeds.py OUT_DIR
 
@@ -65,6 +66,11 @@ def main(out):
     files = {}
     for kind, path in kinds.items():
         files[kind] = shrink(kind, Path(path).read_bytes())
+    # Restart markers every few MCUs (`fastload pack --seekable`): window decodes then go through the region
+    # slicer (jpeg_regions.cpp), and the differential mode checks them against a plain decode of the whole image.
+    from fastload import ops
+    for kind in ("420", "422", "444", "gray", "progressive"):
+        files[f"seekable_{kind}"] = ops.add_restart_markers(files[kind])
     base = files["420"]
     sos = base.index(b"\xff\xda")
     files["broken_truncated"] = base[: len(base) // 2]

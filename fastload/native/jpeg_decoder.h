@@ -64,6 +64,7 @@ int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits&
 
 // Decodes the window at 1/downscale into out (RGB, HWC, rows of scaled_extent's width). out_capacity must
 // be at least 3 * h * w of scaled_extent; otherwise kNoRoom. On error out may hold a partial image.
+// Files with usable restart markers are first cut down to the window's region (jpeg_regions.h): same pixels.
 int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
                   const Limits& limits, char* message, size_t message_size);
 
