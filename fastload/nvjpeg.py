@@ -95,37 +95,24 @@ class HardwareDecoder:
 
     def __init__(self, max_batch):
         self._lib = library()
-        self._handle = ctypes.c_void_p()
+        self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
+        self._params = []
+        self._batch = 0
         _check(self._lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0, ctypes.byref(self._handle)),
                "the hardware decoder is not available (nvjpegCreateEx)")
-        # Two decode states, used in turn: a batch can be submitted while the previous one is still decoding.
-        self._states = []
-        for _ in range(2):
-            state = ctypes.c_void_p()
-            _check(self._lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
-            self._states.append([state, 0, None])  # state, batch size it is initialised for, its last batch's event
-        self._turn = 0
-        self._param_sets = []  # free lists of per-image decode params (ROI), one list per batch being prepared
-        self._lock = threading.Lock()
-        self._all_params = []
-        self._release(self._new_params(max_batch))
+        _check(self._lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(self._state)), "nvjpegJpegStateCreate")
+        self._grow(max_batch)
 
-    def _new_params(self, n):
-        params = []
-        for _ in range(n):
+    def _grow(self, n):
+        while len(self._params) < n:
             p = ctypes.c_void_p()
             _check(self._lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)), "nvjpegDecodeParamsCreate")
-            params.append(p)
-        self._all_params += params
-        return params
+            self._params.append(p)
 
-    def _release(self, params):
-        with self._lock:
-            self._param_sets.append(params)
-
-    def prepare(self, buffers, windows, out):
-        """Everything before the hardware for windows [B, 5] (top, left, height, width, 1) of the JPEGs in
-        ``buffers`` (bytes-like, host) into the uint8 CUDA tensor ``out``: a job for ``submit``. Thread-safe."""
+    def decode(self, buffers, windows, out, stream):
+        """Decodes windows [B, 5] (top, left, height, width, 1) of the JPEGs in ``buffers`` (bytes-like, host)
+        into the uint8 CUDA tensor ``out`` on ``stream`` (a torch.cuda.Stream). Asynchronous: the pixels are
+        there once the stream gets past this point. Returns (offsets, shapes) as ops.decode_crops would."""
         n = len(buffers)
         win = windows.numpy() if isinstance(windows, torch.Tensor) else np.asarray(windows)
         h, w = win[:, 2].astype(np.int64), win[:, 3].astype(np.int64)
@@ -135,74 +122,37 @@ class HardwareDecoder:
         if int(sizes.sum()) > out.numel():
             raise ValueError(f"out holds {out.numel()} bytes, the batch needs {int(sizes.sum())}")
         views = [np.frombuffer(b, dtype=np.uint8) for b in buffers]  # read-only views are fine: no copy
-        with self._lock:
-            params = self._param_sets.pop() if self._param_sets else []
-        if len(params) < n:
-            params = params + self._new_params(n - len(params))
+        data = (ctypes.c_void_p * n)(*[v.ctypes.data for v in views])
+        lengths = (ctypes.c_size_t * n)(*[v.size for v in views])
         images = (_Image * n)()
         base = out.data_ptr()
+        self._grow(n)
+        params = (ctypes.c_void_p * n)(*[p.value for p in self._params[:n]])
         for i in range(n):
             images[i].channel[0] = base + int(offsets[i])
             images[i].pitch[0] = int(w[i]) * 3
-            _check(self._lib.nvjpegDecodeParamsSetOutputFormat(params[i], _OUTPUT_RGBI), "output format")
-            _check(self._lib.nvjpegDecodeParamsSetROI(params[i], int(win[i, 1]), int(win[i, 0]), int(w[i]),
+            _check(self._lib.nvjpegDecodeParamsSetOutputFormat(self._params[i], _OUTPUT_RGBI), "output format")
+            _check(self._lib.nvjpegDecodeParamsSetROI(self._params[i], int(win[i, 1]), int(win[i, 0]), int(w[i]),
                                                       int(h[i])), "nvjpegDecodeParamsSetROI")
-        return {"n": n, "views": views, "params": params, "images": images,
-                "data": (ctypes.c_void_p * n)(*[v.ctypes.data for v in views]),
-                "lengths": (ctypes.c_size_t * n)(*[v.size for v in views]),
-                "param_array": (ctypes.c_void_p * n)(*[p.value for p in params[:n]]),
-                "offsets": torch.from_numpy(offsets),
-                "shapes": torch.from_numpy(np.stack([h, w, np.full(n, 3)], axis=1))}
-
-    def submit(self, job, stream):
-        """Queues a prepared job on ``stream``; returns the CUDA event after which its pixels are there and its
-        bitstreams are no longer read. Not thread-safe: callers take turns."""
-        entry = self._states[self._turn]
-        self._turn ^= 1
-        state, batch, previous = entry
-        if previous is not None:
-            previous.synchronize()  # this state's last batch is done with it
-        if job["n"] != batch:  # a batched state is sized for one batch size
-            _check(self._lib.nvjpegDecodeBatchedInitialize(self._handle, state, job["n"], 1, _OUTPUT_RGBI),
+        if n != self._batch:  # nvJPEG's batched state is sized for one batch size
+            _check(self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGBI),
                    "nvjpegDecodeBatchedInitialize")
-            entry[1] = job["n"]
-        status = self._lib.nvjpegDecodeBatchedEx(self._handle, state, job["data"], job["lengths"], job["images"],
-                                                 job["param_array"], ctypes.c_void_p(stream.cuda_stream))
+            self._batch = n
+        status = self._lib.nvjpegDecodeBatchedEx(self._handle, self._state, data, lengths, images, params,
+                                                 ctypes.c_void_p(stream.cuda_stream))
         if status != 0:
-            entry[1] = 0  # "if the batch decoding fails, call nvjpegDecodeBatchedInitialize() again"
+            self._batch = 0  # "if the batch decoding fails, call nvjpegDecodeBatchedInitialize() again"
             _check(status, "nvjpegDecodeBatchedEx")
-        done = torch.cuda.Event()
-        done.record(stream)
-        entry[2] = done
-        return done
-
-    def finish(self, job, event):
-        """Waits for a submitted job and returns (offsets, shapes) as ops.decode_crops would."""
-        event.synchronize()
-        self._release(job["params"])
-        return job["offsets"], job["shapes"]
-
-    def decode(self, buffers, windows, out, stream):
-        """prepare + submit + finish: the pixels are in ``out`` when it returns."""
-        job = self.prepare(buffers, windows, out)
-        try:
-            event = self.submit(job, stream)
-        except NvjpegError:
-            self._release(job["params"])
-            raise
-        return self.finish(job, event)
+        del views
+        shapes = np.stack([h, w, np.full(n, 3)], axis=1)
+        return torch.from_numpy(offsets), torch.from_numpy(shapes)
 
     def close(self):
         if self._handle:
-            for entry in self._states:
-                if entry[2] is not None:
-                    entry[2].synchronize()
-            for p in self._all_params:
+            for p in self._params:
                 self._lib.nvjpegDecodeParamsDestroy(p)
-            self._all_params, self._param_sets = [], []
-            for entry in self._states:
-                self._lib.nvjpegJpegStateDestroy(entry[0])
-            self._states = []
+            self._params = []
+            self._lib.nvjpegJpegStateDestroy(self._state)
             self._lib.nvjpegDestroy(self._handle)
             self._handle = ctypes.c_void_p()
 

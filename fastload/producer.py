@@ -116,9 +116,9 @@ class BatchMaker:
         self.device = device
         self.hardware = decoder == "nvjpeg"
         self._decodable = np.full(len(self.heights), -1, dtype=np.int8)  # per sample: unknown / no / yes
-        # One (nvJPEG decoder, CUDA stream) for the loader's life: producers prepare batches in parallel and take
-        # turns to submit them. More handles decode slower in total (H200: 18.6k img/s with one, 14.5k with
-        # four), and producer threads are new every epoch, where a new stream would strand cached blocks.
+        # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time while the
+        # others read: more handles decode slower in total (H200: 18.6k img/s with one, 14.5k with four), and
+        # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
         self._hardware = None
         self._hardware_lock = threading.Lock()
 
@@ -206,24 +206,18 @@ class BatchMaker:
                 if bool(((expected >= 0) & (got != expected)).any()):
                     return None
             t1 = time.perf_counter()
-            with self._hardware_lock:
+            with self._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
                 if self._hardware is None:
                     self._hardware = HardwareDecoder(len(indices)), torch.cuda.Stream(self.device)
-            decoder, stream = self._hardware
-            with torch.cuda.stream(stream):
-                out = slot.reserve_device(int(decoded_nbytes(windows).sum()), self.device)
-            try:
-                job = decoder.prepare(buffers, windows, out)  # in parallel with other producers
-            except NvjpegError:
-                return None
-            try:
-                with self._hardware_lock:  # one submit at a time: the engines are shared, and it is the fastest
-                    event = decoder.submit(job, stream)
-            except NvjpegError:
-                decoder.finish(job, torch.cuda.Event())  # nothing queued: just gives its params back
-                return None
-            # The bitstreams are host memory the reader context owns: the decode is done with them before it ends.
-            offsets, shapes = decoder.finish(job, event)
+                decoder, stream = self._hardware
+                with torch.cuda.stream(stream):
+                    out = slot.reserve_device(int(decoded_nbytes(windows).sum()), self.device)
+                    try:
+                        offsets, shapes = decoder.decode(buffers, windows, out, stream)
+                    except NvjpegError:
+                        return None
+                    # The bitstreams are host memory the reader context owns: done with them before it ends.
+                    stream.synchronize()
         return t1, offsets, shapes, out
 
     @staticmethod
