@@ -116,7 +116,7 @@ asan-build: system $(VENV)/.deps
 	FASTLOAD_SANITIZE=1 FASTLOAD_NO_CUDA=1 nice -n 10 $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR) \
 	  --build-temp $(ASAN_DIR)-tmp
 
-ASAN_TESTS ?= tests/test_decode.py tests/test_warp.py tests/test_fuzz_regressions.py tests/test_faults.py
+ASAN_TESTS ?= tests/test_decode.py tests/test_seekable.py tests/test_warp.py tests/test_fuzz_regressions.py tests/test_faults.py
 asan-test: asan-build leak-check
 	@$(ASAN_ENV) PYTHONPATH=fuzz/asan_site $(PY) -c "import fastload.native as n; print('fastload._C under test:', n.C.__file__)"
 	$(ASAN_ENV) PYTHONPATH=fuzz/asan_site $(PY) -m pytest -q -p no:cacheprovider $(ASAN_TESTS) \

@@ -225,3 +225,34 @@ def test_resume_must_keep_the_seekable_choice(imagenet_dir, tmp_path, capsys):
     pack(imagenet_dir, dst, seekable=True, progress=False, log=lambda m: None)
     with pytest.raises(DatasetError, match="seekable: True then, False now"):
         pack(imagenet_dir, dst, resume=True, progress=False, log=lambda m: None)
+
+
+def test_failing_reencodes_do_not_grow_memory(photos):
+    """Re-encodes that fail (a truncated scan; junk after the scan) free what they allocated: resident memory
+    stays where it was. Both fail in jpeg_read_coefficients, which reads to EOI before the encoder starts."""
+    import resource
+    from PIL import Image as PILImage
+    buf = io.BytesIO()
+    with PILImage.open(io.BytesIO(photos[0])) as im:
+        im.resize((128, 96)).save(buf, "JPEG", quality=90)
+    good = buf.getvalue()
+    cut = good[:-300]  # "Premature end of JPEG file"
+    junk = good[:-2] + bytes(range(40)) * 4 + good[-2:]  # "160 extraneous bytes before marker 0xd9"
+
+    def fail(n):
+        for _ in range(n // 2):
+            with pytest.raises(DecodeError):
+                ops.add_restart_markers(cut)
+            with pytest.raises(DecodeError, match="extraneous"):
+                ops.add_restart_markers(junk)
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+
+    fail(500)  # warm-up: allocator pools, pytest.raises internals
+    before = rss()
+    fail(5_000)
+    grown = rss() - before
+    # A leaked decompressor or output buffer (several KiB each) would cost >= 20 MiB over 5,000 calls.
+    assert grown < 1 << 20, f"resident memory grew by {grown / 1024:.0f} KiB over 5,000 failing re-encodes"
