@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["source_photos", "make_imagenet_like", "make_hd", "make_kinds", "KINDS"]
+__all__ = ["source_photos", "make_imagenet_like", "make_hd", "make_kinds", "seekable_store", "KINDS"]
 
 VERSION = 1  # bump whenever the generator would write different bytes: cached folders then rebuild
 MANIFEST = "manifest.json"
@@ -274,6 +274,16 @@ def make_kinds(root):
     """One JPEG per decoder path (see ``KINDS``), from real photos at odd sizes. Returns {kind: path}."""
     root = _build(root, "kinds", {}, lambda: ((f"{k}.jpg", data) for k, data in _kind_bytes()))
     return {k: root / f"{k}.jpg" for k in KINDS}
+
+
+def seekable_store(root):
+    """The store `fastload pack --seekable` makes of the folder ``root``, beside it (ROOT.seekable.lmdb), packed
+    the first time it is asked for (an interrupted pack resumes)."""
+    from fastload.datasets.pack import pack
+    store = os.fspath(root).rstrip(os.sep) + ".seekable.lmdb"
+    if not os.path.exists(store):
+        pack(root, store, seekable=True, progress=False, resume=True)
+    return store
 
 
 def main(argv=None):

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 import fastload as fl
 import fastload.ops as ops
+from bench import corpus
+from fastload import nvjpeg
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -167,15 +169,11 @@ def main(argv=None):
     copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
     fast, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads)
     print(f"fastload stats: {json.dumps({k: round(v, 3) for k, v in stats.items()})}", flush=True)
-    store = args.data.rstrip(os.sep) + ".seekable.lmdb"
-    if not os.path.exists(store):
-        from fastload.datasets.pack import pack
-        pack(args.data, store, seekable=True, progress=False, resume=True)
+    store = corpus.seekable_store(args.data)
     fast_store, stats_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size, args.threads)
     print(f"fastload stats (pack --seekable): {json.dumps({k: round(v, 3) for k, v in stats_store.items()})}",
           flush=True)
-    from fastload import nvjpeg as nvj
-    hardware, why = nvj.available()
+    hardware, why = nvjpeg.available()
     fast_hw = fast_hw_store = None
     if hardware:
         fast_hw, stats_hw = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="nvjpeg")

@@ -13,7 +13,6 @@ import os
 from bench import corpus
 from fastload import benchmark
 from fastload.datasets import FolderDataset, LMDBDataset
-from fastload.datasets.pack import pack
 
 
 def main(argv=None):
@@ -30,11 +29,8 @@ def main(argv=None):
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)
-        store = os.fspath(root).rstrip(os.sep) + ".seekable.lmdb"
-        if not os.path.exists(store):
-            pack(root, store, seekable=True, progress=False, resume=True)
         rows = []
-        for what, dataset in (("folder", ds), ("pack --seekable", LMDBDataset(store))):
+        for what, dataset in (("folder", ds), ("pack --seekable", LMDBDataset(corpus.seekable_store(root)))):
             rate, stats = benchmark.fastload_rate(dataset, batch_size=args.batch_size, threads=args.cores,
                                                   epochs=args.epochs)
             rows.append({"pipeline": f"fastload FastLoader (cpu, {args.cores} threads, {what})",

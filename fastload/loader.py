@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import ops
+from . import nvjpeg, ops
 from .producer import BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
@@ -198,8 +198,7 @@ def _resolve_decoder(decoder, device):
         return "cpu"
     if device.type != "cuda":
         raise ValueError("decoder='nvjpeg' decodes on the GPU: it needs device='cuda'")
-    from .nvjpeg import available
-    ok, why = available(device)
+    ok, why = nvjpeg.available(device)
     if ok:
         return "nvjpeg"
     if decoder == "auto":

@@ -29,7 +29,7 @@ class _Image(ctypes.Structure):  # nvjpegImage_t
 
 
 class NvjpegError(RuntimeError):
-    pass
+    """libnvjpeg is missing, or it refused: no hardware decoder, an unsupported or broken file, a failed call."""
 
 
 _lib = None

@@ -20,6 +20,7 @@ from PIL import Image
 
 from . import ops
 from .errors import DecodeError
+from .nvjpeg import HardwareDecoder, NvjpegError
 from .rng import uniforms
 
 _FORMAT_JPEG = 0
@@ -188,7 +189,6 @@ class BatchMaker:
         return RaggedBatch(out, offsets, shapes, matrices, labels, nbytes, slot)
 
     def _decode_on_gpu(self, indices, windows, slot):
-        from .nvjpeg import HardwareDecoder, NvjpegError
         with self.ds.reader() as reader:
             unreadable = {}
             buffers, crcs = self._sources(reader, indices, unreadable)

@@ -6,8 +6,11 @@ import os
 import shutil
 from pathlib import Path
 
+import lmdb
 import numpy as np
 from PIL import Image
+
+from fastload.datasets.record import record_key
 
 
 def photo_tree(src, dst, *, png=True):
@@ -54,3 +57,18 @@ def add_broken(root, good_jpeg, class_name="class_02"):
     os.symlink(d / "no-such-file.jpg", d / "dangling.jpg")
     os.mkfifo(d / "fifo.jpg")
     return {f"{class_name}/{name}": reason for name, reason in BROKEN.items()}
+
+
+def rewrite_record(path, i, change):
+    """Changes record i of the store at ``path`` in place: ``change(value)`` edits its bytearray."""
+    env = lmdb.open(str(path), lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(record_key(i)))
+        change(value)
+        txn.put(record_key(i), bytes(value))
+    env.close()
+
+
+def flip_middle_byte(value):
+    """A ``rewrite_record`` change: one byte in the middle of the record, so its CRC-32 no longer matches."""
+    value[len(value) // 2] ^= 0x55

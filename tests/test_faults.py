@@ -27,8 +27,8 @@ from fastload import ops
 from fastload.cli import main
 from fastload.datasets import DatasetError, pack
 from fastload.datasets.lmdb import shared_env
-from fastload.datasets.record import HEADER, HEADER_SIZE, META_KEY, dumps, key_index, loads, record_key
-from pack_corpus import photo_tree
+from fastload.datasets.record import HEADER, HEADER_SIZE, META_KEY, dumps, key_index, loads
+from pack_corpus import photo_tree, rewrite_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CROP = dict(batch_size=16, crop=fl.CenterCrop(64, resize=72), shuffle=False, threads=2, workers=1)
@@ -55,15 +55,6 @@ def copy_store(store, tmp_path, name="copy.lmdb"):
     dst = tmp_path / name
     shutil.copytree(store, dst)
     return dst
-
-
-def rewrite_record(path, i, change):
-    env = lmdb.open(str(path), lock=False)
-    with env.begin(write=True) as txn:
-        value = bytearray(txn.get(record_key(i)))
-        change(value)
-        txn.put(record_key(i), bytes(value))
-    env.close()
 
 
 def run_epoch(ds, **kw):

@@ -13,6 +13,7 @@ import fastload as fl
 from fastload import nvjpeg, ops
 from fastload.datasets import LMDBDataset, pack
 from fastload.loader import _resolve_decoder
+from pack_corpus import flip_middle_byte, rewrite_record
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -97,14 +98,7 @@ def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_pat
     # A record whose bytes changed after packing: the CPU path finds the checksum and names the record.
     store = tmp_path / "s.lmdb"
     pack(imagenet_dir, store, progress=False, log=lambda m: None)
-    import lmdb
-    from fastload.datasets.record import record_key
-    env = lmdb.open(str(store), lock=False)
-    with env.begin(write=True) as txn:
-        value = bytearray(txn.get(record_key(5)))
-        value[len(value) // 2] ^= 0x55
-        txn.put(record_key(5), bytes(value))
-    env.close()
+    rewrite_record(store, 5, flip_middle_byte)
     loader = fl.FastLoader(LMDBDataset(store), batch_size=8, shuffle=False, device="cuda", decoder="nvjpeg",
                            crop=fl.RandomResizedCrop(32))
     with pytest.raises(fl.DecodeError, match=r"\[5\].*checksum"):

@@ -16,9 +16,8 @@ from PIL import Image
 from fastload.cli import main
 from fastload.datasets import DataError, FolderDataset, LMDBDataset, pack
 from fastload.datasets.lmdb import shared_env
-from fastload.datasets.record import (META_KEY, PLAN_KEY, PROGRESS_KEY, SKIP_PREFIX, key_index, loads,
-                                      record_key)
-from pack_corpus import add_broken, jpeg_files, photo_tree
+from fastload.datasets.record import META_KEY, PLAN_KEY, PROGRESS_KEY, SKIP_PREFIX, key_index, loads
+from pack_corpus import add_broken, flip_middle_byte, jpeg_files, photo_tree, rewrite_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,12 +236,7 @@ def test_reencode_max_side_and_convert(pack_tree, tmp_path):
 def test_verify_finds_a_damaged_record(pack_tree, tmp_path, capsys):
     dst = tmp_path / "d.lmdb"
     pack(pack_tree, dst, **quiet())
-    env = lmdb.open(str(dst), lock=False)
-    with env.begin(write=True) as txn:
-        value = bytearray(txn.get(record_key(5)))
-        value[len(value) // 2] ^= 0x55
-        txn.put(record_key(5), bytes(value))
-    env.close()
+    rewrite_record(dst, 5, flip_middle_byte)
     assert main(["verify", str(dst), "-q"]) == 1
     out = capsys.readouterr().out
     assert f"FAILED {dst}[5]: checksum mismatch" in out and "1 failed" in out
