@@ -47,19 +47,22 @@ class FastLoader:
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
         threads: native decode threads per batch (default: the CPU cores; they run at nice +5 so the
             training loop's own thread keeps a core when all are busy); workers: producer threads, each
-            with a batch in flight (default 2; on CUDA up to 4 with many cores, so Python work overlaps decoding).
+            with a batch in flight (default 2; on CUDA up to 4 with many cores, so Python work overlaps decoding; 3 with
+            decoder="nvjpeg").
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
         decoder: "cpu" (default): libjpeg-turbo decodes only the crop, DCT-downscaled, on ``threads`` cores: the
-            same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
-            H200) decodes the crop at full resolution and the kernel does all the resizing: several times the
-            throughput of the cores, which stay free for the training loop; pixels close to, not equal to, the
-            CPU decoder's (nvJPEG's IDCT and chroma upsampling). Batches with other JPEG kinds (progressive,
-            CMYK, grayscale, 4:1:1) or any problem take the CPU path. "auto": "nvjpeg" when the device has a
-            hardware decoder, else "cpu".
+            same pixels on every device. "nvjpeg" (CUDA): each batch is split between the GPU's hardware JPEG
+            decoder (A100, A30, H100, H200), which decodes its crops at full resolution (the kernel does all the
+            resizing), and the cores, in the proportion of their measured speeds: more images per second than
+            either alone, and inside a training loop that keeps the cores busy the engines take more. The
+            engines' pixels are close to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling),
+            and which samples they get varies with timing: use "cpu" for bit-reproducible batches. Other JPEG
+            kinds (progressive, CMYK, grayscale, 4:1:1) go to the cores; a batch with a problem on the hardware
+            side is decoded whole by the cores. "auto": "nvjpeg" when the device has a hardware decoder, else "cpu".
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -74,8 +77,11 @@ class FastLoader:
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
         self.threads = threads or os.cpu_count() or 1
-        if workers is None:  # nvjpeg: one producer reads while another has the hardware decoder
-            workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" and decoder == "cpu" else 2
+        if workers is None:  # nvjpeg: one producer's share on the engines, one's on the cores, one reading
+            if self.decoder == "nvjpeg":
+                workers = 3
+            else:
+                workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" else 2
         if batch_size < 1 or prefetch < 1 or workers < 1:
             raise ValueError("batch_size, prefetch and workers must be at least 1")
         if len(dataset) == 0:

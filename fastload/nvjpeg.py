@@ -108,6 +108,7 @@ class HardwareDecoder:
             p = ctypes.c_void_p()
             _check(self._lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)), "nvjpegDecodeParamsCreate")
             self._params.append(p)
+            _check(self._lib.nvjpegDecodeParamsSetOutputFormat(p, _OUTPUT_RGBI), "output format")
 
     def decode(self, buffers, windows, out, stream):
         """Decodes windows [B, 5] (top, left, height, width, 1) of the JPEGs in ``buffers`` (bytes-like, host)
@@ -131,7 +132,6 @@ class HardwareDecoder:
         for i in range(n):
             images[i].channel[0] = base + int(offsets[i])
             images[i].pitch[0] = int(w[i]) * 3
-            _check(self._lib.nvjpegDecodeParamsSetOutputFormat(self._params[i], _OUTPUT_RGBI), "output format")
             _check(self._lib.nvjpegDecodeParamsSetROI(self._params[i], int(win[i, 1]), int(win[i, 0]), int(w[i]),
                                                       int(h[i])), "nvjpegDecodeParamsSetROI")
         if n != self._batch:  # nvJPEG's batched state is sized for one batch size

@@ -5,9 +5,11 @@ bytes of every record inside one reader context (zero-copy for LMDB), one native
 ``threads`` native threads straight into the slot's buffer (pinned when the batch goes to a GPU), then Pillow
 for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replacements for broken ones.
 
-With ``decoder="nvjpeg"`` a batch whose samples are all baseline YCbCr JPEGs is decoded by the GPU's hardware
-decoder instead, straight into the slot's device buffer; any other batch, and any batch where something goes
-wrong (a checksum, an unreadable file, an nvJPEG error), takes the CPU path above, which reports what it finds.
+With ``decoder="nvjpeg"`` each batch is split: the GPU's hardware decoder takes a share of its baseline YCbCr
+JPEGs (full-resolution crops, straight into the slot's device buffer) while the cores decode the rest as above,
+and their pixels are copied in behind; the share follows the two decoders' measured speeds. Samples of other
+kinds go to the cores; a batch where something goes wrong on the hardware side (a checksum, an unreadable file,
+an nvJPEG error) is decoded whole by the CPU path, which reports what it finds.
 """
 import io
 import threading
@@ -122,6 +124,9 @@ class BatchMaker:
         # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
         self._hardware = None
         self._hardware_lock = threading.Lock()
+        self._cpu_lock = threading.Lock()
+        self._share = 0.6  # of each batch, for the hardware decoder; then set by _rebalance
+        self._seconds_per_image = {"hardware": None, "cpu": None}
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
@@ -134,12 +139,15 @@ class BatchMaker:
         return windows, matrices, other
 
     def make(self, indices, epoch, slot):
+        indices = np.asarray(indices, dtype=np.int64)
         if self.hardware:
-            batch = self._make_on_gpu(np.asarray(indices, dtype=np.int64), epoch, slot)
+            batch = self._make_split(indices, epoch, slot)
             if batch is not None:
                 return batch
+        return self._make_on_cpu(indices, epoch, slot)
+
+    def _make_on_cpu(self, indices, epoch, slot):
         t0 = time.perf_counter()
-        indices = np.asarray(indices, dtype=np.int64)
         windows, matrices, other = self.plan(indices, epoch)
         nbytes = decoded_nbytes(windows)
         buffer = slot.reserve(int(nbytes.sum()))
@@ -172,53 +180,99 @@ class BatchMaker:
         self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
 
-    def _make_on_gpu(self, indices, epoch, slot):
-        """The batch through the hardware decoder, or None to take the CPU path (see the module docstring)."""
-        t0 = time.perf_counter()
-        if bool((self.formats[indices] != _FORMAT_JPEG).any()) or bool((self._decodable[indices] == 0).any()):
-            return None
-        windows, matrices, _ = self.plan(indices, epoch)
-        windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
-        decoded = self._decode_on_gpu(indices, windows, slot)
-        if decoded is None:
-            return None
-        t1, offsets, shapes, out = decoded
-        labels = torch.from_numpy(self.labels[indices])
-        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(indices))
-        nbytes = int((shapes[:, 0] * shapes[:, 1] * 3).sum())
-        return RaggedBatch(out, offsets, shapes, matrices, labels, nbytes, slot)
+    def _make_split(self, indices, epoch, slot):
+        """decoder="nvjpeg": the batch split between the hardware decoder and the cores, decoding at once into one
+        device buffer ([hardware part | CPU part]), or None to take the CPU path for all of it.
 
-    def _decode_on_gpu(self, indices, windows, slot):
+        Each resource serves one producer at a time (the cores under _cpu_lock, the engines under _hardware_lock),
+        so while one producer's share is on the engines the next one's is on the cores. The share the engines
+        take follows their measured speed (_rebalance), so both finish a batch together: inside a training loop
+        that keeps the cores busy, more of each batch goes to the engines.
+        """
+        t0 = time.perf_counter()
+        n = len(indices)
+        eligible = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != 0))
+        chosen = eligible[:min(max(1, n - 1), max(1, round(self._share * n)))]  # both parts get measured
         with self.ds.reader() as reader:
             unreadable = {}
-            buffers, crcs = self._sources(reader, indices, unreadable)
+            buffers, crcs = self._sources(reader, indices[chosen], unreadable)
             if unreadable:
-                return None
+                return None  # the CPU path names the damaged record
             buffers = [_read_file(b) if isinstance(b, str) else b for b in buffers]
-            unknown = np.flatnonzero(self._decodable[indices] < 0)
-            for k in unknown.tolist():
-                self._decodable[indices[k]] = _hardware_decodable(ops.C.read_header(buffers[k], self.max_pixels))
-            if bool((self._decodable[indices] == 0).any()):
+            for k in np.flatnonzero(self._decodable[indices[chosen]] < 0).tolist():
+                self._decodable[indices[chosen[k]]] = _hardware_decodable(
+                    ops.C.read_header(buffers[k], self.max_pixels))
+            keep = self._decodable[indices[chosen]] == 1  # progressive, CMYK, grayscale...: the cores take them
+            if not keep.all():
+                chosen = chosen[keep]
+                buffers = [b for b, ok in zip(buffers, keep) if ok]
+                crcs = None if crcs is None else [c for c, ok in zip(crcs, keep) if ok]
+            if not len(chosen):
                 return None
             if crcs is not None:  # the CPU path checks these natively as it decodes; here, before
                 expected = np.asarray(crcs, dtype=np.int64)
                 got = ops.C.crc32s(buffers, self.threads).numpy()
                 if bool(((expected >= 0) & (got != expected)).any()):
                     return None
+            windows, matrices, _ = self.plan(indices[chosen], epoch)
+            windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
+            hw_bytes = int(decoded_nbytes(windows).sum())
+            rest = np.setdiff1d(np.arange(n), chosen)
             t1 = time.perf_counter()
-            with self._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
-                if self._hardware is None:
-                    self._hardware = HardwareDecoder(len(indices)), torch.cuda.Stream(self.device)
-                decoder, stream = self._hardware
+            part, cpu_seconds = None, 0.0
+            if len(rest):
+                with self._cpu_lock:
+                    tc = time.perf_counter()
+                    part = self._make_on_cpu(indices[rest], epoch, slot)  # raises or repairs as usual
+                    cpu_seconds = time.perf_counter() - tc
+            with self._hardware_lock:
+                th = time.perf_counter()
+                decoder, stream, copy_stream = self._hardware_handles(n)
                 with torch.cuda.stream(stream):
-                    out = slot.reserve_device(int(decoded_nbytes(windows).sum()), self.device)
-                    try:
-                        offsets, shapes = decoder.decode(buffers, windows, out, stream)
-                    except NvjpegError:
-                        return None
+                    out = slot.reserve_device(hw_bytes + (part.nbytes if part else 0), self.device)
+                if part is not None:  # on the copy engine, while the JPEG engines decode
+                    with torch.cuda.stream(copy_stream):
+                        out[hw_bytes:hw_bytes + part.nbytes].copy_(part.data[:part.nbytes], non_blocking=True)
+                try:
+                    hw_offsets, hw_shapes = decoder.decode(buffers, windows, out, stream)
                     # The bitstreams are host memory the reader context owns: done with them before it ends.
                     stream.synchronize()
-        return t1, offsets, shapes, out
+                except NvjpegError:
+                    return None
+                finally:
+                    copy_stream.synchronize()  # the pinned slot may be refilled after this
+                self._rebalance(len(chosen), time.perf_counter() - th, len(rest), cpu_seconds)
+        offsets = torch.empty(n, dtype=torch.int64)
+        shapes = torch.empty(n, 3, dtype=torch.int64)
+        all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
+        labels = torch.from_numpy(self.labels[indices])
+        hw, cpu = torch.from_numpy(chosen), torch.from_numpy(rest)
+        offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices
+        if part is not None:
+            offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices
+            labels[cpu] = part.labels  # on_error="skip" may have replaced samples
+        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(chosen))
+        return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot)
+
+    def _hardware_handles(self, batch):
+        if self._hardware is None:
+            # High priority: inside a training loop the decode's few kernels and copies must not queue behind
+            # the model's, or the producer waits on them with the batch half done.
+            self._hardware = (HardwareDecoder(batch), torch.cuda.Stream(self.device, priority=-1),
+                              torch.cuda.Stream(self.device, priority=-1))
+        return self._hardware
+
+    def _rebalance(self, n_hardware, hardware_seconds, n_cpu, cpu_seconds):
+        """Sets the engines' share so that both parts of the next batch take as long (moving averages of the
+        seconds per image each resource spent; the share stays within [0.05, 0.95] so both keep being measured)."""
+        for key, count, seconds in (("hardware", n_hardware, hardware_seconds), ("cpu", n_cpu, cpu_seconds)):
+            if count:
+                old = self._seconds_per_image[key]
+                now = seconds / count
+                self._seconds_per_image[key] = now if old is None else 0.7 * old + 0.3 * now
+        hw, cpu = self._seconds_per_image["hardware"], self._seconds_per_image["cpu"]
+        if hw is not None and cpu is not None:
+            self._share = min(0.95, max(0.05, cpu / (hw + cpu)))
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):

@@ -79,12 +79,13 @@ def test_fastload_nvjpeg_batches_match_the_cpu_decoder(imagenet_dir):
         assert torch.equal(yc, yg)
         assert not torch.isnan(xg).any()
         assert psnr(xg, xc, peak=1.0) >= 35
-    assert gpu.stats()["gpu_decoded"] == len(ds)
+    # Every batch was split: the engines took part of it, the cores the rest.
+    assert 0 < gpu.stats()["gpu_decoded"] < len(ds) and gpu.stats()["fallback"] == 0
 
 
 @hardware
 def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_path):
-    # A progressive file is not for the hardware: its batch is decoded on the CPU, nothing fails.
+    # A progressive file is not for the hardware: the cores decode it, the engines take part of the rest.
     root = tmp_path / "mixed"
     (root / "a").mkdir(parents=True)
     for i, f in enumerate(sorted(imagenet_dir.rglob("*.jpg"))[:7]):
@@ -92,9 +93,15 @@ def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_pat
     from PIL import Image
     with Image.open(sorted(imagenet_dir.rglob("*.jpg"))[8]) as im:
         im.save(root / "a" / "p.jpg", quality=90, progressive=True)
-    loader = fl.FastLoader(fl.FolderDataset(root), batch_size=8, device="cuda", decoder="nvjpeg",
-                           crop=fl.RandomResizedCrop(32))
-    assert sum(len(y) for _, y in loader) == 8 and loader.stats()["gpu_decoded"] == 0
+    common = dict(batch_size=8, device="cuda", crop=fl.RandomResizedCrop(32, dct_downscale=False), mean=None,
+                  std=None)
+    loader = fl.FastLoader(fl.FolderDataset(root), decoder="nvjpeg", **common)
+    (xg, yg), = list(loader)
+    (xc, yc), = list(fl.FastLoader(fl.FolderDataset(root), decoder="cpu", **common))
+    assert torch.equal(yg, yc) and psnr(xg, xc, peak=1.0) >= 35
+    assert 0 < loader.stats()["gpu_decoded"] < 8
+    progressive = next(i for i, p in enumerate(fl.FolderDataset(root).paths) if p.endswith("p.jpg"))
+    assert loader._maker._decodable[progressive] == 0
     # A record whose bytes changed after packing: the CPU path finds the checksum and names the record.
     store = tmp_path / "s.lmdb"
     pack(imagenet_dir, store, progress=False, log=lambda m: None)
@@ -117,3 +124,18 @@ def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
         reserved.append(torch.cuda.memory_reserved())
     assert reserved[-1] == reserved[3], reserved
     assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
+
+
+def test_split_follows_the_measured_speeds(imagenet_dir):
+    # The engines' share is set so that both parts of a batch take as long: images per second in proportion.
+    maker = fl.FastLoader(fl.FolderDataset(imagenet_dir))._maker
+    maker._rebalance(100, 0.1, 50, 0.15)  # engines 1 ms per image, cores 3 ms
+    assert maker._share == pytest.approx(0.75)
+    maker._rebalance(0, 0.0, 50, 0.15)  # no hardware part this time: its estimate stands
+    assert maker._share == pytest.approx(0.75)
+    for _ in range(40):  # cores now ten times slower than the engines (a busy training loop): moving average
+        maker._rebalance(100, 0.1, 50, 0.5)
+    assert maker._share == pytest.approx(10 / 11, abs=1e-3)
+    for _ in range(40):  # and never all or nothing, so both stay measured
+        maker._rebalance(100, 0.1, 1, 1.0)
+    assert maker._share == 0.95

@@ -28,7 +28,8 @@ class DevicePipe:
         self.mean, self.std = mean, std
         self.dtype = dtype
         self.channels_last = channels_last
-        self.stream = torch.cuda.Stream(self.device)
+        # High priority: inside a training loop the copy and the kernel go ahead of the model's queued kernels.
+        self.stream = torch.cuda.Stream(self.device, priority=-1)
 
     def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=1.0 / 255, size=None):
         """Queues copy + stage on the side stream; returns at once. data must be pinned for a real overlap."""
