@@ -217,6 +217,7 @@ class BatchMaker:
             windows, matrices, _ = self.plan(indices[chosen], epoch)
             windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
             hw_bytes = int(decoded_nbytes(windows).sum())
+            full_bytes = int((self.plan(indices, epoch)[0][:, 2:4].prod(dim=1) * 3).sum())
             rest = np.setdiff1d(np.arange(n), chosen)
             t1 = time.perf_counter()
             part, cpu_seconds = None, 0.0
@@ -228,8 +229,9 @@ class BatchMaker:
             with self._hardware_lock:
                 th = time.perf_counter()
                 decoder, stream, copy_stream = self._hardware_handles(n)
-                with torch.cuda.stream(stream):
-                    out = slot.reserve_device(hw_bytes + (part.nbytes if part else 0), self.device)
+                with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the
+                    # split: buffer sizes then do not follow the share, and memory stays flat from epoch to epoch
+                    out = slot.reserve_device(max(full_bytes, hw_bytes + (part.nbytes if part else 0)), self.device)
                 if part is not None:  # on the copy engine, while the JPEG engines decode
                     with torch.cuda.stream(copy_stream):
                         out[hw_bytes:hw_bytes + part.nbytes].copy_(part.data[:part.nbytes], non_blocking=True)

@@ -128,9 +128,14 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 // shared memory with coalesced 32-bit loads, filters them horizontally into 32 output columns, then vertically
 // into 32 output rows. Every input byte is read from global memory once per tile instead of once per tap and
 // pixel, and the weights are computed once per column and row. Other blocks take warp_columns.
+//
+// The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) of a
+// tile gets the same number of taps K, zero-padded, with K a template argument (3 to 5: supports 1 to 2.5), and
+// bytes become floats by a bit trick rather than the quarter-rate conversion instruction.
 constexpr int kTileRows = 72;       // input rows one tile may span: vertical shrink up to ~2.1x
 constexpr int kTileRowWords = 56;   // 224 bytes of one row, alignment included: horizontal shrink up to ~2.1x
-constexpr int kTileTaps = 8;
+constexpr int kTileMinTaps = 3, kTileMaxTaps = 5;
+constexpr int kRowsInFlight = 4;    // rows each warp loads at once while staging (8 words per thread in flight)
 
 struct TileShared {
   union {
@@ -140,11 +145,85 @@ struct TileShared {
     } tile;
     float tap_weight[kMaxTaps * kThreads];         // warp_columns' scratch when the block falls back
   };
-  float weight[2][kTileTaps][kBlockX];             // normalised taps of each output column (0) and row (1)
-  int lo[2][kBlockX], taps[2][kBlockX];            // first tap and tap count; 0 taps: outside, fill
-  int region[4];                                   // xa, xb, ya, yb: the input the tile needs
-  int too_many_taps;
+  float weight[2][kTileMaxTaps][kBlockX];          // K weights of each output column (0) and row (1), zero-padded
+  int lo[2][kBlockX];                              // first tap, relative to the staged range's start
+  bool inside[2][kBlockX];                         // false: the centre maps outside the image, fill
 };
+
+// Input centre (edge coordinates) of output position pos along one axis of an axis-aligned warp.
+__device__ __forceinline__ float axis_centre(float scale, float shift, int pos) { return scale * pos + shift + 0.5f; }
+
+// Input range [lo, hi) the taps of output positions [first, last] read along one axis. Tap ranges move
+// monotonically with the position, so the two ends bound every position's (clamped to the image; an end that
+// maps outside only widens the range).
+__device__ __forceinline__ void tile_range(float scale, float shift, float support, int size, int first, int last,
+                                           int* lo, int* hi) {
+  int lo0, hi0, lo1, hi1;
+  filter_taps(axis_centre(scale, shift, first), support, size, &lo0, &hi0);
+  filter_taps(axis_centre(scale, shift, last), support, size, &lo1, &hi1);
+  *lo = min(lo0, lo1);
+  *hi = max(hi0, hi1);
+}
+
+// Taps per output pixel along an axis: filter_taps gives at most floor(2 * support + 1).
+__device__ __forceinline__ int tile_taps(float support) {
+  return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
+}
+
+// Exactly float(b) for a byte b: 2^23 + b as a float's bits, minus 2^23 (two full-rate instructions).
+__device__ __forceinline__ float byte_to_float(uint32_t b) { return __uint_as_float(0x4B000000u | b) - 8388608.f; }
+
+// Horizontal pass: staged input row r -> this thread's output column, three channels.
+template <int K>
+__device__ __forceinline__ void tile_horizontal(TileShared& sh, int rows, uintptr_t base, int row_bytes) {
+  const int u = threadIdx.x;
+  if (!sh.inside[0][u]) return;
+  float w[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) w[k] = sh.weight[0][k][u];
+  const int first = sh.lo[0][u] * 3;
+  for (int r = threadIdx.y; r < rows; r += kBlockY) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(sh.tile.raw[r]) + ((base + r * row_bytes) & 3) + first;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      a0 += w[k] * byte_to_float(p[3 * k]);
+      a1 += w[k] * byte_to_float(p[3 * k + 1]);
+      a2 += w[k] * byte_to_float(p[3 * k + 2]);
+    }
+    sh.tile.rowsum[r][0][u] = a0;
+    sh.tile.rowsum[r][1][u] = a1;
+    sh.tile.rowsum[r][2][u] = a2;
+  }
+}
+
+// Vertical pass: the row sums -> this thread's kRows output pixels, normalised and stored.
+template <int K, typename out_t>
+__device__ __forceinline__ void tile_vertical(const TileShared& sh, out_t* __restrict__ o, int64_t os_c,
+                                              int64_t os_y, int rows_left, const float* scale, const float* bias,
+                                              const float* fill_value) {
+  const int u = threadIdx.x;
+  const bool inside_x = sh.inside[0][u];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i, o += kBlockY * os_y) {
+    const int v = threadIdx.y + i * kBlockY;
+    if (v >= rows_left) break;
+    if (!inside_x || !sh.inside[1][v]) {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
+      continue;
+    }
+    const int r0 = sh.lo[1][v];
+    float acc[3] = {0.f, 0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const float wk = sh.weight[1][k][v];
+#pragma unroll
+      for (int c = 0; c < 3; ++c) acc[c] += wk * sh.tile.rowsum[r0 + k][c][u];
+    }
+    store_pixel(o, os_c, acc, 1.f, scale, bias, 3);
+  }
+}
 
 template <typename out_t>
 __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
@@ -159,116 +238,115 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   float m[6];
 #pragma unroll
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
+  float scale[3], bias[3];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) scale[c] = alpha[c], bias[c] = beta[c];
   const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
                      off + h64 * w64 * 3 <= data_size;
-  // Uniform over the block (per-sample values), as is every branch below that returns: __syncthreads is safe.
-  if (!valid || m[1] != 0.f || m[3] != 0.f) {
-    warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out, os_b,
-                                    os_c, os_y, os_x, out_h, out_w, sh.tap_weight);
-    return;
-  }
+  const int u0 = blockIdx.x * kBlockX, v0 = blockIdx.y * kTile;
   const int h = static_cast<int>(h64), w = static_cast<int>(w64);
-  if (tid < 4) sh.region[tid] = tid % 2 == 0 ? INT_MAX : INT_MIN;
-  if (tid == 0) sh.too_many_taps = 0;
-  __syncthreads();
-  if (tid < 2 * kBlockX) {  // taps and normalised weights: threads 0-31 for the columns, 32-63 for the rows
-    const int axis = tid / kBlockX, i = tid % kBlockX;
-    const int pos = (axis == 0 ? blockIdx.x * kBlockX : blockIdx.y * kTile) + i;
-    const int size = axis == 0 ? w : h;
-    const float scale = axis == 0 ? m[0] : m[4], shift = axis == 0 ? m[2] : m[5];
-    const float support = axis == 0 ? filter_support(m[0], m[1]) : filter_support(m[3], m[4]);
-    int lo = 0, n = 0;
-    const float centre = scale * pos + shift + 0.5f;
-    if (pos < (axis == 0 ? out_w : out_h) && centre >= 0.f && centre <= size) {
-      int hi;
-      filter_taps(centre, support, size, &lo, &hi);
-      n = hi - lo;  // >= 1 for a centre inside the image (support >= 1)
-      if (n > kTileTaps) {
-        atomicOr(&sh.too_many_taps, 1);
-      } else {
-        float total = 0.f;
-        for (int k = 0; k < n; ++k) {
-          const float wk = triangle((lo + k + 0.5f - centre) / support);
-          sh.weight[axis][k][i] = wk;
-          total += wk;
-        }
-        const float inv = total > 0.f ? 1.f / total : 0.f;
-        for (int k = 0; k < n; ++k) sh.weight[axis][k][i] *= inv;
-        atomicMin(&sh.region[2 * axis], lo);
-        atomicMax(&sh.region[2 * axis + 1], hi);
-      }
-    }
-    sh.lo[axis][i] = lo;
-    sh.taps[axis][i] = n;
+  const float support_x = filter_support(m[0], m[1]), support_y = filter_support(m[3], m[4]);
+  const int kx = tile_taps(support_x), ky = tile_taps(support_y);
+  int xa = 0, xb = 0, ya = 0, yb = 0;
+  if (valid) {
+    tile_range(m[0], m[2], support_x, w, u0, min(u0 + kBlockX, out_w) - 1, &xa, &xb);
+    tile_range(m[4], m[5], support_y, h, v0, min(v0 + kTile, out_h) - 1, &ya, &yb);
   }
-  __syncthreads();
-  const int xa = sh.region[0], xb = sh.region[1], ya = sh.region[2], yb = sh.region[3];
-  const bool empty = xb <= xa || yb <= ya;  // every column or every row maps outside: all fill
-  if (sh.too_many_taps || (!empty && (yb - ya > kTileRows || (xb - xa) * 3 + 3 > kTileRowWords * 4))) {
+  // Everything here is per sample and per tile, uniform over the block: returning is safe before a barrier.
+  if (!valid || m[1] != 0.f || m[3] != 0.f || kx > kTileMaxTaps || ky > kTileMaxTaps || xb - xa < kx ||
+      yb - ya < ky || yb - ya > kTileRows || (xb - xa) * 3 + 3 > kTileRowWords * 4) {
     warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out, os_b,
                                     os_c, os_y, os_x, out_h, out_w, sh.tap_weight);
     return;
   }
-  const uint8_t* img = data + off;
-  const int row_bytes = w * 3, seg = (xb - xa) * 3, rows = empty ? 0 : yb - ya;
-  // Row r's bytes start `shift` bytes into its first aligned word. Every word read holds at least one byte of the
-  // row segment, so no read leaves the image's allocation.
-  auto row_start = [&](int r) { return reinterpret_cast<uintptr_t>(img + (ya + r) * row_bytes + xa * 3); };
-  for (int r = threadIdx.y; r < rows; r += kBlockY) {
-    const uintptr_t start = row_start(r);
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(start & ~uintptr_t(3));
-    const int words = static_cast<int>((start & 3) + seg + 3) / 4;
-    for (int k = threadIdx.x; k < words; k += kBlockX) sh.tile.raw[r][k] = __ldg(src + k);
-  }
-  __syncthreads();
-  const int u_local = threadIdx.x;
-  const int nx = sh.taps[0][u_local];
-  if (nx > 0) {  // horizontal: input row r -> output column u, three channels
-    const int first = (sh.lo[0][u_local] - xa) * 3;
-    for (int r = threadIdx.y; r < rows; r += kBlockY) {
-      const uint8_t* p = reinterpret_cast<const uint8_t*>(sh.tile.raw[r]) + (row_start(r) & 3) + first;
-      float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-#pragma unroll
-      for (int k = 0; k < kTileTaps; ++k) {
-        if (k < nx) {
-          const float wk = sh.weight[0][k][u_local];
-          a0 += wk * static_cast<float>(p[3 * k]);
-          a1 += wk * static_cast<float>(p[3 * k + 1]);
-          a2 += wk * static_cast<float>(p[3 * k + 2]);
-        }
-      }
-      sh.tile.rowsum[r][0][u_local] = a0;
-      sh.tile.rowsum[r][1][u_local] = a1;
-      sh.tile.rowsum[r][2][u_local] = a2;
+  const int row_bytes = w * 3, seg = (xb - xa) * 3, rows = yb - ya;
+  // Row r's bytes start ((base + r * row_bytes) & 3) bytes into its first aligned word. Every word read holds at
+  // least one byte of the row segment, so no read leaves the image's allocation.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data + off + ya * row_bytes + xa * 3);
+
+  // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
+  // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
+  auto tile_weights = [&]() {
+    if (tid >= 2 * kBlockX) return;
+    const int axis = tid / kBlockX, i = tid % kBlockX;
+    const int pos = (axis == 0 ? u0 : v0) + i, size = axis == 0 ? w : h, K = axis == 0 ? kx : ky;
+    const int start = axis == 0 ? xa : ya, end = axis == 0 ? xb : yb;
+    const float support = axis == 0 ? support_x : support_y;
+    const float centre = axis_centre(axis == 0 ? m[0] : m[4], axis == 0 ? m[2] : m[5], pos);
+    const bool inside = pos < (axis == 0 ? out_w : out_h) && centre >= 0.f && centre <= size;
+    int lo = start, hi = start;
+    if (inside) {
+      filter_taps(centre, support, size, &lo, &hi);
+      // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference
+      // between the two computations could only drop an edge tap, never read bytes that were not loaded.
+      lo = max(lo, start);
+      hi = min(hi, end);
     }
+    const int window = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
+    float total = 0.f;
+    float wk[kTileMaxTaps];
+#pragma unroll
+    for (int k = 0; k < kTileMaxTaps; ++k) {
+      const int x = window + k;
+      wk[k] = k < K && x >= lo && x < hi ? triangle((x + 0.5f - centre) / support) : 0.f;
+      total += wk[k];
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+#pragma unroll
+    for (int k = 0; k < kTileMaxTaps; ++k) sh.weight[axis][k][i] = wk[k] * inv;
+    sh.lo[axis][i] = window - start;
+    sh.inside[axis][i] = inside && hi > lo;
+  };
+
+  // Stage the rows: each warp loads kRowsInFlight rows at once (two words per lane cover a row), then stores
+  // them, so a thread has up to 8 loads in flight; the weights are computed while the first ones travel.
+  uint32_t* raw = &sh.tile.raw[0][0];
+  bool weights_done = false;
+  for (int r0 = threadIdx.y; r0 < rows; r0 += kBlockY * kRowsInFlight) {
+    uint32_t value[kRowsInFlight][2];
+    int where[kRowsInFlight][2];
+#pragma unroll
+    for (int j = 0; j < kRowsInFlight; ++j) {
+      const int r = r0 + j * kBlockY;
+      const uintptr_t start = base + r * row_bytes;
+      const int words = r < rows ? static_cast<int>(((start & 3) + seg + 3) / 4) : 0;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(start & ~uintptr_t(3));
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int k = threadIdx.x + q * kBlockX;
+        where[j][q] = k < words ? r * kTileRowWords + k : -1;
+        if (k < words) value[j][q] = __ldg(src + k);
+      }
+    }
+    if (!weights_done) {
+      tile_weights();
+      weights_done = true;
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsInFlight; ++j)
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (where[j][q] >= 0) raw[where[j][q]] = value[j][q];
+  }
+  if (!weights_done) tile_weights();
+  __syncthreads();
+  switch (kx) {
+    case 3: tile_horizontal<3>(sh, rows, base, row_bytes); break;
+    case 4: tile_horizontal<4>(sh, rows, base, row_bytes); break;
+    default: tile_horizontal<5>(sh, rows, base, row_bytes); break;
   }
   __syncthreads();
-  const int u = blockIdx.x * kBlockX + u_local;
+  const int u = u0 + threadIdx.x;
   if (u >= out_w) return;
   float fill_value[3];
 #pragma unroll
-  for (int c = 0; c < 3; ++c) fill_value[c] = fill * alpha[c] + beta[c];
-  for (int v_local = threadIdx.y; v_local < kTile; v_local += kBlockY) {  // vertical: rows -> output pixel
-    const int v = blockIdx.y * kTile + v_local;
-    if (v >= out_h) break;
-    out_t* o = out + b * os_b + v * os_y + u * os_x;
-    const int ny = sh.taps[1][v_local];
-    if (ny == 0 || nx == 0) {
-#pragma unroll
-      for (int c = 0; c < 3; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
-      continue;
-    }
-    const int r0 = sh.lo[1][v_local] - ya;
-    float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < kTileTaps; ++k) {
-      if (k < ny) {
-        const float wk = sh.weight[1][k][v_local];
-#pragma unroll
-        for (int c = 0; c < 3; ++c) acc[c] += wk * sh.tile.rowsum[r0 + k][c][u_local];
-      }
-    }
-    store_pixel(o, os_c, acc, 1.f, alpha, beta, 3);
+  for (int c = 0; c < 3; ++c) fill_value[c] = fill * scale[c] + bias[c];
+  out_t* o = out + b * os_b + static_cast<int64_t>(v0 + threadIdx.y) * os_y + u * os_x;
+  const int rows_left = out_h - v0;
+  switch (ky) {
+    case 3: tile_vertical<3>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    case 4: tile_vertical<4>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    default: tile_vertical<5>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
   }
 }
 
