@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
-# run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh [tests|bench|tests+bench|train|all]
-# (train: DECODER=cpu|nvjpeg picks FastLoader's decoder, default cpu)
+# run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
+#   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
+#   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
+#   picks FastLoader's decoder, default cpu); all = tests+bench+train; none: only the build.
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,15 +17,22 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log"
 echo "build: $(( $(date +%s) - t )) s"; grep -i "warning" "$OUT/build.log" | head -5
 python3 -m bench.corpus imagenet data/imagenet-like --classes 10 --per-class 200 &
 corpus=$!
-if [[ $what == tests || $what == tests+bench || $what == all ]]; then
+[[ $what == all ]] && what=tests+bench+train
+if [[ +$what+ == *+tests+* ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/ > "$OUT/tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/tests.log" | tail -15
 fi
-wait $corpus
-if [[ $what == bench || $what == tests+bench || $what == all ]]; then
-  python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log"
+if [[ +$what+ == *+gputests+* ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_nvjpeg.py tests/test_loader.py \
+    > "$OUT/gputests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/gputests.log" | tail -15
 fi
-if [[ $what == train || $what == all ]]; then
+wait $corpus
+if [[ +$what+ == *+bench+* ]]; then
+  python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
+    grep -v "^fastload stats"
+fi
+if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
   # epoch start/end effects stay small for both loaders.
   python3 - <<'PY'

@@ -161,7 +161,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="ImageFolder of JPEGs (e.g. from python -m bench.corpus imagenet)")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="torchvision DataLoader workers")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="fastload decode threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="fastload decode threads per producer (default: FastLoader's, the cores shared out)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--skip-torchvision", action="store_true")
@@ -197,8 +198,9 @@ def main(argv=None):
         print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
     print("\n(b) finished 224x224 batches on the GPU, images/s")
     print(f"{'pipeline':<60} {'img/s':>9}")
-    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, folder':<60} {fast:9.0f}")
-    print(f"{'fastload FastLoader(device=cuda), ' + str(args.threads) + ' threads, pack --seekable':<60} "
+    threads = f"{args.threads} threads" if args.threads else "default threads"
+    print(f"{'fastload FastLoader(device=cuda), ' + threads + ', folder':<60} {fast:9.0f}")
+    print(f"{'fastload FastLoader(device=cuda), ' + threads + ', pack --seekable':<60} "
           f"{fast_store:9.0f}")
     if fast_hw is not None:
         print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), folder':<60} {fast_hw:9.0f}")

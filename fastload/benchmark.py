@@ -100,7 +100,7 @@ def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cp
         loader.set_epoch(epoch)
         return loader
     rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
-    return rate, loader.stats()
+    return rate, dict(loader.stats(), threads=loader.threads, workers=loader.workers)
 
 
 class _PILRecords(torch.utils.data.Dataset):
@@ -216,7 +216,6 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         getattr(dataset, "path", None) or getattr(dataset, "root", None) or repr(dataset)
     _check_batches(len(dataset), batch_size)
     cores = os.cpu_count() or 1
-    threads = threads or cores
     workers = cores if workers is None else workers
     config = {
         "data": source,
@@ -239,7 +238,9 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
                      "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
                                 size=size, progress=progress, step=step, decoder=decoder)
-    how = "GPU hardware decoder" if decoder == "nvjpeg" else f"{threads} threads"
+    config["threads"] = stats["threads"]  # FastLoader's choice unless given
+    how = "GPU hardware decoder" if decoder == "nvjpeg" else (
+        f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
     rows.append({"pipeline": f"{fed}fastload FastLoader ({how})", "kind": "fastload",
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":

@@ -3,7 +3,9 @@
 Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: plan crops, decode them
 natively into a reusable slot (producer.py), and, on the CPU path, run the affine/normalise stage. The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
-consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py).
+consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
+producers are on their last round, the next epoch's start (its batches are a pure function of seed and epoch), so
+the training loop meets no empty pipeline between epochs.
 """
 import atexit
 import os
@@ -45,10 +47,10 @@ class FastLoader:
         mean, std: per-channel, applied as ``(x / 255 - mean) / std``; ``None`` for both gives x / 255.
         dtype: float32, float16 or bfloat16 (uint8 gives raw resized pixels); channels_last: output memory format.
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
-        threads: native decode threads per batch (default: the CPU cores; they run at nice +5 so the
-            training loop's own thread keeps a core when all are busy); workers: producer threads, each
-            with a batch in flight (default 2; on CUDA up to 4 with many cores, so Python work overlaps decoding; 3 with
-            decoder="nvjpeg").
+        threads: native decode threads per batch (default: the CPU cores; on CUDA the cores divided among the
+            producers, which decode at once. They run at nice +5 so the training loop's own thread keeps a core
+            when all are busy); workers: producer threads, each with a batch in flight (default 2; on CUDA up
+            to 4 with many cores, so Python work overlaps decoding; 3 with decoder="nvjpeg").
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
@@ -76,12 +78,17 @@ class FastLoader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
-        self.threads = threads or os.cpu_count() or 1
+        cores = os.cpu_count() or 1
         if workers is None:  # nvjpeg: one producer's share on the engines, one's on the cores, one reading
             if self.decoder == "nvjpeg":
                 workers = 3
             else:
-                workers = min(4, max(2, self.threads // 4)) if self.device.type == "cuda" else 2
+                workers = min(4, max(2, cores // 4)) if self.device.type == "cuda" else 2
+        # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one
+        # per core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads"). With
+        # nvjpeg the CPU parts of batches are decoded one at a time (producer.py), each on all the cores.
+        shared = self.device.type == "cuda" and self.decoder != "nvjpeg"
+        self.threads = threads or (max(1, cores // max(1, workers)) if shared else cores)
         if batch_size < 1 or prefetch < 1 or workers < 1:
             raise ValueError("batch_size, prefetch and workers must be at least 1")
         if len(dataset) == 0:
@@ -114,6 +121,7 @@ class FastLoader:
         self._iterator = None
         self._finished_epoch = False
         self._pipe = None
+        self._ahead = None  # the next epoch's iterator, started early (_start_next_epoch)
 
     # --- epoch bookkeeping -------------------------------------------------------------------------------
     def set_epoch(self, epoch):
@@ -161,22 +169,48 @@ class FastLoader:
         if not self._epoch_set and self._finished_epoch:
             self._epoch += 1
         self._epoch_set = self._finished_epoch = False
-        indices = self.sampler.epoch_indices(self._epoch)
-        batches = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
-            batches.pop()
+        batches = self._epoch_batches(self._epoch)
         start, self._start_batch = self._start_batch, 0
         self._batches_done = start
-        iterator = _EpochIterator(self, batches, start)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.epoch == self._epoch and start == 0 and not ahead.producers.stop.is_set():
+            iterator = ahead  # its producers have been decoding this epoch's first batches since the last one ended
+        else:
+            if ahead is not None:
+                ahead.close()  # set_epoch or load_state_dict chose another start: those batches are not wanted
+            iterator = _EpochIterator(self, batches, 0 if start is None else start, self._epoch)
         self._iterator = weakref.ref(iterator)  # a weak ref: dropping the iterator stops its threads
         return iterator
 
-    def _stage_cpu(self, batch):
-        t = time.perf_counter()
-        x = ops.warp_ragged(batch.data, batch.offsets, batch.shapes, batch.matrices, self.crop.size,
-                            mean=self.mean, std=self.std, out_dtype=self.dtype, channels_last=self.channels_last)
-        self._stats.add(stage=time.perf_counter() - t)
-        return x
+    def _epoch_batches(self, epoch):
+        indices = self.sampler.epoch_indices(epoch)
+        batches = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches
+
+    def _start_next_epoch(self, epoch):
+        """Starts the producers of ``epoch`` (the one that follows, unless set_epoch says otherwise) as soon as
+        the current epoch's last batch is produced, so the training loop meets no empty pipeline at the epoch
+        boundary. __iter__ adopts them, or stops them when another epoch or start was chosen."""
+        if self._ahead is None:
+            batches = self._epoch_batches(epoch)
+            if batches:
+                self._ahead = _EpochIterator(self, batches, 0, epoch)
+
+    def _stage_cpu(self):
+        """The CPU stage as a function of the batch alone: producer threads hold it, and must not hold the loader
+        (a loader that is dropped stops its threads, including those of an epoch started ahead)."""
+        size, mean, std, dtype, channels_last, stats = (self.crop.size, self.mean, self.std, self.dtype,
+                                                        self.channels_last, self._stats)
+
+        def stage(batch):
+            t = time.perf_counter()
+            x = ops.warp_ragged(batch.data, batch.offsets, batch.shapes, batch.matrices, size, mean=mean, std=std,
+                                out_dtype=dtype, channels_last=channels_last)
+            stats.add(stage=time.perf_counter() - t)
+            return x
+        return stage
 
     def _device_pipe(self):
         if self._pipe is None:  # one persistent side stream per loader
@@ -216,11 +250,11 @@ class _Producers:
     """What the producer threads share with the consumer. Threads hold this, never the iterator, so dropping
     the iterator (a ``break``, ``del``, an exception) garbage-collects it and its __del__ stops them."""
 
-    def __init__(self, loader, batches, start):
+    def __init__(self, loader, batches, start, epoch):
         self.maker = loader._maker
         self.device = loader.device
-        self.stage = loader._stage_cpu if loader.device.type == "cpu" else None
-        self.epoch = loader._epoch
+        self.stage = loader._stage_cpu() if loader.device.type == "cpu" else None
+        self.epoch = epoch
         self.batches = batches
         self.stop = threading.Event()
         on_gpu = loader.device.type == "cuda"
@@ -284,11 +318,12 @@ class _Producers:
 
 
 class _EpochIterator:
-    def __init__(self, loader, batches, start):
+    def __init__(self, loader, batches, start, epoch):
         self.loader = loader
         self.batches = batches
         self.next_batch = start
-        self.producers = _Producers(loader, batches, start)
+        self.epoch = epoch
+        self.producers = _Producers(loader, batches, start, epoch)
         self.pending = None  # CUDA: the batch already submitted to the GPU, handed out next
         _live.add(self)
 
@@ -313,6 +348,10 @@ class _EpochIterator:
             self.close()
             raise item
         self.next_batch += 1
+        # The producers are on their last round of this epoch: the next one's may start.
+        if self.next_batch >= len(self.batches) - len(p.queues) and self.loader._iterator is not None \
+                and self.loader._iterator() is self:
+            self.loader._start_next_epoch(self.epoch + 1)
         return item
 
     def __iter__(self):

@@ -29,7 +29,7 @@ def test_folder_against_torchvision_table_json_and_plot(imagenet_dir, tmp_path, 
     assert code == 0, captured.err
     table = captured.out
     assert "48 images (image folder)" in table and "img/s" in table and "vs torchvision" in table
-    assert "fastload FastLoader (2 threads)" in table and "torchvision DataLoader (0 workers)" in table
+    assert "fastload FastLoader (2 x 2 threads)" in table and "torchvision DataLoader (0 workers)" in table
     assert "fastload:" in captured.err and "torchvision:" in captured.err  # the progress bars
 
     result = json.loads(out_json.read_text())

@@ -102,6 +102,37 @@ def test_resume_from_state_dict_yields_exactly_the_remaining_batches(coded_dir):
     assert resumed.state_dict()["epoch"] == 2  # a finished epoch resumes at the next one
 
 
+
+def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
+    """At an epoch's end the next epoch's producers are already decoding; what they give is exactly what a
+    fresh start of that epoch gives, and set_epoch to another epoch discards them."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=4, crop=fl.RandomResizedCrop(32), workers=2)
+
+    def fresh(epoch):
+        loader = make()
+        loader.set_epoch(epoch)
+        return collect(loader)
+    loader = make()
+    collect(loader)
+    ahead = loader._ahead
+    assert ahead is not None and ahead.epoch == 1 and any(t.is_alive() for t in ahead.producers.threads)
+    got = collect(loader)
+    assert loader._iterator() is ahead  # adopted, not restarted
+    expected = fresh(1)
+    assert len(got) == len(expected)
+    for (xa, ya), (xb, yb) in zip(got, expected):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    unwanted = loader._ahead  # epoch 2, but the loop asks for epoch 5
+    loader.set_epoch(5)
+    got = collect(loader)
+    assert unwanted.producers.stop.is_set() and not any(t.is_alive() for t in unwanted.producers.threads)
+    for (xa, ya), (xb, yb) in zip(got, fresh(5)):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
+    gc.collect()
+    assert not fastload_threads()
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_resume_at_any_batch_with_several_workers(coded_dir, workers):
     """Every resume point, with the batch count not a multiple of the workers; set_epoch of the restored epoch
