@@ -57,14 +57,13 @@ class FastLoader:
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
         decoder: "cpu" (default): libjpeg-turbo decodes only the crop, DCT-downscaled, on ``threads`` cores: the
-            same pixels on every device. "nvjpeg" (CUDA): each batch is split between the GPU's hardware JPEG
-            decoder (A100, A30, H100, H200), which decodes its crops at full resolution (the kernel does all the
-            resizing), and the cores, in the proportion of their measured speeds: more images per second than
-            either alone, and inside a training loop that keeps the cores busy the engines take more. The
-            engines' pixels are close to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling),
-            and which samples they get varies with timing: use "cpu" for bit-reproducible batches. Other JPEG
-            kinds (progressive, CMYK, grayscale, 4:1:1) go to the cores; a batch with a problem on the hardware
-            side is decoded whole by the cores. "auto": "nvjpeg" when the device has a hardware decoder, else "cpu".
+            same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
+            H200) decodes the batch's baseline YCbCr JPEGs, crops at full resolution (the kernel does all the
+            resizing), and the cores any other kind (progressive, CMYK, grayscale, 4:1:1); its pixels are close
+            to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling). A batch with a problem on
+            the hardware side is decoded whole by the cores. On an H200 it delivers more batches per second
+            alone than the 16 cores, but inside a training loop less (bench/RESULTS.md): measure before using it.
+            "auto": "nvjpeg" when the device has a hardware decoder, else "cpu".
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -79,14 +78,14 @@ class FastLoader:
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
         cores = os.cpu_count() or 1
-        if workers is None:  # nvjpeg: one producer's share on the engines, one's on the cores, one reading
+        if workers is None:  # nvjpeg: one producer has the engines while the others read and plan
             if self.decoder == "nvjpeg":
                 workers = 3
             else:
                 workers = min(4, max(2, cores // 4)) if self.device.type == "cuda" else 2
         # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one
         # per core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads"). With
-        # nvjpeg the CPU parts of batches are decoded one at a time (producer.py), each on all the cores.
+        # nvjpeg the cores decode only the few samples the engines cannot take.
         shared = self.device.type == "cuda" and self.decoder != "nvjpeg"
         self.threads = threads or (max(1, cores // max(1, workers)) if shared else cores)
         if batch_size < 1 or prefetch < 1 or workers < 1:

@@ -5,11 +5,10 @@ bytes of every record inside one reader context (zero-copy for LMDB), one native
 ``threads`` native threads straight into the slot's buffer (pinned when the batch goes to a GPU), then Pillow
 for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replacements for broken ones.
 
-With ``decoder="nvjpeg"`` each batch is split: the GPU's hardware decoder takes a share of its baseline YCbCr
-JPEGs (full-resolution crops, straight into the slot's device buffer) while the cores decode the rest as above,
-and their pixels are copied in behind; the share follows the two decoders' measured speeds. Samples of other
-kinds go to the cores; a batch where something goes wrong on the hardware side (a checksum, an unreadable file,
-an nvJPEG error) is decoded whole by the CPU path, which reports what it finds.
+With ``decoder="nvjpeg"`` the GPU's hardware decoder takes the batch's baseline YCbCr JPEGs (full-resolution
+crops, straight into the slot's device buffer) and the cores decode any other samples as above, their pixels
+copied in behind; a batch where something goes wrong on the hardware side (a checksum, an unreadable file, an
+nvJPEG error) is decoded whole by the CPU path, which reports what it finds.
 """
 import io
 import threading
@@ -124,9 +123,6 @@ class BatchMaker:
         # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
         self._hardware = None
         self._hardware_lock = threading.Lock()
-        self._cpu_lock = threading.Lock()
-        self._share = 0.6  # of each batch, for the hardware decoder; then set by _rebalance
-        self._seconds_per_image = {"hardware": None, "cpu": None}
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
@@ -141,7 +137,7 @@ class BatchMaker:
     def make(self, indices, epoch, slot):
         indices = np.asarray(indices, dtype=np.int64)
         if self.hardware:
-            batch = self._make_split(indices, epoch, slot)
+            batch = self._make_on_gpu(indices, epoch, slot)
             if batch is not None:
                 return batch
         return self._make_on_cpu(indices, epoch, slot)
@@ -180,19 +176,17 @@ class BatchMaker:
         self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
 
-    def _make_split(self, indices, epoch, slot):
-        """decoder="nvjpeg": the batch split between the hardware decoder and the cores, decoding at once into one
-        device buffer ([hardware part | CPU part]), or None to take the CPU path for all of it.
-
-        Each resource serves one producer at a time (the cores under _cpu_lock, the engines under _hardware_lock),
-        so while one producer's share is on the engines the next one's is on the cores. The share the engines
-        take follows their measured speed (_rebalance), so both finish a batch together: inside a training loop
-        that keeps the cores busy, more of each batch goes to the engines.
-        """
+    def _make_on_gpu(self, indices, epoch, slot):
+        """decoder="nvjpeg": the hardware decoder takes every baseline YCbCr JPEG of the batch, the cores the rest
+        (other JPEG kinds, other formats), into one device buffer ([hardware part | CPU part]); or None to take
+        the CPU path for all of it. (Splitting baseline JPEGs between engines and cores by their measured speeds
+        was tried: nvJPEG's host-side work and the crop decoders slow each other, and it was slower than either,
+        bench/RESULTS.md.)"""
         t0 = time.perf_counter()
         n = len(indices)
-        eligible = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != 0))
-        chosen = eligible[:min(max(1, n - 1), max(1, round(self._share * n)))]  # both parts get measured
+        chosen = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != 0))
+        if not len(chosen):
+            return None
         with self.ds.reader() as reader:
             unreadable = {}
             buffers, crcs = self._sources(reader, indices[chosen], unreadable)
@@ -220,17 +214,11 @@ class BatchMaker:
             full_bytes = int((self.plan(indices, epoch)[0][:, 2:4].prod(dim=1) * 3).sum())
             rest = np.setdiff1d(np.arange(n), chosen)
             t1 = time.perf_counter()
-            part, cpu_seconds = None, 0.0
-            if len(rest):
-                with self._cpu_lock:
-                    tc = time.perf_counter()
-                    part = self._make_on_cpu(indices[rest], epoch, slot)  # raises or repairs as usual
-                    cpu_seconds = time.perf_counter() - tc
-            with self._hardware_lock:
-                th = time.perf_counter()
+            part = self._make_on_cpu(indices[rest], epoch, slot) if len(rest) else None  # raises or repairs
+            with self._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
                 decoder, stream, copy_stream = self._hardware_handles(n)
                 with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the
-                    # split: buffer sizes then do not follow the share, and memory stays flat from epoch to epoch
+                    # split: buffer sizes then follow the plan alone, and memory stays flat from epoch to epoch
                     out = slot.reserve_device(max(full_bytes, hw_bytes + (part.nbytes if part else 0)), self.device)
                 if part is not None:  # on the copy engine, while the JPEG engines decode
                     with torch.cuda.stream(copy_stream):
@@ -243,7 +231,6 @@ class BatchMaker:
                     return None
                 finally:
                     copy_stream.synchronize()  # the pinned slot may be refilled after this
-                self._rebalance(len(chosen), time.perf_counter() - th, len(rest), cpu_seconds)
         offsets = torch.empty(n, dtype=torch.int64)
         shapes = torch.empty(n, 3, dtype=torch.int64)
         all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
@@ -263,18 +250,6 @@ class BatchMaker:
             self._hardware = (HardwareDecoder(batch), torch.cuda.Stream(self.device, priority=-1),
                               torch.cuda.Stream(self.device, priority=-1))
         return self._hardware
-
-    def _rebalance(self, n_hardware, hardware_seconds, n_cpu, cpu_seconds):
-        """Sets the engines' share so that both parts of the next batch take as long (moving averages of the
-        seconds per image each resource spent; the share stays within [0.05, 0.95] so both keep being measured)."""
-        for key, count, seconds in (("hardware", n_hardware, hardware_seconds), ("cpu", n_cpu, cpu_seconds)):
-            if count:
-                old = self._seconds_per_image[key]
-                now = seconds / count
-                self._seconds_per_image[key] = now if old is None else 0.7 * old + 0.3 * now
-        hw, cpu = self._seconds_per_image["hardware"], self._seconds_per_image["cpu"]
-        if hw is not None and cpu is not None:
-            self._share = min(0.95, max(0.05, cpu / (hw + cpu)))
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):

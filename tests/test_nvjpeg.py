@@ -79,13 +79,14 @@ def test_fastload_nvjpeg_batches_match_the_cpu_decoder(imagenet_dir):
         assert torch.equal(yc, yg)
         assert not torch.isnan(xg).any()
         assert psnr(xg, xc, peak=1.0) >= 35
-    # Every batch was split: the engines took part of it, the cores the rest.
-    assert 0 < gpu.stats()["gpu_decoded"] < len(ds) and gpu.stats()["fallback"] == 0
+    # Every sample went to the engines (the next epoch, started early, may have decoded whole batches more).
+    decoded = gpu.stats()["gpu_decoded"]
+    assert decoded >= len(ds) and decoded % 8 == 0 and gpu.stats()["fallback"] == 0
 
 
 @hardware
 def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_path):
-    # A progressive file is not for the hardware: the cores decode it, the engines take part of the rest.
+    # A progressive file is not for the hardware: the cores decode it, the engines the rest of its batch.
     root = tmp_path / "mixed"
     (root / "a").mkdir(parents=True)
     for i, f in enumerate(sorted(imagenet_dir.rglob("*.jpg"))[:7]):
@@ -99,7 +100,8 @@ def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_pat
     (xg, yg), = list(loader)
     (xc, yc), = list(fl.FastLoader(fl.FolderDataset(root), decoder="cpu", **common))
     assert torch.equal(yg, yc) and psnr(xg, xc, peak=1.0) >= 35
-    assert 0 < loader.stats()["gpu_decoded"] < 8
+    decoded = loader.stats()["gpu_decoded"]  # 7 per batch of 8; the next epoch may have started early
+    assert decoded > 0 and decoded % 7 == 0
     progressive = next(i for i, p in enumerate(fl.FolderDataset(root).paths) if p.endswith("p.jpg"))
     assert loader._maker._decodable[progressive] == 0
     # A record whose bytes changed after packing: the CPU path finds the checksum and names the record.
@@ -125,17 +127,3 @@ def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
     assert reserved[-1] == reserved[3], reserved
     assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
 
-
-def test_split_follows_the_measured_speeds(imagenet_dir):
-    # The engines' share is set so that both parts of a batch take as long: images per second in proportion.
-    maker = fl.FastLoader(fl.FolderDataset(imagenet_dir))._maker
-    maker._rebalance(100, 0.1, 50, 0.15)  # engines 1 ms per image, cores 3 ms
-    assert maker._share == pytest.approx(0.75)
-    maker._rebalance(0, 0.0, 50, 0.15)  # no hardware part this time: its estimate stands
-    assert maker._share == pytest.approx(0.75)
-    for _ in range(40):  # cores now ten times slower than the engines (a busy training loop): moving average
-        maker._rebalance(100, 0.1, 50, 0.5)
-    assert maker._share == pytest.approx(10 / 11, abs=1e-3)
-    for _ in range(40):  # and never all or nothing, so both stay measured
-        maker._rebalance(100, 0.1, 1, 1.0)
-    assert maker._share == 0.95
