@@ -300,7 +300,7 @@ class _Producers:
                 slot.wait_reusable()
                 batch = self.maker.make(self.batches[k], self.epoch, slot)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
-                    item = (self.stage(batch), batch.labels)
+                    item = (self.stage(batch), batch.labels, batch.counts)
                     self.free[w].put(slot)
                 else:
                     item = batch
@@ -363,19 +363,19 @@ class _EpochIterator:
         if loader.device.type == "cpu":
             if self.next_batch >= len(self.batches):
                 return self._finish()
-            x, y = self._next_item()
+            x, y, counts = self._next_item()
         else:
             pipe = loader._device_pipe()
             if self.pending is None:
                 if self.next_batch >= len(self.batches):
                     return self._finish()
                 self.pending = self._submit(pipe, self._next_item())
-            current, self.pending = self.pending, None
+            (current, counts), self.pending = self.pending, None
             if self.next_batch < len(self.batches):  # keep the GPU one batch ahead
                 self.pending = self._submit(pipe, self._next_item())
             x, y = pipe.receive(current)
         loader._batches_done += 1
-        loader._stats.add(images=len(y), batches=1)
+        loader._stats.add(images=len(y), batches=1, **counts)
         return x, y
 
     def _submit(self, pipe, batch):
@@ -386,7 +386,7 @@ class _EpochIterator:
         p = self.producers
         p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)
         self.loader._stats.add(stage=time.perf_counter() - t)
-        return handle
+        return handle, batch.counts
 
     def _finish(self):
         self.loader._finished_epoch = True

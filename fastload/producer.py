@@ -13,7 +13,7 @@ nvJPEG error) is decoded whole by the CPU path, which reports what it finds.
 import io
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ class RaggedBatch:
     labels: torch.Tensor     # int64 [B]
     nbytes: int              # bytes of data in use (what a GPU copy must move)
     slot: "Slot"
+    # Sample counts for loader.stats() (skipped, fallback, gpu_decoded): added when the batch is handed out, so a
+    # batch made ahead (the next epoch's first ones) is not counted before the training loop gets it.
+    counts: dict = field(default_factory=dict)
 
 
 class Slot:
@@ -166,15 +169,16 @@ class BatchMaker:
         for k in np.flatnonzero(other.numpy()):
             self._pillow_fill(int(indices[k]), windows[k], buffer, offsets[k], shapes[k], status, messages, k)
         used = int(nbytes.sum())
+        counts = {"fallback": int(other.sum()), "skipped": 0}
         bad = np.flatnonzero(status.numpy() != ops.OK)
         if len(bad):
             indices = indices.copy()
             buffer, offsets, shapes, matrices, used = self._repair(bad, indices, matrices, slot, offsets, shapes,
-                                                                   messages, epoch, used)
+                                                                   messages, epoch, used, counts)
         labels = torch.from_numpy(self.labels[indices])
         t3 = time.perf_counter()
-        self.stats.add(read=t1 - t0, decode=t3 - t1, fallback=int(other.sum()))
-        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot)
+        self.stats.add(read=t1 - t0, decode=t3 - t1)
+        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts)
 
     def _make_on_gpu(self, indices, epoch, slot):
         """decoder="nvjpeg": the hardware decoder takes every baseline YCbCr JPEG of the batch, the cores the rest
@@ -240,8 +244,10 @@ class BatchMaker:
         if part is not None:
             offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices
             labels[cpu] = part.labels  # on_error="skip" may have replaced samples
-        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1, gpu_decoded=len(chosen))
-        return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot)
+        self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
+        counts = dict(part.counts if part is not None else {}, gpu_decoded=len(chosen))
+        return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot,
+                           counts)
 
     def _hardware_handles(self, batch):
         if self._hardware is None:
@@ -294,7 +300,7 @@ class BatchMaker:
             status[k] = ops.CORRUPT
             messages[k] = f"Pillow could not decode it: {e}"
 
-    def _repair(self, bad, indices, matrices, slot, offsets, shapes, messages, epoch, used):
+    def _repair(self, bad, indices, matrices, slot, offsets, shapes, messages, epoch, used, counts):
         """on_error="raise": raise for the first bad sample. "skip": replace each bad sample by a
         deterministic pick (a pure function of seed, epoch and the bad index) decoded into the slot's spare room."""
         if self.on_error == "raise":
@@ -305,7 +311,7 @@ class BatchMaker:
         offsets, shapes, matrices = offsets.clone(), shapes.clone(), matrices.clone()
         n = len(self.heights)
         for k in bad.tolist():
-            self.stats.add(skipped=1)
+            counts["skipped"] += 1
             original = int(indices[k])
             # A stream of its own (seed + a constant) so replacements never correlate with crop draws.
             picks = uniforms(self.seed + 0x5EED, epoch, np.array([original]), _MAX_REPLACEMENTS)[0]
@@ -331,7 +337,7 @@ class BatchMaker:
                     indices[k] = pick[0]
                     used += need
                     break
-                self.stats.add(skipped=1)
+                counts["skipped"] += 1
             else:
                 name = self.ds.sample_name(original)
                 raise DecodeError(f"{name}: {messages[k]} (and {_MAX_REPLACEMENTS} replacements failed too)",

@@ -21,8 +21,8 @@ class LoaderStats:
 
     def summary(self):
         """images/s since the first recorded event; *_s: seconds summed over producer threads (read, decode,
-        stage) or spent by the training loop waiting for a batch (wait_s); skipped and fallback (Pillow) counts, and
-        gpu_decoded: images the hardware decoder decoded (decoder="nvjpeg")."""
+        stage) or spent by the training loop waiting for a batch (wait_s); and over the batches handed out, the
+        samples skipped (replaced), decoded by Pillow (fallback), and by the hardware decoder (gpu_decoded)."""
         with self._lock:
             v = dict(self._values)
             elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
