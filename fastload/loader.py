@@ -4,8 +4,8 @@ Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the ep
 natively into a reusable slot (producer.py), and, on the CPU path, run the affine/normalise stage. The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
 consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
-producers are on their last round, the next epoch's start (its batches are a pure function of seed and epoch), so
-the training loop meets no empty pipeline between epochs.
+producers are on their last round, the next epoch's producers start (its batches are a pure function of seed and
+epoch), so the training loop meets no empty pipeline between epochs.
 """
 import atexit
 import os
@@ -168,7 +168,6 @@ class FastLoader:
         if not self._epoch_set and self._finished_epoch:
             self._epoch += 1
         self._epoch_set = self._finished_epoch = False
-        batches = self._epoch_batches(self._epoch)
         start, self._start_batch = self._start_batch, 0
         self._batches_done = start
         ahead, self._ahead = self._ahead, None
@@ -177,7 +176,7 @@ class FastLoader:
         else:
             if ahead is not None:
                 ahead.close()  # set_epoch or load_state_dict chose another start: those batches are not wanted
-            iterator = _EpochIterator(self, batches, 0 if start is None else start, self._epoch)
+            iterator = _EpochIterator(self, self._epoch_batches(self._epoch), start, self._epoch)
         self._iterator = weakref.ref(iterator)  # a weak ref: dropping the iterator stops its threads
         return iterator
 

@@ -184,8 +184,8 @@ class BatchMaker:
         """decoder="nvjpeg": the hardware decoder takes every baseline YCbCr JPEG of the batch, the cores the rest
         (other JPEG kinds, other formats), into one device buffer ([hardware part | CPU part]); or None to take
         the CPU path for all of it. (Splitting baseline JPEGs between engines and cores by their measured speeds
-        was tried: nvJPEG's host-side work and the crop decoders slow each other, and it was slower than either,
-        bench/RESULTS.md.)"""
+        was tried: nvJPEG's host-side work and the crop decoders slow each other, and no split beat the engines
+        alone, bench/RESULTS.md.)"""
         t0 = time.perf_counter()
         n = len(indices)
         chosen = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != 0))
