@@ -61,8 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--val-resize", type=int, default=None, help="short side before the centre crop "
                    "(default: size / 0.875, 256 for 224)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=None, help="fastload decode threads per process "
-                   "(default: the cores; under torchrun, the cores divided by the local processes)")
+    p.add_argument("--threads", type=int, default=None, help="fastload decode threads per producer (default: "
+                   "FastLoader's, which shares the cores out among the local processes and their producers)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation, shuffling and crops")
     p.add_argument("--checkpoint", default="checkpoint.pt", help="where checkpoints are written")
     p.add_argument("--save-every", type=int, default=1000, help="also checkpoint every N steps (0: epoch ends only)")
@@ -150,7 +150,7 @@ def main(argv=None):
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.backends.cudnn.benchmark = True
-    threads = args.threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    threads = args.threads
 
     # --- data: FastLoader delivers normalised float batches on `device`, channels_last for the model -------
     train_ds = open_dataset(args.train)

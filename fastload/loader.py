@@ -47,9 +47,9 @@ class FastLoader:
         mean, std: per-channel, applied as ``(x / 255 - mean) / std``; ``None`` for both gives x / 255.
         dtype: float32, float16 or bfloat16 (uint8 gives raw resized pixels); channels_last: output memory format.
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
-        threads: native decode threads per batch (default: the CPU cores; on CUDA the cores divided among the
-            producers, which decode at once. They run at nice +5 so the training loop's own thread keeps a core
-            when all are busy); workers: producer threads, each with a batch in flight (default 2; on CUDA up
+        threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
+            torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
+            training loop's own thread keeps a core when all are busy); workers: producer threads, each with a batch in flight (default 2; on CUDA up
             to 4 with many cores, so Python work overlaps decoding; 3 with decoder="nvjpeg").
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
@@ -77,7 +77,8 @@ class FastLoader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
-        cores = os.cpu_count() or 1
+        # Under torchrun the processes of one machine share its cores.
+        cores = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         if workers is None:  # nvjpeg: one producer has the engines while the others read and plan
             if self.decoder == "nvjpeg":
                 workers = 3

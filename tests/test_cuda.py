@@ -1,6 +1,8 @@
 """GPU tests: the CUDA kernel against its CPU twin and the float64 reference, FastLoader(device="cuda")
 against the CPU path, DataPrefetcher, memory over epochs. Skipped without CUDA (CI has none): run them on
 the GPU machine for every change to GPU code (see bench/RESULTS.md)."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -101,6 +103,12 @@ def test_fastload_cuda_equals_cpu_path(imagenet_dir):
         assert torch.equal(yc, yg.cpu())
         assert (xg.cpu() - xc).abs().max().item() <= 1e-3
 
+
+def test_default_threads_on_cuda_share_the_cores_among_producers(imagenet_dir, monkeypatch):
+    """On CUDA the producers decode at once: the cores are shared out among them, one decode thread per core."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), device="cuda")
+    assert loader.threads == max(1, os.cpu_count() // loader.workers)
 
 def test_reserved_memory_flat_over_epochs(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)

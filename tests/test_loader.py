@@ -328,6 +328,16 @@ def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
     assert r.returncode == 0 and "interrupted" in r.stdout, r.stderr
 
 
+def test_default_threads_share_the_cores(coded_dir, monkeypatch):
+    """One decode thread per core by default; under torchrun the local processes share the machine's cores."""
+    ds = fl.FolderDataset(coded_dir)
+    cores = os.cpu_count()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert fl.FastLoader(ds).threads == cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert fl.FastLoader(ds).threads == max(1, cores // 2)
+    assert fl.FastLoader(ds, threads=3).threads == 3
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="on_error"):
         fl.FastLoader([], on_error="ignore")
