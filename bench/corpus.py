@@ -276,6 +276,21 @@ def make_kinds(root):
     return {k: root / f"{k}.jpg" for k in KINDS}
 
 
+def linked_copies(src, dst, times):
+    """DST: the ImageFolder SRC with each file linked ``times`` times (R_name), so epochs are long enough that
+    their start and end weigh little, without more distinct images. Existing links are kept."""
+    for c in sorted(os.listdir(src)):
+        if not os.path.isdir(os.path.join(src, c)):
+            continue
+        os.makedirs(os.path.join(dst, c), exist_ok=True)
+        for f in sorted(os.listdir(os.path.join(src, c))):
+            for r in range(times):
+                link = os.path.join(dst, c, f"{r}_{f}")
+                if not os.path.exists(link):
+                    os.symlink(os.path.abspath(os.path.join(src, c, f)), link)
+    return dst
+
+
 def seekable_store(root):
     """The store `fastload pack --seekable` makes of the folder ``root``, beside it (ROOT.seekable.lmdb), packed
     the first time it is asked for (an interrupted pack resumes)."""

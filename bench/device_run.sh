@@ -35,19 +35,7 @@ fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
   # epoch start/end effects stay small for both loaders.
-  python3 - <<'PY'
-import os
-src, dst = "data/imagenet-like", "data/imagenet-like-x6"
-for c in sorted(os.listdir(src)):
-    if not os.path.isdir(os.path.join(src, c)):
-        continue
-    os.makedirs(os.path.join(dst, c), exist_ok=True)
-    for f in sorted(os.listdir(os.path.join(src, c))):
-        for r in range(6):
-            link = os.path.join(dst, c, f"{r}_{f}")
-            if not os.path.exists(link):
-                os.symlink(os.path.abspath(os.path.join(src, c, f)), link)
-PY
+  python3 -c "from bench.corpus import linked_copies; linked_copies('data/imagenet-like', 'data/imagenet-like-x6', 6)"
   python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
     --resume 2>&1 | tail -1
   for m in resnet18 resnet50; do

@@ -1,25 +1,15 @@
 """Training efficiency by FastLoader producer/thread configuration (the measurements behind FastLoader's default
 thread count on CUDA; bench/RESULTS.md): python -m bench.threads resnet18 resnet50, on the GPU machine."""
-import os
 import sys
 import time
 
 import torch
 
 import fastload as fl
+from bench.corpus import linked_copies, seekable_store
 from fastload.benchmark import ceiling_rate, training_step
 
-src, dst = "data/imagenet-like", "data/imagenet-like-x6"
-for c in sorted(os.listdir(src)):
-    if os.path.isdir(os.path.join(src, c)):
-        os.makedirs(os.path.join(dst, c), exist_ok=True)
-        for f in sorted(os.listdir(os.path.join(src, c))):
-            for r in range(6):
-                link = os.path.join(dst, c, f"{r}_{f}")
-                if not os.path.exists(link):
-                    os.symlink(os.path.abspath(os.path.join(src, c, f)), link)
-from bench.corpus import seekable_store  # noqa: E402 (after the links it packs)
-store = seekable_store(dst)
+store = seekable_store(linked_copies("data/imagenet-like", "data/imagenet-like-x6", 6))
 
 ds = fl.LMDBDataset(store)
 CONFIGS = [(4, 16), (4, 4), (4, 3), (3, 4), (2, 7), (2, 6)]

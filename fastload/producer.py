@@ -212,10 +212,11 @@ class BatchMaker:
                 got = ops.C.crc32s(buffers, self.threads).numpy()
                 if bool(((expected >= 0) & (got != expected)).any()):
                     return None
-            windows, matrices, _ = self.plan(indices[chosen], epoch)
-            windows, matrices = full_resolution(windows, matrices)  # the hardware has no DCT downscale
+            windows, matrices, _ = self.plan(indices, epoch)
+            full_bytes = int((windows[:, 2] * windows[:, 3] * 3).sum())  # the whole batch at full resolution
+            hw = torch.from_numpy(chosen)
+            windows, matrices = full_resolution(windows[hw], matrices[hw])  # the hardware has no DCT downscale
             hw_bytes = int(decoded_nbytes(windows).sum())
-            full_bytes = int((self.plan(indices, epoch)[0][:, 2:4].prod(dim=1) * 3).sum())
             rest = np.setdiff1d(np.arange(n), chosen)
             t1 = time.perf_counter()
             part = self._make_on_cpu(indices[rest], epoch, slot) if len(rest) else None  # raises or repairs
@@ -239,7 +240,7 @@ class BatchMaker:
         shapes = torch.empty(n, 3, dtype=torch.int64)
         all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
         labels = torch.from_numpy(self.labels[indices])
-        hw, cpu = torch.from_numpy(chosen), torch.from_numpy(rest)
+        cpu = torch.from_numpy(rest)
         offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices
         if part is not None:
             offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices
