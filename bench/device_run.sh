@@ -3,7 +3,8 @@
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
 #   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
 #   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
-#   picks FastLoader's decoder, default cpu); all = tests+bench+train; none: only the build.
+#   picks FastLoader's decoder, default cpu); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
+#   decoder="nvjpeg" against producer count (bench.probe); all = tests+bench+train; none: only the build.
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -31,6 +32,15 @@ wait $corpus
 if [[ +$what+ == *+bench+* ]]; then
   python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
     grep -v "^fastload stats"
+fi
+if [[ +$what+ == *+profile+* ]]; then
+  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section SchedulerStats --section InstructionStats python3 -m bench.kernel_probe \
+    > "$OUT/ncu.txt" 2>&1
+  grep -E "^ +(Duration|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Executed Instructions|Memory Throughput|Compute \(SM\) Throughput) " \
+    "$OUT/ncu.txt"
+  python3 -c "from bench import corpus; corpus.seekable_store('data/imagenet-like')" > /dev/null
+  python3 -m bench.probe --nvjpeg-workers data/imagenet-like.seekable.lmdb 2>&1 | tee "$OUT/nvjpeg_workers.log"
 fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:

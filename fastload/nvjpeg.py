@@ -7,7 +7,9 @@ the warp kernel then antialiases the whole reduction) with nvJPEG's IDCT and chr
 are close to, not equal to, libjpeg-turbo's.
 
 libnvjpeg is loaded with ctypes when first needed: no header or link-time dependency, so fastload builds and
-imports on machines without it. Search order: $FASTLOAD_NVJPEG_LIB, the loader's default paths
+imports on machines without it. Only the batch decode releases the GIL: the per-image calls around it take
+microseconds, and a thread that gave the GIL up would wait for it back behind the training loop's Python, up to
+the 5 ms switch interval each time. Search order: $FASTLOAD_NVJPEG_LIB, the loader's default paths
 (libnvjpeg.so.13, .12), $CUDA_HOME/lib64, the copy inside torchvision's wheel.
 """
 import ctypes
@@ -24,15 +26,12 @@ _STATUS = {1: "not initialized", 2: "invalid parameter", 3: "bad JPEG", 4: "JPEG
            8: "internal error", 9: "implementation not supported", 10: "incomplete bitstream"}
 
 
-class _Image(ctypes.Structure):  # nvjpegImage_t
-    _fields_ = [("channel", ctypes.c_void_p * 4), ("pitch", ctypes.c_size_t * 4)]
-
-
 class NvjpegError(RuntimeError):
     """libnvjpeg is missing, or it refused: no hardware decoder, an unsupported or broken file, a failed call."""
 
 
-_lib = None
+_lib = None  # ctypes.CDLL: its calls release the GIL (for nvjpegDecodeBatchedEx, which blocks for milliseconds)
+_quick = None  # the same library as ctypes.PyDLL: its calls keep the GIL (for the per-image setters)
 _lib_error = None
 _lock = threading.Lock()
 
@@ -52,15 +51,17 @@ def _candidates():
     return names
 
 
-def library():
-    """The loaded libnvjpeg (a ctypes.CDLL); NvjpegError saying where it looked when there is none."""
-    global _lib, _lib_error
+def library(keep_gil=False):
+    """The loaded libnvjpeg: a ctypes.CDLL, or with keep_gil a ctypes.PyDLL of it (calls that hold the GIL);
+    NvjpegError saying where it looked when there is none."""
+    global _lib, _quick, _lib_error
     with _lock:
         if _lib is None and _lib_error is None:
             tried = _candidates()
             for name in tried:
                 try:
                     _lib = ctypes.CDLL(name)
+                    _quick = ctypes.PyDLL(name)  # dlopen again: the same handle, only the calling convention differs
                     break
                 except OSError:
                     continue
@@ -69,7 +70,7 @@ def library():
                               f"or set FASTLOAD_NVJPEG_LIB")
     if _lib is None:
         raise NvjpegError(_lib_error)
-    return _lib
+    return _quick if keep_gil else _lib
 
 
 def _check(status, what):
@@ -95,6 +96,7 @@ class HardwareDecoder:
 
     def __init__(self, max_batch):
         self._lib = library()
+        self._quick = library(keep_gil=True)
         self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
         self._params = []
         self._batch = 0
@@ -125,20 +127,20 @@ class HardwareDecoder:
         views = [np.frombuffer(b, dtype=np.uint8) for b in buffers]  # read-only views are fine: no copy
         data = (ctypes.c_void_p * n)(*[v.ctypes.data for v in views])
         lengths = (ctypes.c_size_t * n)(*[v.size for v in views])
-        images = (_Image * n)()
-        base = out.data_ptr()
+        images = np.zeros((n, 8), dtype=np.uint64)  # nvjpegImage_t: channel[4] pointers, then pitch[4]
+        images[:, 0] = out.data_ptr() + offsets
+        images[:, 4] = w * 3
         self._grow(n)
         params = (ctypes.c_void_p * n)(*[p.value for p in self._params[:n]])
-        for i in range(n):
-            images[i].channel[0] = base + int(offsets[i])
-            images[i].pitch[0] = int(w[i]) * 3
-            _check(self._lib.nvjpegDecodeParamsSetROI(self._params[i], int(win[i, 1]), int(win[i, 0]), int(w[i]),
-                                                      int(h[i])), "nvjpegDecodeParamsSetROI")
+        set_roi = self._quick.nvjpegDecodeParamsSetROI
+        for p, x, y, pw, ph in zip(self._params[:n], win[:, 1].tolist(), win[:, 0].tolist(), w.tolist(), h.tolist()):
+            _check(set_roi(p, x, y, pw, ph), "nvjpegDecodeParamsSetROI")
         if n != self._batch:  # nvJPEG's batched state is sized for one batch size
             _check(self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGBI),
                    "nvjpegDecodeBatchedInitialize")
             self._batch = n
-        status = self._lib.nvjpegDecodeBatchedEx(self._handle, self._state, data, lengths, images, params,
+        status = self._lib.nvjpegDecodeBatchedEx(self._handle, self._state, data, lengths,
+                                                 ctypes.c_void_p(images.ctypes.data), params,
                                                  ctypes.c_void_p(stream.cuda_stream))
         if status != 0:
             self._batch = 0  # "if the batch decoding fails, call nvjpegDecodeBatchedInitialize() again"

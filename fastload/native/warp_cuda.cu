@@ -124,31 +124,42 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
                                 tap_weight);
 }
 
-// The loader's case (uint8 HWC RGB, axis-aligned, shrink up to ~2x): the block stages its tile's input rows in
+// The loader's case (uint8 HWC RGB, axis-aligned, shrink up to ~2.8x): the block stages its tile's input rows in
 // shared memory with coalesced 32-bit loads, filters them horizontally into 32 output columns, then vertically
 // into 32 output rows. Every input byte is read from global memory once per tile instead of once per tap and
 // pixel, and the weights are computed once per column and row. Other blocks take warp_columns.
 //
 // The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) of a
-// tile gets the same number of taps K, zero-padded, with K a template argument (3 to 5: supports 1 to 2.5), and
+// tile gets the same number of taps K, zero-padded, with K a template argument (3 to 6: supports 1 to 3), and
 // bytes become floats by a bit trick rather than the quarter-rate conversion instruction.
-constexpr int kTileRows = 72;       // input rows one tile may span: vertical shrink up to ~2.1x
-constexpr int kTileRowWords = 56;   // 224 bytes of one row, alignment included: horizontal shrink up to ~2.1x
-constexpr int kTileMinTaps = 3, kTileMaxTaps = 5;
-constexpr int kRowsInFlight = 4;    // rows each warp loads at once while staging (8 words per thread in flight)
+//
+// The shrink limit covers what the loader produces: DCT scales are powers of two, so a crop reaches the kernel
+// up to 2x larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3)
+// make the other side up to 2.67x.
+constexpr int kStagedRows = 68;     // input rows a staged tile may span (33 * shrink + 1): vertical shrink ~2x
+constexpr int kTileRowWords = 72;   // 288 bytes of one staged row, alignment included: horizontal shrink ~2.85x
+constexpr int kTileRows = 96;       // rows a direct tile may span: vertical shrink up to ~2.85x
+constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
+constexpr int kRowWordsPerLane = (kTileRowWords + kBlockX - 1) / kBlockX;
+constexpr int kRowsInFlight = 4;    // rows each warp loads at once while staging
 
+// A tile spanning more than kStagedRows input rows is "direct": its horizontal pass reads the bytes from global
+// memory (the L1 cache) instead of staging them, which leaves room for 96 rows of row sums within the 48 KB of
+// static shared memory (4 blocks per SM fit either way).
 struct TileShared {
   union {
     struct {
-      uint32_t raw[kTileRows][kTileRowWords];      // input rows [ya, yb), bytes from column xa on, word-aligned
-      float rowsum[kTileRows][3][kBlockX];         // horizontal pass: per input row, channel, output column
-    } tile;
+      uint32_t raw[kStagedRows][kTileRowWords];    // input rows [ya, yb), bytes from column xa on, word-aligned
+      float rowsum[kStagedRows][3][kBlockX];       // horizontal pass: per input row, channel, output column
+    } staged;
+    float rowsum_direct[kTileRows][3][kBlockX];    // the same row sums, for a direct tile
     float tap_weight[kMaxTaps * kThreads];         // warp_columns' scratch when the block falls back
   };
   float weight[2][kTileMaxTaps][kBlockX];          // K weights of each output column (0) and row (1), zero-padded
   int lo[2][kBlockX];                              // first tap, relative to the staged range's start
   bool inside[2][kBlockX];                         // false: the centre maps outside the image, fill
 };
+using RowSums = float (*)[3][kBlockX];
 
 // Input centre (edge coordinates) of output position pos along one axis of an axis-aligned warp.
 __device__ __forceinline__ float axis_centre(float scale, float shift, int pos) { return scale * pos + shift + 0.5f; }
@@ -173,33 +184,46 @@ __device__ __forceinline__ int tile_taps(float support) {
 // Exactly float(b) for a byte b: 2^23 + b as a float's bits, minus 2^23 (two full-rate instructions).
 __device__ __forceinline__ float byte_to_float(uint32_t b) { return __uint_as_float(0x4B000000u | b) - 8388608.f; }
 
-// Horizontal pass: staged input row r -> this thread's output column, three channels.
-template <int K>
-__device__ __forceinline__ void tile_horizontal(TileShared& sh, int rows, uintptr_t base, int row_bytes) {
+// Horizontal pass: input row r of the tile -> this thread's output column, three channels. Staged: row r's bytes
+// start (first + r * row_bytes) & 3 bytes into its first staged word. Direct: they start at rows + r * row_bytes
+// in global memory.
+template <int K, bool kStaged>
+__device__ __forceinline__ void tile_horizontal(TileShared& sh, RowSums rowsum, int rows, uint32_t first,
+                                                const uint8_t* __restrict__ direct_rows, int row_bytes) {
   const int u = threadIdx.x;
   if (!sh.inside[0][u]) return;
   float w[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) w[k] = sh.weight[0][k][u];
-  const int first = sh.lo[0][u] * 3;
+  const int tap = sh.lo[0][u] * 3;
   for (int r = threadIdx.y; r < rows; r += kBlockY) {
-    const uint8_t* p = reinterpret_cast<const uint8_t*>(sh.tile.raw[r]) + ((base + r * row_bytes) & 3) + first;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+    if constexpr (kStaged) {
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(sh.staged.raw[r]) + ((first + r * row_bytes) & 3) + tap;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      a0 += w[k] * byte_to_float(p[3 * k]);
-      a1 += w[k] * byte_to_float(p[3 * k + 1]);
-      a2 += w[k] * byte_to_float(p[3 * k + 2]);
+      for (int k = 0; k < K; ++k) {
+        a0 += w[k] * byte_to_float(p[3 * k]);
+        a1 += w[k] * byte_to_float(p[3 * k + 1]);
+        a2 += w[k] * byte_to_float(p[3 * k + 2]);
+      }
+    } else {
+      const uint8_t* p = direct_rows + r * row_bytes + tap;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        a0 += w[k] * byte_to_float(__ldg(p + 3 * k));
+        a1 += w[k] * byte_to_float(__ldg(p + 3 * k + 1));
+        a2 += w[k] * byte_to_float(__ldg(p + 3 * k + 2));
+      }
     }
-    sh.tile.rowsum[r][0][u] = a0;
-    sh.tile.rowsum[r][1][u] = a1;
-    sh.tile.rowsum[r][2][u] = a2;
+    rowsum[r][0][u] = a0;
+    rowsum[r][1][u] = a1;
+    rowsum[r][2][u] = a2;
   }
 }
 
 // Vertical pass: the row sums -> this thread's kRows output pixels, normalised and stored.
 template <int K, typename out_t>
-__device__ __forceinline__ void tile_vertical(const TileShared& sh, out_t* __restrict__ o, int64_t os_c,
+__device__ __forceinline__ void tile_vertical(const TileShared& sh, RowSums rowsum, out_t* __restrict__ o, int64_t os_c,
                                               int64_t os_y, int rows_left, const float* scale, const float* bias,
                                               const float* fill_value) {
   const int u = threadIdx.x;
@@ -219,7 +243,7 @@ __device__ __forceinline__ void tile_vertical(const TileShared& sh, out_t* __res
     for (int k = 0; k < K; ++k) {
       const float wk = sh.weight[1][k][v];
 #pragma unroll
-      for (int c = 0; c < 3; ++c) acc[c] += wk * sh.tile.rowsum[r0 + k][c][u];
+      for (int c = 0; c < 3; ++c) acc[c] += wk * rowsum[r0 + k][c][u];
     }
     store_pixel(o, os_c, acc, 1.f, scale, bias, 3);
   }
@@ -238,14 +262,12 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   float m[6];
 #pragma unroll
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
-  float scale[3], bias[3];
-#pragma unroll
-  for (int c = 0; c < 3; ++c) scale[c] = alpha[c], bias[c] = beta[c];
   const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
                      off + h64 * w64 * 3 <= data_size;
   const int u0 = blockIdx.x * kBlockX, v0 = blockIdx.y * kTile;
   const int h = static_cast<int>(h64), w = static_cast<int>(w64);
-  const float support_x = filter_support(m[0], m[1]), support_y = filter_support(m[3], m[4]);
+  // filter_support of an axis-aligned matrix (any other falls back below) without the square root.
+  const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
   const int kx = tile_taps(support_x), ky = tile_taps(support_y);
   int xa = 0, xb = 0, ya = 0, yb = 0;
   if (valid) {
@@ -254,15 +276,20 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   }
   // Everything here is per sample and per tile, uniform over the block: returning is safe before a barrier.
   if (!valid || m[1] != 0.f || m[3] != 0.f || kx > kTileMaxTaps || ky > kTileMaxTaps || xb - xa < kx ||
-      yb - ya < ky || yb - ya > kTileRows || (xb - xa) * 3 + 3 > kTileRowWords * 4) {
+      yb - ya < ky || yb - ya > kTileRows) {
     warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out, os_b,
                                     os_c, os_y, os_x, out_h, out_w, sh.tap_weight);
     return;
   }
   const int row_bytes = w * 3, seg = (xb - xa) * 3, rows = yb - ya;
-  // Row r's bytes start ((base + r * row_bytes) & 3) bytes into its first aligned word. Every word read holds at
-  // least one byte of the row segment, so no read leaves the image's allocation.
-  const uintptr_t base = reinterpret_cast<uintptr_t>(data + off + ya * row_bytes + xa * 3);
+  const bool staged = rows <= kStagedRows && seg + 3 <= kTileRowWords * 4;
+  const RowSums rowsum = staged ? sh.staged.rowsum : sh.rowsum_direct;
+  // Staged rows are read as aligned 32-bit words from `src`, the image starting at byte (image & 3) of it; row r's
+  // segment starts at byte first + r * row_bytes. 32-bit offsets: the image is smaller than 2^31 bytes (valid).
+  // Every word read holds at least one byte of a row segment, so no read leaves the image's allocation.
+  const uintptr_t image = reinterpret_cast<uintptr_t>(data + off);
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(image & ~uintptr_t(3));
+  const uint32_t first = static_cast<uint32_t>(image & 3) + static_cast<uint32_t>(ya * row_bytes + xa * 3);
 
   // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
   // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
@@ -298,24 +325,23 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     sh.inside[axis][i] = inside && hi > lo;
   };
 
-  // Stage the rows: each warp loads kRowsInFlight rows at once (two words per lane cover a row), then stores
-  // them, so a thread has up to 8 loads in flight; the weights are computed while the first ones travel.
-  uint32_t* raw = &sh.tile.raw[0][0];
+  // Stage the rows: each warp loads kRowsInFlight rows at once (each lane up to kRowWordsPerLane words of a row),
+  // then stores them, so a thread has several loads in flight; the weights are computed while the first travel.
+  uint32_t* raw = &sh.staged.raw[0][0];
   bool weights_done = false;
-  for (int r0 = threadIdx.y; r0 < rows; r0 += kBlockY * kRowsInFlight) {
-    uint32_t value[kRowsInFlight][2];
-    int where[kRowsInFlight][2];
+  for (int r0 = threadIdx.y; staged && r0 < rows; r0 += kBlockY * kRowsInFlight) {
+    uint32_t value[kRowsInFlight][kRowWordsPerLane];
+    int words[kRowsInFlight];
 #pragma unroll
     for (int j = 0; j < kRowsInFlight; ++j) {
       const int r = r0 + j * kBlockY;
-      const uintptr_t start = base + r * row_bytes;
-      const int words = r < rows ? static_cast<int>(((start & 3) + seg + 3) / 4) : 0;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(start & ~uintptr_t(3));
+      const uint32_t start = first + r * row_bytes;
+      words[j] = r < rows ? static_cast<int>(((start & 3) + seg + 3) >> 2) : 0;
+      const uint32_t* row = src + (start >> 2);
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
+      for (int q = 0; q < kRowWordsPerLane; ++q) {
         const int k = threadIdx.x + q * kBlockX;
-        where[j][q] = k < words ? r * kTileRowWords + k : -1;
-        if (k < words) value[j][q] = __ldg(src + k);
+        if (k < words[j]) value[j][q] = __ldg(row + k);
       }
     }
     if (!weights_done) {
@@ -325,28 +351,46 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
 #pragma unroll
     for (int j = 0; j < kRowsInFlight; ++j)
 #pragma unroll
-      for (int q = 0; q < 2; ++q)
-        if (where[j][q] >= 0) raw[where[j][q]] = value[j][q];
+      for (int q = 0; q < kRowWordsPerLane; ++q) {
+        const int k = threadIdx.x + q * kBlockX;
+        if (k < words[j]) raw[(r0 + j * kBlockY) * kTileRowWords + k] = value[j][q];
+      }
   }
   if (!weights_done) tile_weights();
   __syncthreads();
-  switch (kx) {
-    case 3: tile_horizontal<3>(sh, rows, base, row_bytes); break;
-    case 4: tile_horizontal<4>(sh, rows, base, row_bytes); break;
-    default: tile_horizontal<5>(sh, rows, base, row_bytes); break;
+  const uint8_t* direct_rows = data + off + ya * row_bytes + xa * 3;
+  if (staged) {
+    switch (kx) {
+      case 3: tile_horizontal<3, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      case 4: tile_horizontal<4, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      case 5: tile_horizontal<5, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      default: tile_horizontal<6, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+    }
+  } else {
+    switch (kx) {
+      case 3: tile_horizontal<3, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      case 4: tile_horizontal<4, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      case 5: tile_horizontal<5, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      default: tile_horizontal<6, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+    }
   }
   __syncthreads();
   const int u = u0 + threadIdx.x;
   if (u >= out_w) return;
-  float fill_value[3];
+  float scale[3], bias[3], fill_value[3];
 #pragma unroll
-  for (int c = 0; c < 3; ++c) fill_value[c] = fill * scale[c] + bias[c];
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = alpha[c];
+    bias[c] = beta[c];
+    fill_value[c] = fill * scale[c] + bias[c];
+  }
   out_t* o = out + b * os_b + static_cast<int64_t>(v0 + threadIdx.y) * os_y + u * os_x;
   const int rows_left = out_h - v0;
   switch (ky) {
-    case 3: tile_vertical<3>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-    case 4: tile_vertical<4>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-    default: tile_vertical<5>(sh, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    case 3: tile_vertical<3>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    case 4: tile_vertical<4>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    case 5: tile_vertical<5>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+    default: tile_vertical<6>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
   }
 }
 
