@@ -3,7 +3,7 @@
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
 #   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
 #   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
-#   picks FastLoader's decoder, default cpu); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
+#   picks FastLoader's decoder, default cpu; MODELS the models, default resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
 #   decoder="nvjpeg" against producer count (bench.probe); all = tests+bench+train; none: only the build.
 set -o pipefail
 what=${1:-all}
@@ -39,8 +39,13 @@ if [[ +$what+ == *+profile+* ]]; then
     > "$OUT/ncu.txt" 2>&1
   grep -E "^ +(Duration|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Executed Instructions|Memory Throughput|Compute \(SM\) Throughput) " \
     "$OUT/ncu.txt"
+  # Per-SASS-instruction execution counts, to see where the instructions go.
+  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters \
+    -f -o "$OUT/tiled" python3 -m bench.kernel_probe > /dev/null 2>&1
+  /usr/local/cuda/bin/ncu --import "$OUT/tiled.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
+  rm -f "$OUT/tiled.ncu-rep"
   python3 -c "from bench import corpus; corpus.seekable_store('data/imagenet-like')" > /dev/null
-  python3 -m bench.probe --nvjpeg-workers data/imagenet-like.seekable.lmdb 2>&1 | tee "$OUT/nvjpeg_workers.log"
+  python3 -m bench.probe --data data/imagenet-like --nvjpeg-workers data/imagenet-like.seekable.lmdb 2>&1 | tee "$OUT/nvjpeg_workers.log"
 fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
@@ -48,7 +53,7 @@ if [[ +$what+ == *+train+* ]]; then
   python3 -c "from bench.corpus import linked_copies; linked_copies('data/imagenet-like', 'data/imagenet-like-x6', 6)"
   python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
     --resume 2>&1 | tail -1
-  for m in resnet18 resnet50; do
+  for m in ${MODELS:-resnet18 resnet50}; do
     python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --decoder ${DECODER:-cpu} --baseline torchvision --model $m --epochs 2 \
       --json "$OUT/train_$m.json" --plot "$OUT/train_$m.png" 2>"$OUT/train_$m.err" | tee "$OUT/train_$m.log" | tail -8
   done

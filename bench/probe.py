@@ -91,8 +91,36 @@ def main():
               f"read {s['read_s']:.2f} decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f}")
 
 
+class _Timed:
+    """Wraps a lock or a ctypes function: per-call seconds (waiting for the lock, holding it, running the call)."""
+
+    def __init__(self, inner):
+        self.inner, self.wait, self.held, self.calls = inner, 0.0, 0.0, 0
+
+    def __enter__(self):
+        t = time.perf_counter()
+        self.inner.acquire()
+        self._t = time.perf_counter()
+        self.wait += self._t - t
+
+    def __exit__(self, *exc):
+        self.held += time.perf_counter() - self._t
+        self.calls += 1
+        self.inner.release()
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        try:
+            return self.inner(*args)
+        finally:
+            self.held += time.perf_counter() - t
+            self.calls += 1
+
+
 def nvjpeg_workers(ds):
-    """Where decoder="nvjpeg" spends its time, against the number of producer threads."""
+    """Where decoder="nvjpeg" spends its time, against the number of producer threads: per batch, the wait for
+    the shared decoder, the time holding it, and inside that nvjpegDecodeBatchedEx (its return includes getting
+    the GIL back)."""
     for workers in (1, 2, 3, 4):
         loader = fl.FastLoader(ds, batch_size=256, device="cuda", channels_last=True, drop_last=True,
                                workers=workers, decoder="nvjpeg")
@@ -101,15 +129,22 @@ def nvjpeg_workers(ds):
         torch.cuda.synchronize()
         loader._stats = type(loader._stats)()
         loader._maker.stats = loader._stats
+        lock = loader._maker._hardware_lock = _Timed(loader._maker._hardware_lock)
+        lib = loader._maker._hardware[0]._lib  # the process's one ctypes.CDLL: restored below
+        submit = lib.nvjpegDecodeBatchedEx = _Timed(lib.nvjpegDecodeBatchedEx)
         t, n = time.perf_counter(), 0
         for _ in range(3):
             for x, y in loader:
                 n += len(y)
         torch.cuda.synchronize()
         s = loader.stats()
+        b = max(1, lock.calls)
         print(f"nvjpeg workers={workers:2d}: {n / (time.perf_counter() - t):8.0f} img/s | read {s['read_s']:.2f} "
               f"decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f} s "
-              f"(gpu_decoded {s['gpu_decoded']} of {s['images']})", flush=True)
+              f"(gpu_decoded {s['gpu_decoded']} of {s['images']}) | per batch: lock wait "
+              f"{1e3 * lock.wait / b:.1f} ms, held {1e3 * lock.held / b:.1f} ms, DecodeBatchedEx "
+              f"{1e3 * submit.held / max(1, submit.calls):.1f} ms", flush=True)
+        lib.nvjpegDecodeBatchedEx = submit.inner
 
 
 def decode_scaling(ds, n=1024):
