@@ -124,3 +124,16 @@ def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
     assert reserved[-1] == reserved[3], reserved
     assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
 
+
+
+@hardware
+def test_dataloader_workers_start_after_the_hardware_decoder_ran(imagenet_dir):
+    """A training script may run a torch DataLoader with forked workers (an evaluation set, a baseline) in the
+    process where FastLoader(decoder="nvjpeg") ran, whose producers may still be alive: the workers must work."""
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=8, crop=fl.RandomResizedCrop(32),
+                           device="cuda", decoder="nvjpeg")
+    for x, y in loader:
+        pass
+    dataset = torch.utils.data.TensorDataset(torch.arange(64.0))
+    workers = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=4, timeout=60)
+    assert torch.cat([b for b, in workers]).tolist() == list(range(64))

@@ -26,18 +26,19 @@ constexpr int kMaxTaps = 12;  // x taps kept in shared memory by warp_columns: s
 
 // The per-pixel path, for any input: the column's filter taps (the same for every row of an axis-aligned warp)
 // are computed once and kept in shared memory ([tap][thread], conflict-free); rotations, shears and large
-// shrinks take the full 2-D filter. tap_weight: kMaxTaps x kThreads floats of shared memory.
+// shrinks take the full 2-D filter. Output tile (blockIdx.x, tile_y); tap_weight: kMaxTaps x kThreads floats of
+// shared memory. No barrier inside: a thread may return early.
 template <typename in_t, typename out_t, int CH>
 __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int64_t data_size, int64_t off,
                                              int64_t h64, int64_t w64, int64_t c_in, const float* m,
                                              const float* __restrict__ alpha, const float* __restrict__ beta,
                                              int channels, bool hwc, float fill, out_t* __restrict__ out,
                                              int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h,
-                                             int out_w, float* tap_weight) {
+                                             int out_w, int tile_y, float* tap_weight) {
   const int b = blockIdx.z;
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int u = blockIdx.x * kBlockX + threadIdx.x;
-  const int v_first = (blockIdx.y * kBlockY + threadIdx.y) * kRows;
+  const int v_first = (tile_y * kBlockY + threadIdx.y) * kRows;
   if (u >= out_w || v_first >= out_h) return;
   const int C = CH > 0 ? CH : channels;
   out_t* o_base = out + b * os_b + u * os_x;
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
   warp_columns<in_t, out_t, CH>(data, data_size, offsets[b], shapes[b * 3], shapes[b * 3 + 1], shapes[b * 3 + 2],
                                 m, alpha, beta, channels, hwc, fill, out, os_b, os_c, os_y, os_x, out_h, out_w,
-                                tap_weight);
+                                blockIdx.y, tap_weight);
 }
 
 // The loader's case (uint8 HWC RGB, axis-aligned, shrink up to ~2.8x): the block stages its tile's input rows in
@@ -221,22 +222,20 @@ __device__ __forceinline__ void tile_horizontal(TileShared& sh, RowSums rowsum, 
   }
 }
 
-// Vertical pass: the row sums -> this thread's kRows output pixels, normalised and stored.
-template <int K, typename out_t>
+// Vertical pass: the row sums -> this thread's kRows output pixels, normalised and stored. Branch-free inside the
+// image: a row or column whose centre maps outside has zero weights over valid rows and takes the fill value.
+// kChannelsLast: the channel stride is 1 (compile-time store offsets).
+template <int K, bool kChannelsLast, typename out_t>
 __device__ __forceinline__ void tile_vertical(const TileShared& sh, RowSums rowsum, out_t* __restrict__ o, int64_t os_c,
                                               int64_t os_y, int rows_left, const float* scale, const float* bias,
                                               const float* fill_value) {
   const int u = threadIdx.x;
   const bool inside_x = sh.inside[0][u];
+  const int64_t step = kBlockY * os_y;
 #pragma unroll
-  for (int i = 0; i < kRows; ++i, o += kBlockY * os_y) {
+  for (int i = 0; i < kRows; ++i, o += step) {
     const int v = threadIdx.y + i * kBlockY;
     if (v >= rows_left) break;
-    if (!inside_x || !sh.inside[1][v]) {
-#pragma unroll
-      for (int c = 0; c < 3; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
-      continue;
-    }
     const int r0 = sh.lo[1][v];
     float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
@@ -245,11 +244,20 @@ __device__ __forceinline__ void tile_vertical(const TileShared& sh, RowSums rows
 #pragma unroll
       for (int c = 0; c < 3; ++c) acc[c] += wk * rowsum[r0 + k][c][u];
     }
-    store_pixel(o, os_c, acc, 1.f, scale, bias, 3);
+    const bool inside = inside_x && sh.inside[1][v];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      const float value = inside ? acc[c] * scale[c] + bias[c] : fill_value[c];
+      o[kChannelsLast ? c : c * os_c] = OutCast<out_t>::apply(value);
+    }
   }
 }
 
-template <typename out_t>
+// A block takes kTilesPerBlock tiles down one column of tiles, so the per-sample work (reading the sample's
+// shape and matrix, the supports, the column taps) is shared between them.
+constexpr int kTilesPerBlock = 2;
+
+template <typename out_t, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const uint8_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
@@ -264,119 +272,22 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
   const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
                      off + h64 * w64 * 3 <= data_size;
-  const int u0 = blockIdx.x * kBlockX, v0 = blockIdx.y * kTile;
+  const int u0 = blockIdx.x * kBlockX;
   const int h = static_cast<int>(h64), w = static_cast<int>(w64);
   // filter_support of an axis-aligned matrix (any other falls back below) without the square root.
   const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
   const int kx = tile_taps(support_x), ky = tile_taps(support_y);
-  int xa = 0, xb = 0, ya = 0, yb = 0;
-  if (valid) {
-    tile_range(m[0], m[2], support_x, w, u0, min(u0 + kBlockX, out_w) - 1, &xa, &xb);
-    tile_range(m[4], m[5], support_y, h, v0, min(v0 + kTile, out_h) - 1, &ya, &yb);
-  }
-  // Everything here is per sample and per tile, uniform over the block: returning is safe before a barrier.
-  if (!valid || m[1] != 0.f || m[3] != 0.f || kx > kTileMaxTaps || ky > kTileMaxTaps || xb - xa < kx ||
-      yb - ya < ky || yb - ya > kTileRows) {
-    warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out, os_b,
-                                    os_c, os_y, os_x, out_h, out_w, sh.tap_weight);
-    return;
-  }
-  const int row_bytes = w * 3, seg = (xb - xa) * 3, rows = yb - ya;
-  const bool staged = rows <= kStagedRows && seg + 3 <= kTileRowWords * 4;
-  const RowSums rowsum = staged ? sh.staged.rowsum : sh.rowsum_direct;
-  // Staged rows are read as aligned 32-bit words from `src`, the image starting at byte (image & 3) of it; row r's
-  // segment starts at byte first + r * row_bytes. 32-bit offsets: the image is smaller than 2^31 bytes (valid).
-  // Every word read holds at least one byte of a row segment, so no read leaves the image's allocation.
+  int xa = 0, xb = 0;
+  if (valid) tile_range(m[0], m[2], support_x, w, u0, min(u0 + kBlockX, out_w) - 1, &xa, &xb);
+  // Per sample and column of tiles, uniform over the block.
+  const bool tileable = valid && m[1] == 0.f && m[3] == 0.f && kx <= kTileMaxTaps && ky <= kTileMaxTaps &&
+                        xb - xa >= kx;
+  const int row_bytes = w * 3, seg = (xb - xa) * 3;
+  // Staged rows are read as aligned 32-bit words from `src`, the image starting at byte (image & 3) of it.
+  // 32-bit offsets: the image is smaller than 2^31 bytes (valid). Every word read holds at least one byte of a
+  // row segment, so no read leaves the image's allocation.
   const uintptr_t image = reinterpret_cast<uintptr_t>(data + off);
   const uint32_t* src = reinterpret_cast<const uint32_t*>(image & ~uintptr_t(3));
-  const uint32_t first = static_cast<uint32_t>(image & 3) + static_cast<uint32_t>(ya * row_bytes + xa * 3);
-
-  // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
-  // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
-  auto tile_weights = [&]() {
-    if (tid >= 2 * kBlockX) return;
-    const int axis = tid / kBlockX, i = tid % kBlockX;
-    const int pos = (axis == 0 ? u0 : v0) + i, size = axis == 0 ? w : h, K = axis == 0 ? kx : ky;
-    const int start = axis == 0 ? xa : ya, end = axis == 0 ? xb : yb;
-    const float support = axis == 0 ? support_x : support_y;
-    const float centre = axis_centre(axis == 0 ? m[0] : m[4], axis == 0 ? m[2] : m[5], pos);
-    const bool inside = pos < (axis == 0 ? out_w : out_h) && centre >= 0.f && centre <= size;
-    int lo = start, hi = start;
-    if (inside) {
-      filter_taps(centre, support, size, &lo, &hi);
-      // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference
-      // between the two computations could only drop an edge tap, never read bytes that were not loaded.
-      lo = max(lo, start);
-      hi = min(hi, end);
-    }
-    const int window = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
-    float total = 0.f;
-    float wk[kTileMaxTaps];
-#pragma unroll
-    for (int k = 0; k < kTileMaxTaps; ++k) {
-      const int x = window + k;
-      wk[k] = k < K && x >= lo && x < hi ? triangle((x + 0.5f - centre) / support) : 0.f;
-      total += wk[k];
-    }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-#pragma unroll
-    for (int k = 0; k < kTileMaxTaps; ++k) sh.weight[axis][k][i] = wk[k] * inv;
-    sh.lo[axis][i] = window - start;
-    sh.inside[axis][i] = inside && hi > lo;
-  };
-
-  // Stage the rows: each warp loads kRowsInFlight rows at once (each lane up to kRowWordsPerLane words of a row),
-  // then stores them, so a thread has several loads in flight; the weights are computed while the first travel.
-  uint32_t* raw = &sh.staged.raw[0][0];
-  bool weights_done = false;
-  for (int r0 = threadIdx.y; staged && r0 < rows; r0 += kBlockY * kRowsInFlight) {
-    uint32_t value[kRowsInFlight][kRowWordsPerLane];
-    int words[kRowsInFlight];
-#pragma unroll
-    for (int j = 0; j < kRowsInFlight; ++j) {
-      const int r = r0 + j * kBlockY;
-      const uint32_t start = first + r * row_bytes;
-      words[j] = r < rows ? static_cast<int>(((start & 3) + seg + 3) >> 2) : 0;
-      const uint32_t* row = src + (start >> 2);
-#pragma unroll
-      for (int q = 0; q < kRowWordsPerLane; ++q) {
-        const int k = threadIdx.x + q * kBlockX;
-        if (k < words[j]) value[j][q] = __ldg(row + k);
-      }
-    }
-    if (!weights_done) {
-      tile_weights();
-      weights_done = true;
-    }
-#pragma unroll
-    for (int j = 0; j < kRowsInFlight; ++j)
-#pragma unroll
-      for (int q = 0; q < kRowWordsPerLane; ++q) {
-        const int k = threadIdx.x + q * kBlockX;
-        if (k < words[j]) raw[(r0 + j * kBlockY) * kTileRowWords + k] = value[j][q];
-      }
-  }
-  if (!weights_done) tile_weights();
-  __syncthreads();
-  const uint8_t* direct_rows = data + off + ya * row_bytes + xa * 3;
-  if (staged) {
-    switch (kx) {
-      case 3: tile_horizontal<3, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      case 4: tile_horizontal<4, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      case 5: tile_horizontal<5, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      default: tile_horizontal<6, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-    }
-  } else {
-    switch (kx) {
-      case 3: tile_horizontal<3, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      case 4: tile_horizontal<4, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      case 5: tile_horizontal<5, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      default: tile_horizontal<6, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-    }
-  }
-  __syncthreads();
-  const int u = u0 + threadIdx.x;
-  if (u >= out_w) return;
   float scale[3], bias[3], fill_value[3];
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
@@ -384,13 +295,112 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bias[c] = beta[c];
     fill_value[c] = fill * scale[c] + bias[c];
   }
-  out_t* o = out + b * os_b + static_cast<int64_t>(v0 + threadIdx.y) * os_y + u * os_x;
-  const int rows_left = out_h - v0;
-  switch (ky) {
-    case 3: tile_vertical<3>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-    case 4: tile_vertical<4>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-    case 5: tile_vertical<5>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-    default: tile_vertical<6>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+  const int tiles_y = (out_h + kTile - 1) / kTile;
+  const int tile_end = min(tiles_y, static_cast<int>(blockIdx.y + 1) * kTilesPerBlock);
+  for (int tile_y = blockIdx.y * kTilesPerBlock; tile_y < tile_end; ++tile_y) {
+    if (tile_y != static_cast<int>(blockIdx.y) * kTilesPerBlock) __syncthreads();  // shared memory is reused
+    const int v0 = tile_y * kTile;
+    int ya = 0, yb = 0;
+    if (tileable) tile_range(m[4], m[5], support_y, h, v0, min(v0 + kTile, out_h) - 1, &ya, &yb);
+    const int rows = yb - ya;
+    if (!tileable || rows < ky || rows > kTileRows) {  // uniform over the block
+      warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out,
+                                      os_b, os_c, os_y, os_x, out_h, out_w, tile_y, sh.tap_weight);
+      continue;
+    }
+    const bool staged = rows <= kStagedRows && seg + 3 <= kTileRowWords * 4;
+    const RowSums rowsum = staged ? sh.staged.rowsum : sh.rowsum_direct;
+    // Row r of the tile starts at byte first + r * row_bytes of src.
+    const uint32_t first = static_cast<uint32_t>(image & 3) + static_cast<uint32_t>(ya * row_bytes + xa * 3);
+
+    // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
+    // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
+    if (tid < 2 * kBlockX) {
+      const int axis = tid / kBlockX, i = tid % kBlockX;
+      const int pos = (axis == 0 ? u0 : v0) + i, size = axis == 0 ? w : h, K = axis == 0 ? kx : ky;
+      const int start = axis == 0 ? xa : ya, end = axis == 0 ? xb : yb;
+      const float support = axis == 0 ? support_x : support_y;
+      const float centre = axis_centre(axis == 0 ? m[0] : m[4], axis == 0 ? m[2] : m[5], pos);
+      const bool inside = pos < (axis == 0 ? out_w : out_h) && centre >= 0.f && centre <= size;
+      int lo = start, hi = start;
+      if (inside) {
+        filter_taps(centre, support, size, &lo, &hi);
+        // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference
+        // between the two computations could only drop an edge tap, never read bytes that were not loaded.
+        lo = max(lo, start);
+        hi = min(hi, end);
+      }
+      const int window = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
+      float total = 0.f;
+      float wk[kTileMaxTaps];
+#pragma unroll
+      for (int k = 0; k < kTileMaxTaps; ++k) {
+        const int x = window + k;
+        wk[k] = k < K && x >= lo && x < hi ? triangle((x + 0.5f - centre) / support) : 0.f;
+        total += wk[k];
+      }
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+#pragma unroll
+      for (int k = 0; k < kTileMaxTaps; ++k) sh.weight[axis][k][i] = wk[k] * inv;
+      sh.lo[axis][i] = window - start;
+      sh.inside[axis][i] = inside && hi > lo;
+    }
+
+    // Stage the rows: warp y copies rows y, y + 8, ..., two at a time, a word per lane (plus a second word for
+    // rows over 128 bytes and a third over 256), so each lane has up to four loads in flight.
+    if (staged) {
+      uint32_t* raw = &sh.staged.raw[0][0];
+      const int k = threadIdx.x;
+      for (int r = threadIdx.y; r < rows; r += 2 * kBlockY) {
+        const uint32_t s1 = first + r * row_bytes, s2 = s1 + kBlockY * row_bytes;
+        const int n1 = static_cast<int>(((s1 & 3) + seg + 3) >> 2);
+        const int n2 = r + kBlockY < rows ? static_cast<int>(((s2 & 3) + seg + 3) >> 2) : 0;
+        const uint32_t* p1 = src + (s1 >> 2);
+        const uint32_t* p2 = src + (s2 >> 2);
+        uint32_t* d1 = raw + r * kTileRowWords;
+        uint32_t* d2 = d1 + kBlockY * kTileRowWords;
+        uint32_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+        if (k < n1) a0 = __ldg(p1 + k);
+        if (k + kBlockX < n1) a1 = __ldg(p1 + k + kBlockX);
+        if (k < n2) b0 = __ldg(p2 + k);
+        if (k + kBlockX < n2) b1 = __ldg(p2 + k + kBlockX);
+        if (k + 2 * kBlockX < n1) d1[k + 2 * kBlockX] = __ldg(p1 + k + 2 * kBlockX);
+        if (k + 2 * kBlockX < n2) d2[k + 2 * kBlockX] = __ldg(p2 + k + 2 * kBlockX);
+        if (k < n1) d1[k] = a0;
+        if (k + kBlockX < n1) d1[k + kBlockX] = a1;
+        if (k < n2) d2[k] = b0;
+        if (k + kBlockX < n2) d2[k + kBlockX] = b1;
+      }
+    }
+    __syncthreads();
+    const uint8_t* direct_rows = data + off + ya * row_bytes + xa * 3;
+    if (staged) {
+      switch (kx) {
+        case 3: tile_horizontal<3, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        case 4: tile_horizontal<4, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        case 5: tile_horizontal<5, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        default: tile_horizontal<6, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      }
+    } else {
+      switch (kx) {
+        case 3: tile_horizontal<3, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        case 4: tile_horizontal<4, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        case 5: tile_horizontal<5, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+        default: tile_horizontal<6, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
+      }
+    }
+    __syncthreads();
+    const int u = u0 + threadIdx.x;
+    if (u < out_w) {
+      out_t* o = out + b * os_b + static_cast<int64_t>(v0 + threadIdx.y) * os_y + u * os_x;
+      const int rows_left = out_h - v0;
+      switch (ky) {
+        case 3: tile_vertical<3, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+        case 4: tile_vertical<4, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+        case 5: tile_vertical<5, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+        default: tile_vertical<6, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
+      }
+    }
   }
 }
 
@@ -408,7 +418,9 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if constexpr (std::is_same_v<in_t, uint8_t>) {
     if (hwc && channels == 3) {  // what the loader decodes
-      warp_tiled_kernel<out_t><<<grid, block, 0, stream>>>(
+      const dim3 tiled_grid(grid.x, (grid.y + kTilesPerBlock - 1) / kTilesPerBlock, grid.z);
+      auto kernel = out.stride(1) == 1 ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
+      kernel<<<tiled_grid, block, 0, stream>>>(
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
           matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(fill),
           out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), out_h, out_w);
