@@ -134,6 +134,11 @@ def test_dataloader_workers_start_after_the_hardware_decoder_ran(imagenet_dir):
                            device="cuda", decoder="nvjpeg")
     for x, y in loader:
         pass
-    dataset = torch.utils.data.TensorDataset(torch.arange(64.0))
-    workers = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=4, timeout=60)
-    assert torch.cat([b for b, in workers]).tolist() == list(range(64))
+    import torchvision
+    import torchvision.transforms as T
+    folder = torchvision.datasets.ImageFolder(str(imagenet_dir), transform=T.Compose([T.RandomResizedCrop(32),
+                                                                                    T.PILToTensor()]))
+    subset = torch.utils.data.Subset(folder, range(64))
+    workers = torch.utils.data.DataLoader(subset, batch_size=8, num_workers=4, timeout=60, pin_memory=True)
+    images = torch.cat([x for x, _ in workers])
+    assert images.shape == (64, 3, 32, 32)
