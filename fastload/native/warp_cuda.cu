@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 }
 
 // The loader's case (uint8 HWC RGB, axis-aligned, shrink up to ~2.8x): the block stages its tile's input rows in
-// shared memory with coalesced 32-bit loads, filters them horizontally into 32 output columns, then vertically
+// shared memory with asynchronous 32-bit copies, filters them horizontally into 32 output columns, then vertically
 // into 32 output rows. Every input byte is read from global memory once per tile instead of once per tap and
 // pixel, and the weights are computed once per column and row. Other blocks take warp_columns.
 //
@@ -141,8 +141,6 @@ constexpr int kStagedRows = 68;     // input rows a staged tile may span (33 * s
 constexpr int kTileRowWords = 72;   // 288 bytes of one staged row, alignment included: horizontal shrink ~2.85x
 constexpr int kTileRows = 96;       // rows a direct tile may span: vertical shrink up to ~2.85x
 constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
-constexpr int kRowWordsPerLane = (kTileRowWords + kBlockX - 1) / kBlockX;
-constexpr int kRowsInFlight = 4;    // rows each warp loads at once while staging
 
 // A tile spanning more than kStagedRows input rows is "direct": its horizontal pass reads the bytes from global
 // memory (the L1 cache) instead of staging them, which leaves room for 96 rows of row sums within the 48 KB of
@@ -181,6 +179,15 @@ __device__ __forceinline__ void tile_range(float scale, float shift, float suppo
 __device__ __forceinline__ int tile_taps(float support) {
   return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
 }
+
+// sm_80+ asynchronous copy of one 32-bit word from global to shared memory (the build targets sm_80 and sm_90).
+__device__ __forceinline__ void copy_word_async(uint32_t* to, const uint32_t* from) {
+  const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(from) : "memory");
+}
+
+// Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
+__device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Exactly float(b) for a byte b: 2^23 + b as a float's bits, minus 2^23 (two full-rate instructions).
 __device__ __forceinline__ float byte_to_float(uint32_t b) { return __uint_as_float(0x4B000000u | b) - 8388608.f; }
@@ -313,6 +320,20 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     // Row r of the tile starts at byte first + r * row_bytes of src.
     const uint32_t first = static_cast<uint32_t>(image & 3) + static_cast<uint32_t>(ya * row_bytes + xa * 3);
 
+    // Stage the rows: warp y copies rows y, y + 8, ..., a word per lane and instruction, as asynchronous copies
+    // (global to shared memory without registers), so every word of the tile is in flight at once while the
+    // weights are computed.
+    if (staged) {
+      uint32_t* raw = &sh.staged.raw[0][0];
+      for (int r = threadIdx.y; r < rows; r += kBlockY) {
+        const uint32_t start = first + r * row_bytes;
+        const int n = static_cast<int>(((start & 3) + seg + 3) >> 2);
+        const uint32_t* from = src + (start >> 2);
+        uint32_t* to = raw + r * kTileRowWords;
+        for (int k = threadIdx.x; k < n; k += kBlockX) copy_word_async(to + k, from + k);
+      }
+    }
+
     // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
     // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
     if (tid < 2 * kBlockX) {
@@ -345,33 +366,7 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       sh.lo[axis][i] = window - start;
       sh.inside[axis][i] = inside && hi > lo;
     }
-
-    // Stage the rows: warp y copies rows y, y + 8, ..., two at a time, a word per lane (plus a second word for
-    // rows over 128 bytes and a third over 256), so each lane has up to four loads in flight.
-    if (staged) {
-      uint32_t* raw = &sh.staged.raw[0][0];
-      const int k = threadIdx.x;
-      for (int r = threadIdx.y; r < rows; r += 2 * kBlockY) {
-        const uint32_t s1 = first + r * row_bytes, s2 = s1 + kBlockY * row_bytes;
-        const int n1 = static_cast<int>(((s1 & 3) + seg + 3) >> 2);
-        const int n2 = r + kBlockY < rows ? static_cast<int>(((s2 & 3) + seg + 3) >> 2) : 0;
-        const uint32_t* p1 = src + (s1 >> 2);
-        const uint32_t* p2 = src + (s2 >> 2);
-        uint32_t* d1 = raw + r * kTileRowWords;
-        uint32_t* d2 = d1 + kBlockY * kTileRowWords;
-        uint32_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-        if (k < n1) a0 = __ldg(p1 + k);
-        if (k + kBlockX < n1) a1 = __ldg(p1 + k + kBlockX);
-        if (k < n2) b0 = __ldg(p2 + k);
-        if (k + kBlockX < n2) b1 = __ldg(p2 + k + kBlockX);
-        if (k + 2 * kBlockX < n1) d1[k + 2 * kBlockX] = __ldg(p1 + k + 2 * kBlockX);
-        if (k + 2 * kBlockX < n2) d2[k + 2 * kBlockX] = __ldg(p2 + k + 2 * kBlockX);
-        if (k < n1) d1[k] = a0;
-        if (k + kBlockX < n1) d1[k + kBlockX] = a1;
-        if (k < n2) d2[k] = b0;
-        if (k + kBlockX < n2) d2[k + kBlockX] = b1;
-      }
-    }
+    if (staged) copies_wait_all();
     __syncthreads();
     const uint8_t* direct_rows = data + off + ya * row_bytes + xa * 3;
     if (staged) {
