@@ -121,7 +121,10 @@ def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
         for x, y in loader:
             x.sum().item()
         reserved.append(torch.cuda.memory_reserved())
-    assert reserved[-1] == reserved[3], reserved
+    # A slot's device buffer is sized in powers of two by the batches it has held, so it may still grow a step
+    # when it first meets a larger batch (which batches a slot meets depends on the shuffle and, at the epoch
+    # boundary, on timing); a leak grows every epoch. After the warm-up: at most one such step.
+    assert len(set(reserved[3:])) <= 2, reserved
     assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
 
 

@@ -5,12 +5,46 @@ host-to-device copy (non-blocking, from pinned memory), then the fused warp/norm
 come back: ``copied`` (the host buffer may be rewritten) and ``ready`` (the batch may be used); the consumer's
 stream waits on ``ready`` and takes ownership with ``record_stream``, so the caching allocator never hands
 the batch's memory to anyone while the model still reads it.
+
+A tensor with such stream uses must never be freed in a forked child (a DataLoader worker): the allocator would
+record a CUDA event there, where CUDA cannot run, and abort the child. A fork drops the other threads' frames
+in the child, and with them the producers' device buffers, so every tensor given stream uses here is kept alive
+in forked children for good (``_keep_in_forked_children``).
 """
+import ctypes
+import os
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from .. import ops
+
+_stream_used = weakref.WeakSet()  # tensors given record_stream uses, while they live
+_fork_held = []  # strong references across a fork: dropped in the parent, never in the child
+
+
+def _record_stream(tensor, stream):
+    tensor.record_stream(stream)
+    _stream_used.add(tensor)
+
+
+def _hold_before_fork():
+    _fork_held[:] = list(_stream_used)
+
+
+def _release_in_parent():
+    _fork_held.clear()
+
+
+def _keep_in_forked_children():
+    for t in _fork_held:  # one reference more than anything in the child will ever drop
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+    _fork_held.clear()
+
+
+os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_in_parent,
+                    after_in_child=_keep_in_forked_children)
 
 
 @dataclass
@@ -39,7 +73,7 @@ class DevicePipe:
             mats = matrices.to(torch.float32).contiguous().pin_memory().to(self.device, non_blocking=True)
             pixels = data[:nbytes].to(self.device, non_blocking=True)
             if data.is_cuda:  # decoded on the GPU on another stream: keep its memory ours until the kernel ran
-                pixels.record_stream(self.stream)
+                _record_stream(data, self.stream)
             copied = torch.cuda.Event()
             copied.record(self.stream)
             b = offsets.numel()
@@ -54,6 +88,6 @@ class DevicePipe:
         """The batch, usable on the current stream."""
         current = torch.cuda.current_stream(self.device)
         current.wait_event(handle.ready)
-        handle.x.record_stream(current)
-        handle.y.record_stream(current)
+        _record_stream(handle.x, current)
+        _record_stream(handle.y, current)
         return handle.x, handle.y
