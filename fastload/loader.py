@@ -50,7 +50,7 @@ class FastLoader:
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
             training loop's own thread keeps a core when all are busy); workers: producer threads, each with a batch in flight (default 2; on CUDA up
-            to 4 with many cores, so Python work overlaps decoding; 3 with decoder="nvjpeg").
+            to 4 with many cores, so Python work overlaps decoding; 2 with decoder="nvjpeg").
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
@@ -79,9 +79,9 @@ class FastLoader:
         self.decoder = _resolve_decoder(decoder, self.device)
         # Under torchrun the processes of one machine share its cores.
         cores = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-        if workers is None:  # nvjpeg: one producer has the engines while the others read and plan
+        if workers is None:  # nvjpeg: one producer has the engines while the other reads and plans
             if self.decoder == "nvjpeg":
-                workers = 3
+                workers = 2  # more contend for the GIL and the engines (bench/RESULTS.md, probe --nvjpeg-workers)
             else:
                 workers = min(4, max(2, cores // 4)) if self.device.type == "cuda" else 2
         # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one
