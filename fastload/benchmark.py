@@ -239,7 +239,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
                                 size=size, progress=progress, step=step, decoder=decoder)
     config["threads"] = stats["threads"]  # FastLoader's choice unless given
-    how = "GPU hardware decoder" if decoder == "nvjpeg" else (
+    how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(decoder) or (
         f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
     rows.append({"pipeline": f"{fed}fastload FastLoader ({how})", "kind": "fastload",
                  "images_per_s": rate, "stats": stats})

@@ -264,9 +264,10 @@ def add_bench(sub):
                    help="torchvision DataLoader worker processes (default: one per core; 0: in the main process)")
     p.add_argument("--epochs", type=_positive, default=2, metavar="E",
                    help="timed epochs per pipeline, after one warm-up epoch (default 2)")
-    p.add_argument("--decoder", choices=["cpu", "nvjpeg", "auto"], default="cpu",
+    p.add_argument("--decoder", choices=["cpu", "nvjpeg", "hybrid", "auto"], default="cpu",
                    help="FastLoader's JPEG decoder: cpu (libjpeg-turbo crop decode, default), nvjpeg (the GPU's "
-                   "hardware decoder; --device cuda), auto (nvjpeg where the GPU has one)")
+                   "hardware decoder; --device cuda), hybrid (both, on different batches; --device cuda), auto "
+                   "(nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
@@ -299,8 +300,8 @@ def cmd_bench(args):
     if args.workers is not None and args.workers < 0:
         _err(f"--workers must be 0 or more, got {args.workers}")
         return EXIT_USAGE
-    if args.decoder == "nvjpeg" and device != "cuda":
-        _err("--decoder nvjpeg decodes on the GPU; use it with --device cuda")
+    if args.decoder in ("nvjpeg", "hybrid") and device != "cuda":
+        _err(f"--decoder {args.decoder} decodes on the GPU; use it with --device cuda")
         return EXIT_USAGE
     needs = [("torchvision", "--baseline torchvision" if args.baseline else "--model")] \
         if args.baseline or args.model else []

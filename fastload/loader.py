@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import nvjpeg, ops
-from .producer import BatchMaker, Slot
+from .producer import HYBRID_PERIOD, BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
 from .transforms import RandomResizedCrop
@@ -49,8 +49,9 @@ class FastLoader:
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
-            training loop's own thread keeps a core when all are busy); workers: producer threads, each with a batch in flight (default 2; on CUDA up
-            to 4 with many cores, so Python work overlaps decoding; 2 with decoder="nvjpeg").
+            training loop's own thread keeps a core when all are busy).
+        workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
+            Python work overlaps decoding; 2 with decoder="nvjpeg", 3 with "hybrid").
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
@@ -63,6 +64,9 @@ class FastLoader:
             to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling). A batch with a problem on
             the hardware side is decoded whole by the cores. On an H200 it delivers more batches per second
             alone than the 16 cores, but inside a training loop less (bench/RESULTS.md): measure before using it.
+            "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
+            (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
+            decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
             "auto": "nvjpeg" when the device has a hardware decoder, else "cpu".
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
@@ -82,13 +86,17 @@ class FastLoader:
         if workers is None:  # nvjpeg: one producer has the engines while the other reads and plans
             if self.decoder == "nvjpeg":
                 workers = 2  # more contend for the GIL and the engines (bench/RESULTS.md, probe --nvjpeg-workers)
+            elif self.decoder == "hybrid":
+                workers = HYBRID_PERIOD  # one producer makes the cores' batches, the others the engines'
             else:
                 workers = min(4, max(2, cores // 4)) if self.device.type == "cuda" else 2
         # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one
         # per core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads"). With
-        # nvjpeg the cores decode only the few samples the engines cannot take.
-        shared = self.device.type == "cuda" and self.decoder != "nvjpeg"
-        self.threads = threads or (max(1, cores // max(1, workers)) if shared else cores)
+        # nvjpeg the cores decode only the few samples the engines cannot take; with hybrid, one batch in three,
+        # leaving a core to the engines' producers and one to the training loop.
+        shared = self.device.type == "cuda" and self.decoder == "cpu"
+        own = max(1, cores - 2) if self.decoder == "hybrid" else cores
+        self.threads = threads or (max(1, cores // max(1, workers)) if shared else own)
         if batch_size < 1 or prefetch < 1 or workers < 1:
             raise ValueError("batch_size, prefetch and workers must be at least 1")
         if len(dataset) == 0:
@@ -231,18 +239,18 @@ def _resolve_device(device):
 
 
 def _resolve_decoder(decoder, device):
-    if decoder not in ("cpu", "nvjpeg", "auto"):
-        raise ValueError(f"decoder must be 'cpu', 'nvjpeg' or 'auto', got {decoder!r}")
+    if decoder not in ("cpu", "nvjpeg", "hybrid", "auto"):
+        raise ValueError(f"decoder must be 'cpu', 'nvjpeg', 'hybrid' or 'auto', got {decoder!r}")
     if decoder == "cpu" or (decoder == "auto" and device.type != "cuda"):
         return "cpu"
     if device.type != "cuda":
-        raise ValueError("decoder='nvjpeg' decodes on the GPU: it needs device='cuda'")
+        raise ValueError(f"decoder={decoder!r} decodes on the GPU: it needs device='cuda'")
     ok, why = nvjpeg.available(device)
     if ok:
-        return "nvjpeg"
+        return "nvjpeg" if decoder == "auto" else decoder
     if decoder == "auto":
         return "cpu"
-    raise RuntimeError(f"decoder='nvjpeg' cannot be used on {device}: {why}")
+    raise RuntimeError(f"decoder={decoder!r} cannot be used on {device}: {why}")
 
 
 class _Producers:
@@ -298,7 +306,7 @@ class _Producers:
                 if slot is None:
                     return
                 slot.wait_reusable()
-                batch = self.maker.make(self.batches[k], self.epoch, slot)
+                batch = self.maker.make(self.batches[k], self.epoch, slot, k)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
                     item = (self.stage(batch), batch.labels, batch.counts)
                     self.free[w].put(slot)

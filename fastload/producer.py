@@ -1,14 +1,15 @@
 """Turning a list of sample indices into a decoded ragged batch: read, plan, decode, repair.
 
-One ``BatchMaker.make(indices, epoch, slot)`` call per batch: the crop plan for every sample (vectorised), the
+One ``BatchMaker.make(indices, epoch, slot, k)`` call per batch: the crop plan for every sample (vectorised), the
 bytes of every record inside one reader context (zero-copy for LMDB), one native ``decode_crops`` call on
 ``threads`` native threads straight into the slot's buffer (pinned when the batch goes to a GPU), then Pillow
 for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replacements for broken ones.
 
-With ``decoder="nvjpeg"`` the GPU's hardware decoder takes the batch's baseline YCbCr JPEGs (full-resolution
-crops, straight into the slot's device buffer) and the cores decode any other samples as above, their pixels
-copied in behind; a batch where something goes wrong on the hardware side (a checksum, an unreadable file, an
-nvJPEG error) is decoded whole by the CPU path, which reports what it finds.
+With ``decoder="nvjpeg"`` (and for two batches in three with ``"hybrid"``) the GPU's hardware decoder takes the
+batch's baseline YCbCr JPEGs (full-resolution crops, straight into the slot's device buffer) and the cores decode
+any other samples as above, their pixels copied in behind; a batch where something goes wrong on the hardware
+side (a checksum, an unreadable file, an nvJPEG error) is decoded whole by the CPU path, which reports what it
+finds.
 """
 import io
 import threading
@@ -25,6 +26,7 @@ from .nvjpeg import HardwareDecoder, NvjpegError
 from .rng import uniforms
 
 _FORMAT_JPEG = 0
+HYBRID_PERIOD = 3  # decoder="hybrid": the cores decode batch k of an epoch when k % 3 == 2, the engines the rest
 _MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
 
 
@@ -119,7 +121,8 @@ class BatchMaker:
         self.labels = np.asarray(dataset.labels, dtype=np.int64)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
         self.device = device
-        self.hardware = decoder == "nvjpeg"
+        self.hardware = decoder in ("nvjpeg", "hybrid")
+        self.hybrid = decoder == "hybrid"
         self._decodable = np.full(len(self.heights), -1, dtype=np.int8)  # per sample: unknown / no / yes
         # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time while the
         # others read: more handles decode slower in total (H200: 18.6k img/s with one, 14.5k with four), and
@@ -137,9 +140,10 @@ class BatchMaker:
             matrices = torch.where(other[:, None, None], full_m, matrices)
         return windows, matrices, other
 
-    def make(self, indices, epoch, slot):
+    def make(self, indices, epoch, slot, k=0):
+        """Batch k of the epoch (k picks the decoder with decoder="hybrid")."""
         indices = np.asarray(indices, dtype=np.int64)
-        if self.hardware:
+        if self.hardware and not (self.hybrid and k % HYBRID_PERIOD == HYBRID_PERIOD - 1):
             batch = self._make_on_gpu(indices, epoch, slot)
             if batch is not None:
                 return batch

@@ -5,6 +5,8 @@ and skip elsewhere. nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's,
 PSNR (what the loader's DCT-scaling test accepts too), while everything the loader decides (windows, flips,
 labels, order) must be identical.
 """
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -22,8 +24,9 @@ def test_decoder_option_is_checked(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)
     with pytest.raises(ValueError, match="decoder must be"):
         fl.FastLoader(ds, decoder="turbo")
-    with pytest.raises(ValueError, match="needs device='cuda'"):
-        fl.FastLoader(ds, decoder="nvjpeg")
+    for decoder in ("nvjpeg", "hybrid"):
+        with pytest.raises(ValueError, match=f"decoder='{decoder}' decodes on the GPU: it needs device='cuda'"):
+            fl.FastLoader(ds, decoder=decoder)
     assert fl.FastLoader(ds, decoder="auto").decoder == "cpu"  # no GPU: the CPU decoder, no error
 
 
@@ -80,6 +83,25 @@ def test_fastload_nvjpeg_batches_match_the_cpu_decoder(imagenet_dir):
         assert not torch.isnan(xg).any()
         assert psnr(xg, xc, peak=1.0) >= 35
     assert gpu.stats()["gpu_decoded"] == len(ds) and gpu.stats()["fallback"] == 0
+
+
+@hardware
+def test_hybrid_batches_are_the_cpu_decoders_or_the_hardware_decoders_by_index(imagenet_dir):
+    """decoder="hybrid": batch k of an epoch is exactly decoder="cpu"'s batch k when k % 3 == 2 and exactly
+    decoder="nvjpeg"'s otherwise, whatever the timing, epoch after epoch."""
+    ds = fl.FolderDataset(imagenet_dir)
+    common = dict(batch_size=4, seed=5, crop=fl.RandomResizedCrop(48), device="cuda")
+    loaders = {d: fl.FastLoader(ds, decoder=d, **common) for d in ("hybrid", "cpu", "nvjpeg")}
+    assert loaders["hybrid"].workers == 3 and loaders["hybrid"].threads == max(1, os.cpu_count() - 2)
+    for epoch in range(2):
+        runs = {d: [(x.cpu(), y.cpu()) for x, y in loader] for d, loader in loaders.items()}
+        assert len(runs["hybrid"]) == len(runs["cpu"]) >= 3
+        for k, (x, y) in enumerate(runs["hybrid"]):
+            xr, yr = runs["cpu" if k % 3 == 2 else "nvjpeg"][k]
+            assert torch.equal(y, yr) and torch.equal(x, xr), (epoch, k)
+    cores_decoded = sum(len(y) for k, (_, y) in enumerate(runs["hybrid"]) if k % 3 == 2)
+    stats = loaders["hybrid"].stats()
+    assert stats["gpu_decoded"] == stats["images"] - 2 * cores_decoded  # cumulative over the two epochs
 
 
 @hardware
