@@ -3,7 +3,8 @@
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
 #   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
 #   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
-#   picks FastLoader's decoder, default cpu; MODELS the models, default resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
+#   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
+#   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
 #   decoder="nvjpeg" against producer count (bench.probe); all = tests+bench+train; none: only the build.
 set -o pipefail
 what=${1:-all}
@@ -54,7 +55,10 @@ if [[ +$what+ == *+train+* ]]; then
   python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
     --resume 2>&1 | tail -1
   for m in ${MODELS:-resnet18 resnet50}; do
-    python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --decoder ${DECODER:-cpu} --baseline torchvision --model $m --epochs 2 \
-      --json "$OUT/train_$m.json" --plot "$OUT/train_$m.png" 2>"$OUT/train_$m.err" | tee "$OUT/train_$m.log" | tail -8
+    for d in ${DECODER:-cpu}; do  # the torchvision baseline with the first decoder only
+      [[ $d == ${DECODER%% *} || -z $DECODER ]] && baseline="--baseline torchvision" || baseline=""
+      python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --decoder $d $baseline --model $m \
+        --epochs 2 --json "$OUT/train_${m}_$d.json" 2>"$OUT/train_${m}_$d.err" | tee "$OUT/train_${m}_$d.log" | tail -8
+    done
   done
 fi

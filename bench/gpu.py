@@ -180,13 +180,18 @@ def main(argv=None):
     print(f"fastload stats (pack --seekable): {json.dumps({k: round(v, 3) for k, v in stats_store.items()})}",
           flush=True)
     hardware, why = nvjpeg.available()
-    fast_hw = fast_hw_store = None
+    fast_hw = fast_hw_store = fast_hybrid = fast_hybrid_store = None
     if hardware:
         fast_hw, stats_hw = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="nvjpeg")
         fast_hw_store, stats_hw_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size,
                                                       args.threads, decoder="nvjpeg")
         print(f"fastload stats (nvjpeg, store): {json.dumps({k: round(v, 3) for k, v in stats_hw_store.items()})}",
               flush=True)
+        fast_hybrid, _ = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="hybrid")
+        fast_hybrid_store, stats_hybrid_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size,
+                                                              args.threads, decoder="hybrid")
+        print(f"fastload stats (hybrid, store): "
+              f"{json.dumps({k: round(v, 3) for k, v in stats_hybrid_store.items()})}", flush=True)
     else:
         print(f"decoder='nvjpeg' skipped: {why}")
     tv_nvjpeg = nvjpeg_rate(ds, args.batch_size)
@@ -205,13 +210,16 @@ def main(argv=None):
     if fast_hw is not None:
         print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), folder':<60} {fast_hw:9.0f}")
         print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), pack --seekable':<60} {fast_hw_store:9.0f}")
+        print(f"{'fastload FastLoader(device=cuda, decoder=hybrid), folder':<60} {fast_hybrid:9.0f}")
+        print(f"{'fastload FastLoader(device=cuda, decoder=hybrid), pack --seekable':<60} {fast_hybrid_store:9.0f}")
     if tv is not None:
         print(f"{'torchvision ImageFolder + DataLoader, ' + str(args.workers) + ' workers':<60} {tv:9.0f}")
     print(f"{'torchvision nvJPEG batched full decode (decode only)':<60} {tv_nvjpeg:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "fastload_nvjpeg": fast_hw,
-                       "fastload_nvjpeg_seekable": fast_hw_store, "torchvision": tv, "nvjpeg": tv_nvjpeg, "stats": stats}, f)
+                       "fastload_nvjpeg_seekable": fast_hw_store, "fastload_hybrid": fast_hybrid,
+                       "fastload_hybrid_seekable": fast_hybrid_store, "torchvision": tv, "nvjpeg": tv_nvjpeg, "stats": stats}, f)
 
 
 if __name__ == "__main__":
