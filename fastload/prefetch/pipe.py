@@ -20,17 +20,18 @@ import torch
 
 from .. import ops
 
-_stream_used = weakref.WeakSet()  # tensors given record_stream uses, while they live
+# Tensors given record_stream uses, while they live, by id (not a WeakSet: that compares tensors with ==).
+_stream_used = weakref.WeakValueDictionary()
 _fork_held = []  # strong references across a fork: dropped in the parent, never in the child
 
 
 def _record_stream(tensor, stream):
     tensor.record_stream(stream)
-    _stream_used.add(tensor)
+    _stream_used[id(tensor)] = tensor
 
 
 def _hold_before_fork():
-    _fork_held[:] = list(_stream_used)
+    _fork_held[:] = list(_stream_used.values())
 
 
 def _release_in_parent():
