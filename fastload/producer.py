@@ -12,8 +12,10 @@ side (a checksum, an unreadable file, an nvJPEG error) is decoded whole by the C
 finds.
 """
 import io
+import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,6 +107,40 @@ def _hardware_decodable(header):
             and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
 
 
+# The hardware decoders' locks, held across a fork: a child forked while nvjpegDecodeBatchedEx runs in a producer
+# thread (a torch DataLoader starting its workers) can hang on the libraries' state that thread was holding.
+_hardware_locks = weakref.WeakValueDictionary()
+_held = []
+
+
+def _hold_decoders():
+    for lock in list(_hardware_locks.values()):
+        if lock.acquire(timeout=30):  # waits (GIL released) for a decode in flight, ~10 ms; a hung GPU: go on
+            _held.append(lock)
+
+
+def _release_decoders():
+    while _held:
+        _held.pop().release()
+
+
+os.register_at_fork(before=_hold_decoders, after_in_parent=_release_decoders, after_in_child=_release_decoders)
+
+
+class _Lock:
+    """threading.Lock with a weak reference (the registry above holds it weakly)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.acquire, self.release, self.locked = self._lock.acquire, self._lock.release, self._lock.locked
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
 class BatchMaker:
     def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats, device=None,
                  decoder="cpu"):
@@ -128,7 +164,8 @@ class BatchMaker:
         # others read: more handles decode slower in total (H200: 18.6k img/s with one, 14.5k with four), and
         # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
         self._hardware = None
-        self._hardware_lock = threading.Lock()
+        self._hardware_lock = _Lock()
+        _hardware_locks[id(self._hardware_lock)] = self._hardware_lock
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)

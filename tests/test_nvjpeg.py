@@ -38,6 +38,37 @@ def test_missing_library_says_where_it_looked(monkeypatch):
         nvjpeg.library()
 
 
+def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
+    """A fork (a DataLoader starting its workers) never happens while a producer is inside the hardware decoder:
+    it waits for the decoder's lock, and the child gets it unlocked."""
+    import threading
+    import time
+    from fastload.loader import LoaderStats
+    from fastload.producer import BatchMaker
+    maker = BatchMaker(fl.FolderDataset(imagenet_dir), fl.RandomResizedCrop(32), 0, 1, "raise", True, 10**8,
+                       LoaderStats())
+    inside, released = threading.Event(), []
+
+    def decode():  # stands for a producer inside nvjpegDecodeBatchedEx
+        with maker._hardware_lock:
+            inside.set()
+            time.sleep(0.3)
+            released.append(time.monotonic())
+    t = threading.Thread(target=decode)
+    t.start()
+    inside.wait()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, f"{time.monotonic()} {int(maker._hardware_lock.locked())}".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    forked_at, locked = os.read(read, 100).decode().split()
+    t.join()
+    assert float(forked_at) >= released[0] and locked == "0"
+    assert not maker._hardware_lock.locked()
+
+
 def _has_hardware():
     return torch.cuda.is_available() and nvjpeg.available()[0]
 
