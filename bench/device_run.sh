@@ -57,7 +57,8 @@ if [[ +$what+ == *+train+* ]]; then
   for m in ${MODELS:-resnet18 resnet50}; do
     for d in ${DECODER:-cpu}; do  # the torchvision baseline with the first decoder only
       [[ $d == ${DECODER%% *} || -z $DECODER ]] && baseline="--baseline torchvision" || baseline=""
-      python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda --decoder $d $baseline --model $m \
+      timeout ${TRAIN_TIMEOUT:-1200} python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda \
+        --decoder $d $baseline --model $m \
         --epochs 2 --json "$OUT/train_${m}_$d.json" 2>"$OUT/train_${m}_$d.err" | tee "$OUT/train_${m}_$d.log" | tail -8
     done
   done
