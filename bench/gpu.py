@@ -219,7 +219,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "fastload_nvjpeg": fast_hw,
                        "fastload_nvjpeg_seekable": fast_hw_store, "fastload_hybrid": fast_hybrid,
-                       "fastload_hybrid_seekable": fast_hybrid_store, "torchvision": tv, "nvjpeg": tv_nvjpeg, "stats": stats}, f)
+                       "fastload_hybrid_seekable": fast_hybrid_store, "torchvision": tv, "nvjpeg": tv_nvjpeg,
+                       "stats": stats}, f)
 
 
 if __name__ == "__main__":

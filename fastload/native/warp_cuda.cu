@@ -142,9 +142,9 @@ constexpr int kTileRowWords = 72;   // 288 bytes of one staged row, alignment in
 constexpr int kTileRows = 96;       // rows a direct tile may span: vertical shrink up to ~2.85x
 constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
 
-// A tile spanning more than kStagedRows input rows is "direct": its horizontal pass reads the bytes from global
-// memory (the L1 cache) instead of staging them, which leaves room for 96 rows of row sums within the 48 KB of
-// static shared memory (4 blocks per SM fit either way).
+// A tile spanning more than kStagedRows input rows, or wider rows than kTileRowWords words hold, is "direct": its
+// horizontal pass reads the bytes from global memory (the L1 cache) instead of staging them, which leaves room for
+// 96 rows of row sums within the 48 KB of static shared memory (4 blocks per SM fit either way).
 struct TileShared {
   union {
     struct {
