@@ -100,6 +100,7 @@ def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cp
         loader.set_epoch(epoch)
         return loader
     rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
+    loader.close()  # no producer thread left (the next epoch's start early) when the baseline forks its workers
     return rate, dict(loader.stats(), threads=loader.threads, workers=loader.workers)
 
 

@@ -165,6 +165,17 @@ class FastLoader:
         self._epoch_set = True
         self._finished_epoch = False
 
+    def close(self):
+        """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
+        ends. Iterating again starts new ones at the same place. Call it before forking worker processes (a
+        torch DataLoader for another dataset), so no producer is mid-decode at the fork, or to free the
+        buffers at once; dropping the loader does the same when the garbage collector gets to it."""
+        current = self._iterator() if self._iterator is not None else None
+        for iterator in (current, self._ahead):
+            if iterator is not None:
+                iterator.close()
+        self._ahead = None
+
     def stats(self):
         """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts."""
         return self._stats.summary()

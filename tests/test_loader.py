@@ -133,6 +133,32 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     gc.collect()
     assert not fastload_threads()
 
+def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
+    """close() stops the epoch's producers and those started ahead for the next epoch, at once and without the
+    garbage collector; iterating again gives the batches a fresh loader gives."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=4, crop=fl.RandomResizedCrop(32), workers=2)
+    loader = make()
+    collect(loader)
+    assert loader._ahead is not None and fastload_threads()
+    loader.close()
+    assert not fastload_threads()
+    loader.close()  # twice is fine
+    fresh = make()
+    for (xa, ya), (xb, yb) in zip(collect(loader), collect_epoch(fresh, 1)):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    fresh.close()
+    partial = iter(loader)  # mid-epoch
+    next(partial)
+    loader.close()
+    assert not fastload_threads()
+
+
+def collect_epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return collect(loader)
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_resume_at_any_batch_with_several_workers(coded_dir, workers):
     """Every resume point, with the batch count not a multiple of the workers; set_epoch of the restored epoch
