@@ -118,7 +118,9 @@ def fastload_rate(ds, epochs, batch, threads, decoder="cpu"):
         for x, y in loader:
             n += len(y)
     torch.cuda.synchronize()
-    return n / (time.perf_counter() - t), loader.stats()
+    rate = n / (time.perf_counter() - t)
+    loader.close()  # its next epoch's producers, started early, must not decode during the next rows
+    return rate, loader.stats()
 
 
 def torchvision_rate(root, epochs, batch, workers):
