@@ -175,27 +175,20 @@ def main(argv=None):
 
     kernel = kernel_bench(ds, batch=args.batch_size)
     copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
-    fast, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads)
-    print(f"fastload stats: {json.dumps({k: round(v, 3) for k, v in stats.items()})}", flush=True)
     store = corpus.seekable_store(args.data)
-    fast_store, stats_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size, args.threads)
-    print(f"fastload stats (pack --seekable): {json.dumps({k: round(v, 3) for k, v in stats_store.items()})}",
-          flush=True)
     hardware, why = nvjpeg.available()
-    fast_hw = fast_hw_store = fast_hybrid = fast_hybrid_store = None
-    if hardware:
-        fast_hw, stats_hw = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="nvjpeg")
-        fast_hw_store, stats_hw_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size,
-                                                      args.threads, decoder="nvjpeg")
-        print(f"fastload stats (nvjpeg, store): {json.dumps({k: round(v, 3) for k, v in stats_hw_store.items()})}",
-              flush=True)
-        fast_hybrid, _ = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder="hybrid")
-        fast_hybrid_store, stats_hybrid_store = fastload_rate(fl.LMDBDataset(store), args.epochs, args.batch_size,
-                                                              args.threads, decoder="hybrid")
-        print(f"fastload stats (hybrid, store): "
-              f"{json.dumps({k: round(v, 3) for k, v in stats_hybrid_store.items()})}", flush=True)
-    else:
-        print(f"decoder='nvjpeg' skipped: {why}")
+    if not hardware:
+        print(f"decoder='nvjpeg' and 'hybrid' skipped: {why}")
+    threads = f"{args.threads} threads" if args.threads else "default threads"
+    loaders = {}  # json key -> (table label, img/s, stats), per decoder and source
+    for decoder in ("cpu", "nvjpeg", "hybrid") if hardware else ("cpu",):
+        for source, suffix, where in ((ds, "", "folder"), (fl.LMDBDataset(store), "_seekable", "pack --seekable")):
+            key = "fastload" + ("" if decoder == "cpu" else f"_{decoder}") + suffix
+            how = f"device=cuda), {threads}" if decoder == "cpu" else f"device=cuda, decoder={decoder})"
+            rate, stats = fastload_rate(source, args.epochs, args.batch_size, args.threads, decoder=decoder)
+            print(f"fastload stats ({decoder}, {where}): {json.dumps({k: round(v, 3) for k, v in stats.items()})}",
+                  flush=True)
+            loaders[key] = f"fastload FastLoader({how}, {where}", rate, stats
     tv_nvjpeg = nvjpeg_rate(ds, args.batch_size)
     tv = None if args.skip_torchvision else torchvision_rate(args.data, args.epochs, args.batch_size, args.workers)
 
@@ -205,24 +198,15 @@ def main(argv=None):
         print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
     print("\n(b) finished 224x224 batches on the GPU, images/s")
     print(f"{'pipeline':<60} {'img/s':>9}")
-    threads = f"{args.threads} threads" if args.threads else "default threads"
-    print(f"{'fastload FastLoader(device=cuda), ' + threads + ', folder':<60} {fast:9.0f}")
-    print(f"{'fastload FastLoader(device=cuda), ' + threads + ', pack --seekable':<60} "
-          f"{fast_store:9.0f}")
-    if fast_hw is not None:
-        print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), folder':<60} {fast_hw:9.0f}")
-        print(f"{'fastload FastLoader(device=cuda, decoder=nvjpeg), pack --seekable':<60} {fast_hw_store:9.0f}")
-        print(f"{'fastload FastLoader(device=cuda, decoder=hybrid), folder':<60} {fast_hybrid:9.0f}")
-        print(f"{'fastload FastLoader(device=cuda, decoder=hybrid), pack --seekable':<60} {fast_hybrid_store:9.0f}")
+    for label, rate, _ in loaders.values():
+        print(f"{label:<60} {rate:9.0f}")
     if tv is not None:
         print(f"{'torchvision ImageFolder + DataLoader, ' + str(args.workers) + ' workers':<60} {tv:9.0f}")
     print(f"{'torchvision nvJPEG batched full decode (decode only)':<60} {tv_nvjpeg:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"kernel": kernel, "fastload": fast, "fastload_seekable": fast_store, "fastload_nvjpeg": fast_hw,
-                       "fastload_nvjpeg_seekable": fast_hw_store, "fastload_hybrid": fast_hybrid,
-                       "fastload_hybrid_seekable": fast_hybrid_store, "torchvision": tv, "nvjpeg": tv_nvjpeg,
-                       "stats": stats}, f)
+            json.dump({"kernel": kernel, **{key: rate for key, (_, rate, _) in loaders.items()}, "torchvision": tv,
+                       "nvjpeg": tv_nvjpeg, "stats": loaders["fastload"][2]}, f)
 
 
 if __name__ == "__main__":

@@ -107,16 +107,16 @@ def _hardware_decodable(header):
             and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
 
 
-# The hardware decoders' locks, held across a fork: a child forked while nvjpegDecodeBatchedEx runs in a producer
-# thread (a torch DataLoader starting its workers) can hang on the libraries' state that thread was holding.
-_hardware_locks = weakref.WeakValueDictionary()
+# Every BatchMaker's hardware-decoder lock is held across a fork: a child forked while nvjpegDecodeBatchedEx runs in
+# a producer thread (a torch DataLoader starting its workers) can hang on the libraries' state that thread held.
+_makers = weakref.WeakSet()
 _held = []
 
 
 def _hold_decoders():
-    for lock in list(_hardware_locks.values()):
-        if lock.acquire(timeout=30):  # waits (GIL released) for a decode in flight, ~10 ms; a hung GPU: go on
-            _held.append(lock)
+    for maker in list(_makers):
+        if maker._hardware_lock.acquire(timeout=30):  # waits (GIL released) for a decode in flight, ~10 ms
+            _held.append(maker._hardware_lock)
 
 
 def _release_decoders():
@@ -125,20 +125,6 @@ def _release_decoders():
 
 
 os.register_at_fork(before=_hold_decoders, after_in_parent=_release_decoders, after_in_child=_release_decoders)
-
-
-class _Lock:
-    """threading.Lock with a weak reference (the registry above holds it weakly)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.acquire, self.release, self.locked = self._lock.acquire, self._lock.release, self._lock.locked
-
-    def __enter__(self):
-        self._lock.acquire()
-
-    def __exit__(self, *exc):
-        self._lock.release()
 
 
 class BatchMaker:
@@ -164,8 +150,8 @@ class BatchMaker:
         # others read: more handles decode slower in total (H200: 18.6k img/s with one, 14.5k with four), and
         # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
         self._hardware = None
-        self._hardware_lock = _Lock()
-        _hardware_locks[id(self._hardware_lock)] = self._hardware_lock
+        self._hardware_lock = threading.Lock()
+        _makers.add(self)
 
     def plan(self, indices, epoch):
         plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)

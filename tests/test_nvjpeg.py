@@ -188,8 +188,7 @@ def test_dataloader_workers_start_after_the_hardware_decoder_ran(imagenet_dir):
     process where FastLoader(decoder="nvjpeg") ran, whose producers may still be alive: the workers must work."""
     loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=8, crop=fl.RandomResizedCrop(32),
                            device="cuda", decoder="nvjpeg")
-    for x, y in loader:
-        pass
+    list(loader)  # its next epoch's producers start meanwhile, and stay
     import torchvision
     import torchvision.transforms as T
     folder = torchvision.datasets.ImageFolder(str(imagenet_dir), transform=T.Compose([T.RandomResizedCrop(32),
