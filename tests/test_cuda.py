@@ -62,32 +62,40 @@ def test_kernel_matches_cpu_twin(axis_aligned, dtype, channels_last):
         assert diff <= tol, (trial, diff)
 
 
-# (x shrink, y shrink) of the tiled kernel's three paths: staged rows (up to ~2x down the rows, ~2.85x along them),
-# direct rows (up to ~2.85x down), and the per-pixel fallback beyond; the loader's crops reach 2.67x.
+# (x shrink, y shrink) of the tiled kernel's paths: 32-row bands (up to ~2x down the rows), 16-row bands (up to 3x
+# down), every tap count 3-6 along each axis, and the per-pixel fallback beyond 3x; the loader's crops reach 2.67x.
 @pytest.mark.parametrize("shrink", [(1.0, 1.0), (0.6, 1.7), (1.9, 1.3), (2.8, 2.0), (1.3, 2.5), (2.7, 2.8),
                                     (3.4, 1.5), (1.2, 3.2)])
 def test_tiled_kernel_paths_match_cpu_twin(shrink):
-    """Every tap count (3-6) and both row paths of the tiled kernel, flipped and not, with output tiles cut at
-    the image's edge (out 70 x 100 is not a multiple of the 32-pixel tiles)."""
-    out_h, out_w = 70, 100
+    """Flipped and not, with output tiles and bands cut at the image's edge (70 rows are 64 + 6; 100 and 98
+    columns are not multiples of the 32-column tiles, and 98 is not one of the 4 pixels a thread stores at once),
+    in both layouts and in float32 and uint8."""
     sx, sy = shrink
     img = photos.astronaut()  # 512 x 512
-    h, w = min(512, int(out_h * sy) + 3), min(512, int(out_w * sx) + 5)
-    crops = [torch.from_numpy(np.ascontiguousarray(img[7:7 + h, 11:11 + w])) for _ in range(4)]
-    data = torch.cat([c.reshape(-1) for c in crops])
-    offsets = torch.arange(4, dtype=torch.int64) * h * w * 3
-    shapes = torch.tensor([[h, w, 3]] * 4, dtype=torch.int64)
-    mats = []
-    for fx, fy in ((1, 1), (-1, 1), (1, -1), (-1, -1)):  # flips map column u to the mirrored centre
-        mats.append([[fx * sx, 0, (w - 1) / 2 - fx * sx * (out_w - 1) / 2],
-                     [0, fy * sy, (h - 1) / 2 - fy * sy * (out_h - 1) / 2]])
-    mats = torch.tensor(mats, dtype=torch.float32)
-    kwargs = dict(mean=MEAN, std=STD, out_dtype=torch.float32, channels_last=True, fill=0.0)
-    cpu = ops.warp_ragged(data, offsets, shapes, mats, (out_h, out_w), **kwargs)
-    poison_allocator(cpu.numel() * 4)
-    gpu = ops.warp_ragged(data.cuda(), offsets.cuda(), shapes.cuda(), mats.cuda(), (out_h, out_w), **kwargs).cpu()
-    assert not torch.isnan(gpu).any()
-    assert (gpu - cpu).abs().max().item() <= 1e-3
+    for out_h, out_w, channels_last, dtype in ((70, 100, True, torch.float32), (70, 100, False, torch.float32),
+                                               (70, 98, True, torch.float32), (70, 98, False, torch.uint8)):
+        h, w = min(512, int(out_h * sy) + 3), min(512, int(out_w * sx) + 5)
+        crops = [torch.from_numpy(np.ascontiguousarray(img[7:7 + h, 11:11 + w])) for _ in range(4)]
+        data = torch.cat([c.reshape(-1) for c in crops])
+        offsets = torch.arange(4, dtype=torch.int64) * h * w * 3
+        shapes = torch.tensor([[h, w, 3]] * 4, dtype=torch.int64)
+        mats = []
+        for fx, fy in ((1, 1), (-1, 1), (1, -1), (-1, -1)):  # flips map column u to the mirrored centre
+            mats.append([[fx * sx, 0, (w - 1) / 2 - fx * sx * (out_w - 1) / 2],
+                         [0, fy * sy, (h - 1) / 2 - fy * sy * (out_h - 1) / 2]])
+        mats = torch.tensor(mats, dtype=torch.float32)
+        # uint8 output: no normalisation, values rounded to integers (a sum within float error of .5 may round
+        # either way on the two backends: at most 1 apart).
+        kwargs = dict(out_dtype=dtype, channels_last=channels_last, fill=0.0)
+        kwargs.update(dict(mean=MEAN, std=STD) if dtype == torch.float32 else dict(in_scale=1.0))
+        cpu = ops.warp_ragged(data, offsets, shapes, mats, (out_h, out_w), **kwargs)
+        poison_allocator(cpu.numel() * 4)
+        gpu = ops.warp_ragged(data.cuda(), offsets.cuda(), shapes.cuda(), mats.cuda(), (out_h, out_w), **kwargs)
+        assert gpu.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        gpu = gpu.cpu()
+        assert not torch.isnan(gpu.float()).any()
+        diff = (gpu.float() - cpu.float()).abs().max().item()
+        assert diff <= (1e-3 if dtype == torch.float32 else 1), (out_w, channels_last, dtype, diff)
 
 
 def test_warp_affine_cuda_matches_float64_reference():

@@ -1,5 +1,5 @@
 // CUDA kernel of `fastload::warp_normalize` (schema and CPU twin in warp_cpu.cpp, maths in warp.h).
-// Blocks of 32 x 32 output pixels, grid.z is the sample. Launched on the current stream.
+// Blocks of 32 output columns, grid.z is the sample. Launched on the current stream.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -7,6 +7,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -125,54 +126,69 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
                                 blockIdx.y, tap_weight);
 }
 
-// The loader's case (uint8 HWC RGB, axis-aligned, shrink up to ~2.8x): the block stages its tile's input rows in
-// shared memory with asynchronous 32-bit copies, filters them horizontally into 32 output columns, then vertically
-// into 32 output rows. Every input byte is read from global memory once per tile instead of once per tap and
-// pixel, and the weights are computed once per column and row. Other blocks take warp_columns.
+// The loader's case (uint8 HWC RGB, axis-aligned, shrink below 3x along both axes): a block owns 32 output columns
+// and kBlockRows output rows of one sample and walks down them in bands of 32 (16 where 32 would span more input
+// rows than fit). Per band it
+//   1. stages the band's input rows in shared memory with 16-byte asynchronous copies (one instruction per row
+//      and warp),
+//   2. filters each staged row horizontally into 32 row sums per channel (warp = row, lane = column),
+//   3. filters the row sums vertically into the band's output pixels (thread = 4 adjacent pixels of a row),
+//      normalises them and stores them with vector stores,
+// and the next band's rows are copied in while step 3 runs. Every input byte is read from global memory once per
+// band, and the weights are computed once per column (block) and row (band) rather than per pixel.
 //
-// The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) of a
-// tile gets the same number of taps K, zero-padded, with K a template argument (3 to 6: supports 1 to 3), and
-// bytes become floats by a bit trick rather than the quarter-rate conversion instruction.
+// The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) gets
+// the same number of taps K, zero-padded, with K a template argument (3 to 6: supports up to 3), bytes are read
+// four at a time and become exact floats by a byte permute and a subtraction (no conversion instruction, which
+// runs at a quarter of the rate), and the vertical pass keeps its weights in registers across four pixels.
 //
-// The shrink limit covers what the loader produces: DCT scales are powers of two, so a crop reaches the kernel
-// up to 2x larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3)
-// make the other side up to 2.67x.
-constexpr int kStagedRows = 68;     // input rows a staged tile may span (33 * shrink + 1): vertical shrink ~2x
-constexpr int kTileRowWords = 72;   // 288 bytes of one staged row, alignment included: horizontal shrink ~2.85x
-constexpr int kTileRows = 96;       // rows a direct tile may span: vertical shrink up to ~2.85x
-constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
+// The limits cover what the loader produces: DCT scales are powers of two, so a crop reaches the kernel up to 2x
+// larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3) make the
+// other side up to 2.67x. Anything else takes warp_columns.
+constexpr int kTileW = 32;          // output columns per block
+constexpr int kBandRows = 32;       // output rows per band (16 when 32 would span more than kStagedRows inputs)
+constexpr int kBlockRows = 128;     // output rows per block
+constexpr int kCols = 4;            // adjacent output columns per thread in the vertical pass
+constexpr int kColGroups = kTileW / kCols;
+constexpr int kStagedRows = 68;     // input rows of one band: 33 * shrink + 1 for 32 rows (~2x), 17 * shrink + 1 for 16
+constexpr int kRowStride = 336;     // bytes per staged row: 16-byte copies of a row segment (21 * 16; 20 mod 32 words
+                                    // apart, so the four rows a warp reads fall on different banks)
+constexpr int kTileMinTaps = 3, kTileMaxTaps = 6, kTapStride = 8;
+static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per 4 pixels of a 32-row band");
+static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
 
-// A tile spanning more than kStagedRows input rows, or wider rows than kTileRowWords words hold, is "direct": its
-// horizontal pass reads the bytes from global memory (the L1 cache) instead of staging them, which leaves room for
-// 96 rows of row sums within the 48 KB of static shared memory (4 blocks per SM fit either way).
-struct TileShared {
-  union {
-    struct {
-      uint32_t raw[kStagedRows][kTileRowWords];    // input rows [ya, yb), bytes from column xa on, word-aligned
-      float rowsum[kStagedRows][3][kBlockX];       // horizontal pass: per input row, channel, output column
-    } staged;
-    float rowsum_direct[kTileRows][3][kBlockX];    // the same row sums, for a direct tile
-    float tap_weight[kMaxTaps * kThreads];         // warp_columns' scratch when the block falls back
-  };
-  float weight[2][kTileMaxTaps][kBlockX];          // K weights of each output column (0) and row (1), zero-padded
-  int lo[2][kBlockX];                              // first tap, relative to the staged range's start
-  bool inside[2][kBlockX];                         // false: the centre maps outside the image, fill
+struct TiledShared {
+  uint8_t raw[kStagedRows][kRowStride];        // the band's input rows, each from the 16-byte boundary at or
+                                               // before its first byte (column xa)
+  float rowsum[kStagedRows][3][kTileW];        // horizontal pass: per input row, channel, output column
+  float wx[kTapStride][kTileW];                // weight k of each output column (tap-major: a warp reads one
+                                               // weight of 32 columns from 32 banks), zero-padded
+  float wy[2][kTapStride][kBandRows];          // ... of each output row, for this band and the next
+  int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
+  int lo_y[2][kBandRows];                      // staged row of row v's first tap
+  uint32_t inside_x, inside_y[2];              // bit i: the centre of column (row) i maps inside the image
 };
-using RowSums = float (*)[3][kBlockX];
+static_assert(sizeof(float) * kMaxTaps * kThreads <= sizeof(TiledShared::raw), "warp_columns' scratch fits in raw");
 
 // Input centre (edge coordinates) of output position pos along one axis of an axis-aligned warp.
 __device__ __forceinline__ float axis_centre(float scale, float shift, int pos) { return scale * pos + shift + 0.5f; }
 
-// Input range [lo, hi) the taps of output positions [first, last] read along one axis. Tap ranges move
-// monotonically with the position, so the two ends bound every position's (clamped to the image; an end that
-// maps outside only widens the range).
+// Input range [lo, hi) the taps of output positions [first, last] read along one axis, at least K long (size >= K
+// is checked by the caller) so that every position's K-tap window fits inside it. Tap ranges move monotonically
+// with the position, so the two ends bound every position's (clamped to the image; an end that maps outside only
+// widens the range).
 __device__ __forceinline__ void tile_range(float scale, float shift, float support, int size, int first, int last,
-                                           int* lo, int* hi) {
+                                           int K, int* lo, int* hi) {
   int lo0, hi0, lo1, hi1;
   filter_taps(axis_centre(scale, shift, first), support, size, &lo0, &hi0);
   filter_taps(axis_centre(scale, shift, last), support, size, &lo1, &hi1);
-  *lo = min(lo0, lo1);
-  *hi = max(hi0, hi1);
+  int a = min(lo0, lo1), b = max(hi0, hi1);
+  if (b - a < K) {
+    a = max(0, b - K);
+    b = min(size, a + K);
+  }
+  *lo = a;
+  *hi = b;
 }
 
 // Taps per output pixel along an axis: filter_taps gives at most floor(2 * support + 1).
@@ -180,121 +196,208 @@ __device__ __forceinline__ int tile_taps(float support) {
   return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
 }
 
-// sm_80+ asynchronous copy of one 32-bit word from global to shared memory (the build targets sm_80 and sm_90).
-__device__ __forceinline__ void copy_word_async(uint32_t* to, const uint32_t* from) {
+// The K weights of output position pos along one axis (weight[k * weight_stride]), normalised, placed where its taps fall in a K-window kept
+// inside the staged range [start, end) and zero around them; *window: the window's first index relative to start.
+// Outside (in_range false, or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
+__device__ __forceinline__ void axis_weights(float scale, float shift, float support, int size, int pos,
+                                             bool in_range, int start, int end, int K, float* weight,
+                                             int weight_stride, int* window, bool* inside) {
+  const float centre = axis_centre(scale, shift, pos);
+  const bool maps_inside = in_range && centre >= 0.f && centre <= size;
+  int lo = start, hi = start;
+  if (maps_inside) {
+    filter_taps(centre, support, size, &lo, &hi);
+    // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference between
+    // the two computations could only drop an edge tap, never read bytes that were not loaded.
+    lo = max(lo, start);
+    hi = min(hi, end);
+  }
+  const int first = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
+  float wk[kTileMaxTaps];
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kTileMaxTaps; ++k) {
+    const int x = first + k;
+    wk[k] = k < K && x >= lo && x < hi ? triangle((x + 0.5f - centre) / support) : 0.f;
+    total += wk[k];
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+#pragma unroll
+  for (int k = 0; k < kTapStride; ++k) weight[k * weight_stride] = k < kTileMaxTaps ? wk[k] * inv : 0.f;
+  *window = first - start;
+  *inside = maps_inside && hi > lo;
+}
+
+// sm_80+ asynchronous copy of 16 bytes from global to shared memory, bypassing L1 (the build targets sm_80+).
+__device__ __forceinline__ void copy_async_16(void* to, const void* from) {
   const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(to));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(from) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(from) : "memory");
 }
 
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Exactly float(b) for a byte b: 2^23 + b as a float's bits, minus 2^23 (two full-rate instructions).
-__device__ __forceinline__ float byte_to_float(uint32_t b) { return __uint_as_float(0x4B000000u | b) - 8388608.f; }
+// Exactly float(byte i of word) for i = 0..3: 2^23 + byte as a float's bits (one byte permute), minus 2^23.
+__device__ __forceinline__ float byte_to_float(uint32_t word, int i) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)) - 8388608.f;
+}
 
-// Horizontal pass: input row r of the tile -> this thread's output column, three channels. Staged: row r's bytes
-// start (first + r * row_bytes) & 3 bytes into its first staged word. Direct: they start at rows + r * row_bytes
-// in global memory.
-template <int K, bool kStaged>
-__device__ __forceinline__ void tile_horizontal(TileShared& sh, RowSums rowsum, int rows, uint32_t first,
-                                                const uint8_t* __restrict__ direct_rows, int row_bytes) {
+// One band's rows: output rows [v0, v0 + rows_out) read input rows [ya, yb).
+struct Band {
+  int v0, rows_out, ya, yb;
+};
+
+// The band starting at output row v0 (block-uniform): 32 rows, or 16 where 32 would span too many input rows
+// (16 rows of a shrink below 3 span at most 15 * 3 + 2 * 3 + 1 = 52).
+__device__ __forceinline__ Band plan_band(int v0, int v_end, float scale, float shift, float support, int h, int K) {
+  Band band{v0, min(kBandRows, v_end - v0), 0, 0};
+  tile_range(scale, shift, support, h, v0, v0 + band.rows_out - 1, K, &band.ya, &band.yb);
+  if (band.yb - band.ya > kStagedRows) {
+    band.rows_out = min(band.rows_out, kBandRows / 2);
+    tile_range(scale, shift, support, h, v0, v0 + band.rows_out - 1, K, &band.ya, &band.yb);
+  }
+  return band;
+}
+
+// Horizontal pass: staged row r -> row sums of the 32 output columns, three channels. Warp y takes rows y, y + 8,
+// ..., lane u column u (its K weights and tap offset in registers): neighbouring lanes read bytes ~3 * shrink
+// apart, so a warp's loads hit distinct banks or share words. Row r's segment starts (band_first + r * row_bytes)
+// & 15 bytes into its staged row; a column's 3K tap bytes are read as the (at most) ceil((3K + 3) / 4) words that
+// hold them and shifted into place with funnel shifts.
+template <int K>
+__device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes) {
+  constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4;
   const int u = threadIdx.x;
-  if (!sh.inside[0][u]) return;
   float w[K];
 #pragma unroll
-  for (int k = 0; k < K; ++k) w[k] = sh.weight[0][k][u];
-  const int tap = sh.lo[0][u] * 3;
+  for (int k = 0; k < K; ++k) w[k] = sh.wx[k][u];
+  const int tap = sh.lo_x[u];
+  const uint8_t* raw = &sh.raw[0][0];
   for (int r = threadIdx.y; r < rows; r += kBlockY) {
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-    if constexpr (kStaged) {
-      const uint8_t* p = reinterpret_cast<const uint8_t*>(sh.staged.raw[r]) + ((first + r * row_bytes) & 3) + tap;
+    const uint32_t at = r * kRowStride + ((band_first + r * row_bytes) & 15) + tap;
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(raw + (at & ~3u));
+    const uint32_t shift = (at & 3) * 8;
+    uint32_t word[kWords];
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        a0 += w[k] * byte_to_float(p[3 * k]);
-        a1 += w[k] * byte_to_float(p[3 * k + 1]);
-        a2 += w[k] * byte_to_float(p[3 * k + 2]);
-      }
-    } else {
-      const uint8_t* p = direct_rows + r * row_bytes + tap;
+    for (int i = 0; i < kWords; ++i) word[i] = p[i];
+    uint32_t bytes[kAligned];  // the 3K tap bytes from byte 0 of bytes[0] on
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        a0 += w[k] * byte_to_float(__ldg(p + 3 * k));
-        a1 += w[k] * byte_to_float(__ldg(p + 3 * k + 1));
-        a2 += w[k] * byte_to_float(__ldg(p + 3 * k + 2));
-      }
-    }
-    rowsum[r][0][u] = a0;
-    rowsum[r][1][u] = a1;
-    rowsum[r][2][u] = a2;
-  }
-}
-
-// Vertical pass: the row sums -> this thread's kRows output pixels, normalised and stored. Branch-free inside the
-// image: a row or column whose centre maps outside has zero weights over valid rows and takes the fill value.
-// kChannelsLast: the channel stride is 1 (compile-time store offsets).
-template <int K, bool kChannelsLast, typename out_t>
-__device__ __forceinline__ void tile_vertical(const TileShared& sh, RowSums rowsum, out_t* __restrict__ o, int64_t os_c,
-                                              int64_t os_y, int rows_left, const float* scale, const float* bias,
-                                              const float* fill_value) {
-  const int u = threadIdx.x;
-  const bool inside_x = sh.inside[0][u];
-  const int64_t step = kBlockY * os_y;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i, o += step) {
-    const int v = threadIdx.y + i * kBlockY;
-    if (v >= rows_left) break;
-    const int r0 = sh.lo[1][v];
+    for (int i = 0; i < kAligned; ++i) bytes[i] = __funnelshift_r(word[i], word[min(i + 1, kWords - 1)], shift);
     float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const float wk = sh.weight[1][k][v];
+    for (int k = 0; k < K; ++k)
 #pragma unroll
-      for (int c = 0; c < 3; ++c) acc[c] += wk * rowsum[r0 + k][c][u];
-    }
-    const bool inside = inside_x && sh.inside[1][v];
+      for (int c = 0; c < 3; ++c) acc[c] += w[k] * byte_to_float(bytes[(3 * k + c) / 4], (3 * k + c) % 4);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) {
-      const float value = inside ? acc[c] * scale[c] + bias[c] : fill_value[c];
-      o[kChannelsLast ? c : c * os_c] = OutCast<out_t>::apply(value);
-    }
+    for (int c = 0; c < 3; ++c) sh.rowsum[r][c][u] = acc[c];
   }
 }
 
-// A block takes kTilesPerBlock tiles down one column of tiles, so the per-sample work (reading the sample's
-// shape and matrix, the supports, the column taps) is shared between them.
-constexpr int kTilesPerBlock = 2;
+// Four consecutive output values, stored with one vector store.
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+// Vertical pass: the row sums -> 4 adjacent output pixels (row v of the band, columns u..u+3 of the block's tile)
+// per thread, normalised and stored. Branch-free inside the image: a row or column whose centre maps outside has
+// zero weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start
+// 16-byte aligned, so the 12 values go out as 3 vector stores.
+template <int K, bool kChannelsLast, typename out_t>
+__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity, const Band& band, int u0, int out_w,
+                                              out_t* __restrict__ out, int64_t os_c, int64_t os_y, bool vector_store,
+                                              const float* scale, const float* bias, const float* fill_value) {
+  const int tid = threadIdx.y * kBlockX + threadIdx.x;
+  const int g = tid % kColGroups, v = tid / kColGroups;
+  const int u = u0 + g * kCols;
+  if (v >= band.rows_out || u >= out_w) return;
+  const int r0 = sh.lo_y[parity][v];
+  float acc[3][kCols];
+#pragma unroll
+  for (int c = 0; c < 3; ++c)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) acc[c][j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const float wk = sh.wy[parity][k][v];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      const float4 s = *reinterpret_cast<const float4*>(&sh.rowsum[r0 + k][c][g * kCols]);
+      acc[c][0] += wk * s.x;
+      acc[c][1] += wk * s.y;
+      acc[c][2] += wk * s.z;
+      acc[c][3] += wk * s.w;
+    }
+  }
+  const bool inside_y = (sh.inside_y[parity] >> v) & 1;
+  const uint32_t inside_x = sh.inside_x >> (g * kCols);
+  out_t value[3][kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const bool inside = inside_y && ((inside_x >> j) & 1);
+#pragma unroll
+    for (int c = 0; c < 3; ++c)
+      value[c][j] = OutCast<out_t>::apply(inside ? acc[c][j] * scale[c] + bias[c] : fill_value[c]);
+  }
+  out_t* o = out + static_cast<int64_t>(band.v0 + v) * os_y + (kChannelsLast ? 3 * u : u);
+  if (vector_store) {
+    if constexpr (kChannelsLast) {  // pixels u..u+3, channels interleaved: 12 consecutive values
+      Vec4<out_t> part[3];
+#pragma unroll
+      for (int i = 0; i < 12; ++i) part[i / 4].v[i % 4] = value[i % 3][i / 3];
+#pragma unroll
+      for (int q = 0; q < 3; ++q) reinterpret_cast<Vec4<out_t>*>(o)[q] = part[q];
+    } else {
+#pragma unroll
+      for (int c = 0; c < 3; ++c)
+        *reinterpret_cast<Vec4<out_t>*>(o + c * os_c) = Vec4<out_t>{{value[c][0], value[c][1], value[c][2], value[c][3]}};
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+      if (u + j < out_w)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[kChannelsLast ? 3 * j + c : j + c * os_c] = value[c][j];
+  }
+}
 
 template <typename out_t, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const uint8_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
     const float* __restrict__ beta, float fill, out_t* __restrict__ out, int64_t os_b, int64_t os_c, int64_t os_y,
-    int64_t os_x, int out_h, int out_w) {
-  __shared__ TileShared sh;
+    int64_t os_x, int out_h, int out_w, bool vector_store) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  TiledShared& sh = *reinterpret_cast<TiledShared*>(shared_bytes);
   const int b = blockIdx.z;
-  const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
   float m[6];
 #pragma unroll
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
   const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
                      off + h64 * w64 * 3 <= data_size;
-  const int u0 = blockIdx.x * kBlockX;
-  const int h = static_cast<int>(h64), w = static_cast<int>(w64);
+  const int h = valid ? static_cast<int>(h64) : 0, w = valid ? static_cast<int>(w64) : 0;
+  const int u0 = blockIdx.x * kTileW;
+  const int v_begin = blockIdx.y * kBlockRows, v_end = min(out_h, v_begin + kBlockRows);
   // filter_support of an axis-aligned matrix (any other falls back below) without the square root.
   const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
   const int kx = tile_taps(support_x), ky = tile_taps(support_y);
   int xa = 0, xb = 0;
-  if (valid) tile_range(m[0], m[2], support_x, w, u0, min(u0 + kBlockX, out_w) - 1, &xa, &xb);
-  // Per sample and column of tiles, uniform over the block.
-  const bool tileable = valid && m[1] == 0.f && m[3] == 0.f && kx <= kTileMaxTaps && ky <= kTileMaxTaps &&
-                        xb - xa >= kx;
-  const int row_bytes = w * 3, seg = (xb - xa) * 3;
-  // Staged rows are read as aligned 32-bit words from `src`, the image starting at byte (image & 3) of it.
-  // 32-bit offsets: the image is smaller than 2^31 bytes (valid). Every word read holds at least one byte of a
-  // row segment, so no read leaves the image's allocation.
-  const uintptr_t image = reinterpret_cast<uintptr_t>(data + off);
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(image & ~uintptr_t(3));
+  bool tileable = valid && m[1] == 0.f && m[3] == 0.f && kx <= kTileMaxTaps && ky <= kTileMaxTaps && w >= kx &&
+                  h >= ky;
+  if (tileable) tile_range(m[0], m[2], support_x, w, u0, min(u0 + kTileW, out_w) - 1, kx, &xa, &xb);
+  const int seg = (xb - xa) * 3;  // bytes of a staged row segment
+  if (!tileable || ((15 + seg + 15) / 16) * 16 > kRowStride) {  // uniform over the block
+    for (int tile_y = v_begin / kTile; tile_y * kTile < v_end; ++tile_y)
+      warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out,
+                                      os_b, os_c, os_y, os_x, out_h, out_w, tile_y, reinterpret_cast<float*>(sh.raw));
+    return;
+  }
+  const int row_bytes = w * 3;
+  // 32-bit offsets: the image is smaller than 2^31 bytes (valid). The 16-byte copies round each row segment out
+  // to 16-byte boundaries; an allocation starts and ends on such boundaries, so they never leave the one holding
+  // the batch.
+  const uintptr_t segment = reinterpret_cast<uintptr_t>(data + off) + xa * 3;  // row 0's segment in global memory
   float scale[3], bias[3], fill_value[3];
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
@@ -302,101 +405,81 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bias[c] = beta[c];
     fill_value[c] = fill * scale[c] + bias[c];
   }
-  const int tiles_y = (out_h + kTile - 1) / kTile;
-  const int tile_end = min(tiles_y, static_cast<int>(blockIdx.y + 1) * kTilesPerBlock);
-  for (int tile_y = blockIdx.y * kTilesPerBlock; tile_y < tile_end; ++tile_y) {
-    if (tile_y != static_cast<int>(blockIdx.y) * kTilesPerBlock) __syncthreads();  // shared memory is reused
-    const int v0 = tile_y * kTile;
-    int ya = 0, yb = 0;
-    if (tileable) tile_range(m[4], m[5], support_y, h, v0, min(v0 + kTile, out_h) - 1, &ya, &yb);
-    const int rows = yb - ya;
-    if (!tileable || rows < ky || rows > kTileRows) {  // uniform over the block
-      warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out,
-                                      os_b, os_c, os_y, os_x, out_h, out_w, tile_y, sh.tap_weight);
-      continue;
-    }
-    const bool staged = rows <= kStagedRows && seg + 3 <= kTileRowWords * 4;
-    const RowSums rowsum = staged ? sh.staged.rowsum : sh.rowsum_direct;
-    // Row r of the tile starts at byte first + r * row_bytes of src.
-    const uint32_t first = static_cast<uint32_t>(image & 3) + static_cast<uint32_t>(ya * row_bytes + xa * 3);
+  out_t* out_b = out + b * os_b;
 
-    // Stage the rows: warp y copies rows y, y + 8, ..., a word per lane and instruction, as asynchronous copies
-    // (global to shared memory without registers), so every word of the tile is in flight at once while the
-    // weights are computed.
-    if (staged) {
-      uint32_t* raw = &sh.staged.raw[0][0];
-      for (int r = threadIdx.y; r < rows; r += kBlockY) {
-        const uint32_t start = first + r * row_bytes;
-        const int n = static_cast<int>(((start & 3) + seg + 3) >> 2);
-        const uint32_t* from = src + (start >> 2);
-        uint32_t* to = raw + r * kTileRowWords;
-        for (int k = threadIdx.x; k < n; k += kBlockX) copy_word_async(to + k, from + k);
-      }
+  // Copies the band's rows in (warp y takes rows y, y + 8, ..., a 16-byte chunk per lane) and computes its rows'
+  // weights (warp 1) into buffer `parity`.
+  auto start_band = [&](const Band& band, int parity) {
+    const int rows = band.yb - band.ya;
+    for (int r = threadIdx.y; r < rows; r += kBlockY) {
+      const uintptr_t first = segment + (band.ya + r) * row_bytes;
+      if (static_cast<int>(threadIdx.x) < static_cast<int>(((first & 15) + seg + 15) >> 4))
+        copy_async_16(&sh.raw[r][16 * threadIdx.x], reinterpret_cast<const void*>((first & ~uintptr_t(15)) + 16 * threadIdx.x));
     }
+    if (threadIdx.y == 1) {
+      const int i = threadIdx.x;
+      bool inside;
+      axis_weights(m[4], m[5], support_y, h, band.v0 + i, i < band.rows_out, band.ya, band.yb, ky,
+                   &sh.wy[parity][0][i], kBandRows, &sh.lo_y[parity][i], &inside);
+      const uint32_t mask = __ballot_sync(0xffffffffu, inside);
+      if (i == 0) sh.inside_y[parity] = mask;
+    }
+  };
 
-    // Taps and weights of the tile's columns (threads 0-31) and rows (32-63): K per position, the filter's n <= K
-    // weights placed where its taps fall in a K-window kept inside the staged range, zeros around them.
-    if (tid < 2 * kBlockX) {
-      const int axis = tid / kBlockX, i = tid % kBlockX;
-      const int pos = (axis == 0 ? u0 : v0) + i, size = axis == 0 ? w : h, K = axis == 0 ? kx : ky;
-      const int start = axis == 0 ? xa : ya, end = axis == 0 ? xb : yb;
-      const float support = axis == 0 ? support_x : support_y;
-      const float centre = axis_centre(axis == 0 ? m[0] : m[4], axis == 0 ? m[2] : m[5], pos);
-      const bool inside = pos < (axis == 0 ? out_w : out_h) && centre >= 0.f && centre <= size;
-      int lo = start, hi = start;
-      if (inside) {
-        filter_taps(centre, support, size, &lo, &hi);
-        // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference
-        // between the two computations could only drop an edge tap, never read bytes that were not loaded.
-        lo = max(lo, start);
-        hi = min(hi, end);
-      }
-      const int window = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
-      float total = 0.f;
-      float wk[kTileMaxTaps];
-#pragma unroll
-      for (int k = 0; k < kTileMaxTaps; ++k) {
-        const int x = window + k;
-        wk[k] = k < K && x >= lo && x < hi ? triangle((x + 0.5f - centre) / support) : 0.f;
-        total += wk[k];
-      }
-      const float inv = total > 0.f ? 1.f / total : 0.f;
-#pragma unroll
-      for (int k = 0; k < kTileMaxTaps; ++k) sh.weight[axis][k][i] = wk[k] * inv;
-      sh.lo[axis][i] = window - start;
-      sh.inside[axis][i] = inside && hi > lo;
-    }
-    if (staged) copies_wait_all();
-    __syncthreads();
-    const uint8_t* direct_rows = data + off + ya * row_bytes + xa * 3;
-    if (staged) {
-      switch (kx) {
-        case 3: tile_horizontal<3, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        case 4: tile_horizontal<4, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        case 5: tile_horizontal<5, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        default: tile_horizontal<6, true>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      }
-    } else {
-      switch (kx) {
-        case 3: tile_horizontal<3, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        case 4: tile_horizontal<4, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        case 5: tile_horizontal<5, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-        default: tile_horizontal<6, false>(sh, rowsum, rows, first, direct_rows, row_bytes); break;
-      }
-    }
-    __syncthreads();
-    const int u = u0 + threadIdx.x;
-    if (u < out_w) {
-      out_t* o = out + b * os_b + static_cast<int64_t>(v0 + threadIdx.y) * os_y + u * os_x;
-      const int rows_left = out_h - v0;
-      switch (ky) {
-        case 3: tile_vertical<3, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-        case 4: tile_vertical<4, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-        case 5: tile_vertical<5, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-        default: tile_vertical<6, kChannelsLast>(sh, rowsum, o, os_c, os_y, rows_left, scale, bias, fill_value); break;
-      }
-    }
+  // The block's columns: weights once (warp 0).
+  if (threadIdx.y == 0) {
+    const int i = threadIdx.x;
+    bool inside;
+    int window;
+    axis_weights(m[0], m[2], support_x, w, u0 + i, u0 + i < out_w, xa, xb, kx, &sh.wx[0][i], kTileW, &window,
+                 &inside);
+    sh.lo_x[i] = 3 * window;
+    const uint32_t mask = __ballot_sync(0xffffffffu, inside);
+    if (i == 0) sh.inside_x = mask;
   }
+  Band band = plan_band(v_begin, v_end, m[4], m[5], support_y, h, ky);
+  start_band(band, 0);
+  for (int parity = 0;; parity ^= 1) {
+    copies_wait_all();
+    __syncthreads();  // the band's rows and weights are in; the last band's vertical pass is done with rowsum
+    const uint32_t band_first = static_cast<uint32_t>(segment + band.ya * row_bytes);
+    switch (kx) {
+      case 3: tile_horizontal<3>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      case 4: tile_horizontal<4>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      case 5: tile_horizontal<5>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      default: tile_horizontal<6>(sh, band.yb - band.ya, band_first, row_bytes); break;
+    }
+    __syncthreads();  // raw is free: the next band's rows are copied in during this band's vertical pass
+    const int next_v0 = band.v0 + band.rows_out;
+    Band next{};
+    if (next_v0 < v_end) {
+      next = plan_band(next_v0, v_end, m[4], m[5], support_y, h, ky);
+      start_band(next, parity ^ 1);
+    }
+    switch (ky) {
+      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
+      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
+    }
+    if (next_v0 >= v_end) break;
+    band = next;
+  }
+}
+
+// Shared memory beyond the 48 KB a kernel gets by default must be granted per kernel and device.
+template <auto kernel>
+void allow_tiled_shared_memory() {
+  static std::atomic<uint64_t> granted{0};  // bit d: done for device d
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (granted.load(std::memory_order_acquire) & bit) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(sizeof(TiledShared))));
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+  granted.fetch_or(bit, std::memory_order_release);
 }
 
 template <typename in_t, typename out_t>
@@ -413,12 +496,21 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if constexpr (std::is_same_v<in_t, uint8_t>) {
     if (hwc && channels == 3) {  // what the loader decodes
-      const dim3 tiled_grid(grid.x, (grid.y + kTilesPerBlock - 1) / kTilesPerBlock, grid.z);
-      auto kernel = out.stride(1) == 1 ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
-      kernel<<<tiled_grid, block, 0, stream>>>(
+      const bool channels_last = out.stride(1) == 1;
+      const dim3 tiled_grid(grid.x, (out_h + kBlockRows - 1) / kBlockRows, grid.z);
+      const bool vector_store = out_w % kCols == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
+                                out.stride(3) == (channels_last ? 3 : 1);
+      auto kernel = channels_last ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
+      if (channels_last) {
+        allow_tiled_shared_memory<warp_tiled_kernel<out_t, true>>();
+      } else {
+        allow_tiled_shared_memory<warp_tiled_kernel<out_t, false>>();
+      }
+      kernel<<<tiled_grid, block, sizeof(TiledShared), stream>>>(
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
           matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(fill),
-          out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), out_h, out_w);
+          out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), out_h, out_w,
+          vector_store);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }

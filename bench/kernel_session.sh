@@ -1,0 +1,16 @@
+# build + GPU tests + kernel table + ncu summary/sass (used from the device tool during kernel work)
+bash bench/device_run.sh ${STEPS:-gputests} 2>&1 | tail -6
+export PYTHONPATH=/tmp/site FASTLOAD_TURBOJPEG_LIB=/tmp/tj/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0
+grep -E "^(FAILED|ERROR)|Error" $OUT/gputests.log | head -10
+python3 -m bench.probe --data data/imagenet-like --kernel-only 2>&1 | tail -6
+python3 -c "
+import fastload as fl
+from bench.gpu import kernel_bench
+rows = kernel_bench(fl.FolderDataset('data/imagenet-like'))
+copy = [r for r in rows if r[0].startswith('device')][0][2]
+for n, ms, bw in rows: print(f'{n[:60]:<60} {ms:7.3f} ms {bw:7.0f} GB/s {100*bw/copy:4.0f}%')
+"
+/usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis_Tables python3 -m bench.kernel_probe > $OUT/ncu.txt 2>&1
+grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|-way bank" $OUT/ncu.txt
+/usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters -f -o $OUT/tiled python3 -m bench.kernel_probe > /dev/null 2>&1
+/usr/local/cuda/bin/ncu --import $OUT/tiled.ncu-rep --page source --print-source sass --csv > $OUT/sass.csv 2>&1; rm -f $OUT/tiled.ncu-rep
