@@ -228,10 +228,10 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
   *inside = maps_inside && hi > lo;
 }
 
-// sm_80+ asynchronous copy of 16 bytes from global to shared memory, bypassing L1 (the build targets sm_80+).
-__device__ __forceinline__ void copy_async_16(void* to, const void* from) {
-  const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(to));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(from) : "memory");
+// sm_80+ asynchronous copy of 16 bytes from global to shared memory (a shared-space address), bypassing L1 (the
+// build targets sm_80+).
+__device__ __forceinline__ void copy_async_16(uint32_t to, const void* from) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from) : "memory");
 }
 
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
@@ -303,14 +303,19 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // per thread, normalised and stored. Branch-free inside the image: a row or column whose centre maps outside has
 // zero weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start
 // 16-byte aligned, so the 12 values go out as 3 vector stores.
+// o: this thread's first output value (row band.v0 + v, column u).
 template <int K, bool kChannelsLast, typename out_t>
 __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity, const Band& band, int u0, int out_w,
-                                              out_t* __restrict__ out, int64_t os_c, int64_t os_y, bool vector_store,
+                                              out_t* __restrict__ o, int64_t os_c, bool vector_store,
                                               const float* scale, const float* bias, const float* fill_value) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int g = tid % kColGroups, v = tid / kColGroups;
   const int u = u0 + g * kCols;
   if (v >= band.rows_out || u >= out_w) return;
+  // Every pixel of the band maps inside the image (the loader's case): no fill to select.
+  const uint32_t columns = out_w - u0 >= kTileW ? ~0u : (1u << (out_w - u0)) - 1;
+  const uint32_t rows = band.rows_out >= kBandRows ? ~0u : (1u << band.rows_out) - 1;
+  const bool all_inside = sh.inside_x == columns && sh.inside_y[parity] == rows;
   const int r0 = sh.lo_y[parity][v];
   float acc[3][kCols];
 #pragma unroll
@@ -329,17 +334,23 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity,
       acc[c][3] += wk * s.w;
     }
   }
-  const bool inside_y = (sh.inside_y[parity] >> v) & 1;
-  const uint32_t inside_x = sh.inside_x >> (g * kCols);
   out_t value[3][kCols];
+  if (all_inside) {
 #pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    const bool inside = inside_y && ((inside_x >> j) & 1);
+    for (int j = 0; j < kCols; ++j)
 #pragma unroll
-    for (int c = 0; c < 3; ++c)
-      value[c][j] = OutCast<out_t>::apply(inside ? acc[c][j] * scale[c] + bias[c] : fill_value[c]);
+      for (int c = 0; c < 3; ++c) value[c][j] = OutCast<out_t>::apply(acc[c][j] * scale[c] + bias[c]);
+  } else {
+    const bool inside_y = (sh.inside_y[parity] >> v) & 1;
+    const uint32_t inside_x = sh.inside_x >> (g * kCols);
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const bool inside = inside_y && ((inside_x >> j) & 1);
+#pragma unroll
+      for (int c = 0; c < 3; ++c)
+        value[c][j] = OutCast<out_t>::apply(inside ? acc[c][j] * scale[c] + bias[c] : fill_value[c]);
+    }
   }
-  out_t* o = out + static_cast<int64_t>(band.v0 + v) * os_y + (kChannelsLast ? 3 * u : u);
   if (vector_store) {
     if constexpr (kChannelsLast) {  // pixels u..u+3, channels interleaved: 12 consecutive values
       Vec4<out_t> part[3];
@@ -405,16 +416,28 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bias[c] = beta[c];
     fill_value[c] = fill * scale[c] + bias[c];
   }
-  out_t* out_b = out + b * os_b;
+  // This thread's output values in the vertical pass: row v of a band, columns u..u+3 (row v0 added per band).
+  const int tid = threadIdx.y * kBlockX + threadIdx.x;
+  out_t* const out_thread = out + b * os_b + (tid / kColGroups) * os_y +
+                            (u0 + (tid % kColGroups) * kCols) * (kChannelsLast ? 3 : 1);
 
-  // Copies the band's rows in (warp y takes rows y, y + 8, ..., a 16-byte chunk per lane) and computes its rows'
-  // weights (warp 1) into buffer `parity`.
+  // Copying a row in takes a 16-byte chunk per lane: a half warp per row where the segment spans at most 16 chunks
+  // at any alignment (shrink below ~2.3), else a whole warp.
+  const bool half_warp_rows = (15 + seg + 15) / 16 <= 16;  // uniform
+  const int row_slot = half_warp_rows ? 2 * threadIdx.y + threadIdx.x / 16 : threadIdx.y;
+  const int row_step = half_warp_rows ? 2 * kBlockY : kBlockY;
+  const uint32_t chunk = 16 * (half_warp_rows ? threadIdx.x % 16 : threadIdx.x);
+  const uint32_t raw_shared = static_cast<uint32_t>(__cvta_generic_to_shared(&sh.raw[0][0])) + chunk;
+
+  // Copies the band's rows in and computes its rows' weights (warp 1) into buffer `parity`.
   auto start_band = [&](const Band& band, int parity) {
     const int rows = band.yb - band.ya;
-    for (int r = threadIdx.y; r < rows; r += kBlockY) {
-      const uintptr_t first = segment + (band.ya + r) * row_bytes;
-      if (static_cast<int>(threadIdx.x) < static_cast<int>(((first & 15) + seg + 15) >> 4))
-        copy_async_16(&sh.raw[r][16 * threadIdx.x], reinterpret_cast<const void*>((first & ~uintptr_t(15)) + 16 * threadIdx.x));
+    const uint8_t* from = reinterpret_cast<const uint8_t*>(segment) + static_cast<int64_t>(band.ya + row_slot) * row_bytes;
+    uint32_t to = raw_shared + row_slot * kRowStride;
+    for (int r = row_slot; r < rows; r += row_step, from += static_cast<int64_t>(row_step) * row_bytes,
+             to += row_step * kRowStride) {
+      const uint32_t misalign = reinterpret_cast<uintptr_t>(from) & 15;
+      if (chunk < misalign + seg) copy_async_16(to, from - misalign + chunk);  // the chunk holds bytes of the row
     }
     if (threadIdx.y == 1) {
       const int i = threadIdx.x;
@@ -456,11 +479,12 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       next = plan_band(next_v0, v_end, m[4], m[5], support_y, h, ky);
       start_band(next, parity ^ 1);
     }
+    out_t* const o = out_thread + band.v0 * os_y;
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
-      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, out_b, os_c, os_y, vector_store, scale, bias, fill_value); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
+      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
     }
     if (next_v0 >= v_end) break;
     band = next;
