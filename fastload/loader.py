@@ -27,13 +27,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _POLL = 0.1  # seconds between checks of the stop flag while blocked on a queue
 
-_live = weakref.WeakSet()
+_live = weakref.WeakSet()  # every _Producers whose threads may run
 
 
 @atexit.register
-def _stop_all():  # interpreter exit: no producer outlives it
-    for it in list(_live):
-        it.close()
+def _stop_all():  # interpreter exit: no producer outlives it, even one whose iterator was never built
+    for producers in list(_live):
+        producers.close()
 
 
 class FastLoader:
@@ -286,8 +286,13 @@ class _Producers:
                 f.put(Slot(pin=on_gpu))
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
-        for t in self.threads:
-            t.start()
+        _live.add(self)
+        try:
+            for t in self.threads:
+                t.start()
+        except BaseException:  # e.g. Ctrl-C between two starts: stop those already running
+            self.close()
+            raise
 
     def put(self, q, item):
         while not self.stop.is_set():
@@ -331,8 +336,9 @@ class _Producers:
     def close(self):
         self.stop.set()
         for t in self.threads:
-            if t is not threading.current_thread():
+            if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout=5)
+        _live.discard(self)
 
 
 class _EpochIterator:
@@ -341,9 +347,9 @@ class _EpochIterator:
         self.batches = batches
         self.next_batch = start
         self.epoch = epoch
-        self.producers = _Producers(loader, batches, start, epoch)
         self.pending = None  # CUDA: the batch already submitted to the GPU, handed out next
-        _live.add(self)
+        self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
+        self.producers = _Producers(loader, batches, start, epoch)
 
     def _next_item(self):
         p = self.producers
@@ -413,8 +419,8 @@ class _EpochIterator:
         raise StopIteration
 
     def close(self):
-        self.producers.close()
-        _live.discard(self)
+        if self.producers is not None:
+            self.producers.close()
 
     def __del__(self):
         self.close()

@@ -16,6 +16,7 @@ from PIL import Image
 from skimage import data as photos
 
 import fastload as fl
+from fastload import loader as loader_module
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLASSES = 6
@@ -352,6 +353,28 @@ def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
     """
     r = run_script(ctrl_c)
     assert r.returncode == 0 and "interrupted" in r.stdout, r.stderr
+
+
+def test_interrupt_while_producers_start_stops_those_started(coded_dir, monkeypatch):
+    """Ctrl-C can land between two producer threads' start(): the ones already running are stopped (a running
+    orphan decoding at interpreter exit aborted the process), and the loader iterates normally afterwards."""
+    loader = fl.FastLoader(fl.FolderDataset(coded_dir), batch_size=2, workers=3, threads=1)
+    real_start, started = threading.Thread.start, []
+    live_before = set(loader_module._live)
+
+    def start_then_interrupt(thread):
+        if started and thread.name.startswith("fastload-"):
+            raise KeyboardInterrupt
+        real_start(thread)
+        started.append(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    monkeypatch.undo()
+    assert len(started) == 1 and not started[0].is_alive()
+    assert set(loader_module._live) <= live_before  # nothing left for the exit hook either
+    assert len(list(loader)) == len(loader)
 
 
 def test_default_threads_share_the_cores(coded_dir, monkeypatch):
