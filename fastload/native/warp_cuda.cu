@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 //
 // The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) gets
 // the same number of taps K, zero-padded, with K a template argument (3 to 6: supports up to 3), bytes are read
-// four at a time and become exact floats by a byte permute and a subtraction (no conversion instruction, which
-// runs at a quarter of the rate), and the vertical pass keeps its weights in registers across four pixels.
+// four at a time and each becomes a float by one byte permute (byte_to_unit: no conversion instruction, which runs
+// at a quarter of the rate), and the vertical pass keeps its weights in registers across four pixels.
 //
 // The limits cover what the loader produces: DCT scales are powers of two, so a crop reaches the kernel up to 2x
 // larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3) make the
@@ -237,9 +237,14 @@ __device__ __forceinline__ void copy_async_16(uint32_t to, const void* from) {
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Exactly float(byte i of word) for i = 0..3: 2^23 + byte as a float's bits (one byte permute), minus 2^23.
-__device__ __forceinline__ float byte_to_float(uint32_t word, int i) {
-  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)) - 8388608.f;
+// 1 + b / 2^15 for byte b = byte i of word (i = 0..3), exactly: b placed in bits 8-15 of the float 1.0f
+// (0x3F80bb00) by one byte permute. The horizontal pass starts its sums at -(sum of the weights), so they come out
+// as sum(w_k * b_k) / 2^15 without a subtraction per byte; the 2^15 is folded into the vertical pass's scale. Each
+// multiply-add rounds at magnitude ~1, so a sum of K taps is within K * 2^-24 * 2^15 = K / 512 of the exact value
+// in pixel units (at most 0.012 for K = 6, 2e-4 in normalised units): well inside the 1e-3 the kernel promises.
+constexpr float kUnitScale = 32768.f;
+__device__ __forceinline__ float byte_to_unit(uint32_t word, int i) {
+  return __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604u | (i << 4)));
 }
 
 // One band's rows: output rows [v0, v0 + rows_out) read input rows [ya, yb).
@@ -259,7 +264,7 @@ __device__ __forceinline__ Band plan_band(int v0, int v_end, float scale, float 
   return band;
 }
 
-// Horizontal pass: staged row r -> row sums of the 32 output columns, three channels. Warp y takes rows y, y + 8,
+// Horizontal pass: staged row r -> row sums of the 32 output columns, three channels, in units of 2^-15. Warp y takes rows y, y + 8,
 // ..., lane u column u (its K weights and tap offset in registers): neighbouring lanes read bytes ~3 * shrink
 // apart, so a warp's loads hit distinct banks or share words. Row r's segment starts (band_first + r * row_bytes)
 // & 15 bytes into its staged row; a column's 3K tap bytes are read as the (at most) ceil((3K + 3) / 4) words that
@@ -268,9 +273,12 @@ template <int K>
 __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes) {
   constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4;
   const int u = threadIdx.x;
-  float w[K];
+  float w[K], total = 0.f;
 #pragma unroll
-  for (int k = 0; k < K; ++k) w[k] = sh.wx[k][u];
+  for (int k = 0; k < K; ++k) {
+    w[k] = sh.wx[k][u];
+    total += w[k];
+  }
   const int tap = sh.lo_x[u];
   const uint8_t* raw = &sh.raw[0][0];
   for (int r = threadIdx.y; r < rows; r += kBlockY) {
@@ -283,11 +291,11 @@ __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint3
     uint32_t bytes[kAligned];  // the 3K tap bytes from byte 0 of bytes[0] on
 #pragma unroll
     for (int i = 0; i < kAligned; ++i) bytes[i] = __funnelshift_r(word[i], word[min(i + 1, kWords - 1)], shift);
-    float acc[3] = {0.f, 0.f, 0.f};
+    float acc[3] = {-total, -total, -total};  // the 1s of byte_to_unit cancel: sum(w_k * b_k) / 2^15
 #pragma unroll
     for (int k = 0; k < K; ++k)
 #pragma unroll
-      for (int c = 0; c < 3; ++c) acc[c] += w[k] * byte_to_float(bytes[(3 * k + c) / 4], (3 * k + c) % 4);
+      for (int c = 0; c < 3; ++c) acc[c] += w[k] * byte_to_unit(bytes[(3 * k + c) / 4], (3 * k + c) % 4);
 #pragma unroll
     for (int c = 0; c < 3; ++c) sh.rowsum[r][c][u] = acc[c];
   }
@@ -306,7 +314,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // o: this thread's first output value (row band.v0 + v, column u).
 template <int K, bool kChannelsLast, typename out_t>
 __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity, const Band& band, int u0, int out_w,
-                                              out_t* __restrict__ o, int64_t os_c, bool vector_store,
+                                              out_t* __restrict__ o, int os_c, bool vector_store,
                                               const float* scale, const float* bias, const float* fill_value) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int g = tid % kColGroups, v = tid / kColGroups;
@@ -409,17 +417,19 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   // to 16-byte boundaries; an allocation starts and ends on such boundaries, so they never leave the one holding
   // the batch.
   const uintptr_t segment = reinterpret_cast<uintptr_t>(data + off) + xa * 3;  // row 0's segment in global memory
-  float scale[3], bias[3], fill_value[3];
+  float scale[3], bias[3], fill_value[3];  // scale: of the row sums' units (kUnitScale per pixel value)
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
-    scale[c] = alpha[c];
+    scale[c] = alpha[c] * kUnitScale;
     bias[c] = beta[c];
-    fill_value[c] = fill * scale[c] + bias[c];
+    fill_value[c] = fill * alpha[c] + bias[c];
   }
   // This thread's output values in the vertical pass: row v of a band, columns u..u+3 (row v0 added per band).
+  // Offsets within a sample are 32-bit (the launch checks that a sample's output has fewer than 2^31 values).
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
-  out_t* const out_thread = out + b * os_b + (tid / kColGroups) * os_y +
-                            (u0 + (tid % kColGroups) * kCols) * (kChannelsLast ? 3 : 1);
+  const int sample_os_y = static_cast<int>(os_y), sample_os_c = static_cast<int>(os_c);
+  out_t* const out_sample = out + b * os_b;
+  const int out_thread = (tid / kColGroups) * sample_os_y + (u0 + (tid % kColGroups) * kCols) * (kChannelsLast ? 3 : 1);
 
   // Copying a row in takes a 16-byte chunk per lane: a half warp per row where the segment spans at most 16 chunks
   // at any alignment (shrink below ~2.3), else a whole warp.
@@ -479,12 +489,12 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       next = plan_band(next_v0, v_end, m[4], m[5], support_y, h, ky);
       start_band(next, parity ^ 1);
     }
-    out_t* const o = out_thread + band.v0 * os_y;
+    out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
-      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, os_c, vector_store, scale, bias, fill_value); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
+      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
     }
     if (next_v0 >= v_end) break;
     band = next;
@@ -519,7 +529,7 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
   TORCH_CHECK(grid.y <= 65535, "warp_normalize: output too tall");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if constexpr (std::is_same_v<in_t, uint8_t>) {
-    if (hwc && channels == 3) {  // what the loader decodes
+    if (hwc && channels == 3 && out.stride(0) < (int64_t(1) << 31)) {  // what the loader decodes
       const bool channels_last = out.stride(1) == 1;
       const dim3 tiled_grid(grid.x, (out_h + kBlockRows - 1) / kBlockRows, grid.z);
       const bool vector_store = out_w % kCols == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
