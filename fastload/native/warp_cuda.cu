@@ -160,15 +160,21 @@ static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in 
 struct TiledShared {
   uint8_t raw[kStagedRows][kRowStride];        // the band's input rows, each from the 16-byte boundary at or
                                                // before its first byte (column xa)
-  float rowsum[kStagedRows][3][kTileW];        // horizontal pass: per input row, channel, output column
+  float rowsum[kStagedRows][3 * kTileW];       // horizontal pass: per input row, 3 x 32 values (row_value)
   float wx[kTapStride][kTileW];                // weight k of each output column (tap-major: a warp reads one
                                                // weight of 32 columns from 32 banks), zero-padded
   float wy[2][kTapStride][kBandRows];          // ... of each output row, for this band and the next
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
   int lo_y[2][kBandRows];                      // staged row of row v's first tap
   uint32_t inside_x, inside_y[2];              // bit i: the centre of column (row) i maps inside the image
+  uint32_t inside_value[3];                    // bit i of word q: row value 32q + i's column maps inside
 };
 static_assert(sizeof(float) * kMaxTaps * kThreads <= sizeof(TiledShared::raw), "warp_columns' scratch fits in raw");
+
+// Where channel c of output column u goes in a row of sums: in the output's order, so that the vertical pass
+// reads and writes 4 consecutive values of a row at once in either layout.
+template <bool kChannelsLast>
+__device__ __forceinline__ int row_value(int u, int c) { return kChannelsLast ? 3 * u + c : c * kTileW + u; }
 
 // Input centre (edge coordinates) of output position pos along one axis of an axis-aligned warp.
 __device__ __forceinline__ float axis_centre(float scale, float shift, int pos) { return scale * pos + shift + 0.5f; }
@@ -264,13 +270,15 @@ __device__ __forceinline__ Band plan_band(int v0, int v_end, float scale, float 
   return band;
 }
 
-// Horizontal pass: staged row r -> row sums of the 32 output columns, three channels, in units of 2^-15. Warp y takes rows y, y + 8,
-// ..., lane u column u (its K weights and tap offset in registers): neighbouring lanes read bytes ~3 * shrink
-// apart, so a warp's loads hit distinct banks or share words. Row r's segment starts (band_first + r * row_bytes)
-// & 15 bytes into its staged row; a column's 3K tap bytes are read as the (at most) ceil((3K + 3) / 4) words that
-// hold them and shifted into place with funnel shifts.
-template <int K>
-__device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes) {
+// Horizontal pass: staged row r -> row sums of the 32 output columns, three channels, scaled and shifted as the
+// output will be (the row weights sum to 1, so the vertical pass keeps that). Warp y takes rows y, y + 8, ..., lane
+// u column u (its K weights and tap offset in registers): neighbouring lanes read bytes ~3 * shrink apart, so a
+// warp's loads hit distinct banks or share words. Row r's segment starts (band_first + r * row_bytes) & 15 bytes
+// into its staged row; a column's 3K tap bytes are read as the (at most) ceil((3K + 3) / 4) words that hold them
+// and shifted into place with funnel shifts. The sums are laid out as the output is (row_value).
+template <int K, bool kChannelsLast>
+__device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes,
+                                                const float* scale, const float* bias) {
   constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4;
   const int u = threadIdx.x;
   float w[K], total = 0.f;
@@ -297,7 +305,7 @@ __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint3
 #pragma unroll
       for (int c = 0; c < 3; ++c) acc[c] += w[k] * byte_to_unit(bytes[(3 * k + c) / 4], (3 * k + c) % 4);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) sh.rowsum[r][c][u] = acc[c];
+    for (int c = 0; c < 3; ++c) sh.rowsum[r][row_value<kChannelsLast>(u, c)] = acc[c] * scale[c] + bias[c];
   }
 }
 
@@ -307,76 +315,71 @@ struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];
 };
 
-// Vertical pass: the row sums -> 4 adjacent output pixels (row v of the band, columns u..u+3 of the block's tile)
-// per thread, normalised and stored. Branch-free inside the image: a row or column whose centre maps outside has
-// zero weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start
-// 16-byte aligned, so the 12 values go out as 3 vector stores.
-// o: this thread's first output value (row band.v0 + v, column u).
+// Vertical pass: the row sums -> output row v of the band, 12 consecutive values of the tile's row per thread: value
+// chunks q = 0..2 at 32q + 4g of the 96 (row_value's order). NCHW: chunk q is channel q of pixels u0 + 4g..+3;
+// channels_last: values 32q + 4g..+3 of the row's interleaved pixels, so each store instruction of a warp writes 128
+// contiguous bytes per row. Branch-free inside the image: a row or column whose centre maps outside has zero
+// weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start 16-byte
+// aligned. o: the output's value (band.v0 + v, column u0, channel 0).
 template <int K, bool kChannelsLast, typename out_t>
 __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity, const Band& band, int u0, int out_w,
                                               out_t* __restrict__ o, int os_c, bool vector_store,
-                                              const float* scale, const float* bias, const float* fill_value) {
+                                              const float* fill_value) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int g = tid % kColGroups, v = tid / kColGroups;
-  const int u = u0 + g * kCols;
-  if (v >= band.rows_out || u >= out_w) return;
+  const int width = min(kTileW, out_w - u0);  // the tile's pixels inside the output
+  if (v >= band.rows_out || (!kChannelsLast && g * kCols >= width)) return;
   // Every pixel of the band maps inside the image (the loader's case): no fill to select.
-  const uint32_t columns = out_w - u0 >= kTileW ? ~0u : (1u << (out_w - u0)) - 1;
+  const uint32_t columns = width >= kTileW ? ~0u : (1u << width) - 1;
   const uint32_t rows = band.rows_out >= kBandRows ? ~0u : (1u << band.rows_out) - 1;
   const bool all_inside = sh.inside_x == columns && sh.inside_y[parity] == rows;
   const int r0 = sh.lo_y[parity][v];
   float acc[3][kCols];
 #pragma unroll
-  for (int c = 0; c < 3; ++c)
+  for (int q = 0; q < 3; ++q)
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) acc[c][j] = 0.f;
+    for (int e = 0; e < kCols; ++e) acc[q][e] = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const float wk = sh.wy[parity][k][v];
 #pragma unroll
-    for (int c = 0; c < 3; ++c) {
-      const float4 s = *reinterpret_cast<const float4*>(&sh.rowsum[r0 + k][c][g * kCols]);
-      acc[c][0] += wk * s.x;
-      acc[c][1] += wk * s.y;
-      acc[c][2] += wk * s.z;
-      acc[c][3] += wk * s.w;
+    for (int q = 0; q < 3; ++q) {
+      const float4 s = *reinterpret_cast<const float4*>(&sh.rowsum[r0 + k][32 * q + g * kCols]);
+      acc[q][0] += wk * s.x;
+      acc[q][1] += wk * s.y;
+      acc[q][2] += wk * s.z;
+      acc[q][3] += wk * s.w;
     }
   }
-  out_t value[3][kCols];
-  if (all_inside) {
-#pragma unroll
-    for (int j = 0; j < kCols; ++j)
-#pragma unroll
-      for (int c = 0; c < 3; ++c) value[c][j] = OutCast<out_t>::apply(acc[c][j] * scale[c] + bias[c]);
-  } else {
+  if (!all_inside) {
+    // Fill where the value's column or the row maps outside. Channel of value 32q + 4g + e: q (NCHW), or
+    // (32q + 4g + e) % 3 = (g + 2q + e) % 3 (channels_last): one of three rotations of the fill values.
     const bool inside_y = (sh.inside_y[parity] >> v) & 1;
-    const uint32_t inside_x = sh.inside_x >> (g * kCols);
+    const int turn = g % 3;
+    const float fill_turned[3] = {fill_value[turn], fill_value[turn == 2 ? 0 : turn + 1], fill_value[turn == 0 ? 2 : turn - 1]};
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const bool inside = inside_y && ((inside_x >> j) & 1);
+    for (int q = 0; q < 3; ++q) {
+      const uint32_t bits = inside_y ? sh.inside_value[q] >> (g * kCols) : 0u;
 #pragma unroll
-      for (int c = 0; c < 3; ++c)
-        value[c][j] = OutCast<out_t>::apply(inside ? acc[c][j] * scale[c] + bias[c] : fill_value[c]);
+      for (int e = 0; e < kCols; ++e)
+        if (!((bits >> e) & 1)) acc[q][e] = kChannelsLast ? fill_turned[(2 * q + e) % 3] : fill_value[q];
     }
   }
-  if (vector_store) {
-    if constexpr (kChannelsLast) {  // pixels u..u+3, channels interleaved: 12 consecutive values
-      Vec4<out_t> part[3];
+  // Values of the row inside the output: NCHW per chunk 4 pixels from g * 4, channels_last 3 per pixel.
+  const int valid = kChannelsLast ? 3 * width : width;
 #pragma unroll
-      for (int i = 0; i < 12; ++i) part[i / 4].v[i % 4] = value[i % 3][i / 3];
-#pragma unroll
-      for (int q = 0; q < 3; ++q) reinterpret_cast<Vec4<out_t>*>(o)[q] = part[q];
+  for (int q = 0; q < 3; ++q) {
+    const int first = kChannelsLast ? 32 * q + g * kCols : g * kCols;  // of this chunk, in `valid`'s units
+    out_t* to = o + (kChannelsLast ? first : q * os_c + first);
+    if (vector_store) {
+      if (first < valid)  // a multiple of 4 values: whole chunks
+        *reinterpret_cast<Vec4<out_t>*>(to) = Vec4<out_t>{{OutCast<out_t>::apply(acc[q][0]), OutCast<out_t>::apply(acc[q][1]),
+                                                           OutCast<out_t>::apply(acc[q][2]), OutCast<out_t>::apply(acc[q][3])}};
     } else {
 #pragma unroll
-      for (int c = 0; c < 3; ++c)
-        *reinterpret_cast<Vec4<out_t>*>(o + c * os_c) = Vec4<out_t>{{value[c][0], value[c][1], value[c][2], value[c][3]}};
+      for (int e = 0; e < kCols; ++e)
+        if (first + e < valid) to[e] = OutCast<out_t>::apply(acc[q][e]);
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kCols; ++j)
-      if (u + j < out_w)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[kChannelsLast ? 3 * j + c : j + c * os_c] = value[c][j];
   }
 }
 
@@ -429,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int sample_os_y = static_cast<int>(os_y), sample_os_c = static_cast<int>(os_c);
   out_t* const out_sample = out + b * os_b;
-  const int out_thread = (tid / kColGroups) * sample_os_y + (u0 + (tid % kColGroups) * kCols) * (kChannelsLast ? 3 : 1);
+  const int out_thread = (tid / kColGroups) * sample_os_y + u0 * (kChannelsLast ? 3 : 1);
 
   // Copying a row in takes a 16-byte chunk per lane: a half warp per row where the segment spans at most 16 chunks
   // at any alignment (shrink below ~2.3), else a whole warp.
@@ -469,6 +472,11 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
     if (i == 0) sh.inside_x = mask;
+    if (i < 3) {  // the same per value of a row of sums (row_value's order)
+      uint32_t bits = 0;
+      for (int j = 0; j < 32; ++j) bits |= ((mask >> (kChannelsLast ? (32 * i + j) / 3 : j)) & 1u) << j;
+      sh.inside_value[i] = bits;
+    }
   }
   Band band = plan_band(v_begin, v_end, m[4], m[5], support_y, h, ky);
   start_band(band, 0);
@@ -477,10 +485,10 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     __syncthreads();  // the band's rows and weights are in; the last band's vertical pass is done with rowsum
     const uint32_t band_first = static_cast<uint32_t>(segment + band.ya * row_bytes);
     switch (kx) {
-      case 3: tile_horizontal<3>(sh, band.yb - band.ya, band_first, row_bytes); break;
-      case 4: tile_horizontal<4>(sh, band.yb - band.ya, band_first, row_bytes); break;
-      case 5: tile_horizontal<5>(sh, band.yb - band.ya, band_first, row_bytes); break;
-      default: tile_horizontal<6>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      case 3: tile_horizontal<3, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
+      case 4: tile_horizontal<4, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
+      case 5: tile_horizontal<5, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
+      default: tile_horizontal<6, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
     }
     __syncthreads();  // raw is free: the next band's rows are copied in during this band's vertical pass
     const int next_v0 = band.v0 + band.rows_out;
@@ -491,10 +499,10 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     }
     out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
-      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, scale, bias, fill_value); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
     }
     if (next_v0 >= v_end) break;
     band = next;
