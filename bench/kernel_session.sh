@@ -14,13 +14,15 @@ for n, ms, bw in rows: print(f'{n[:60]:<60} {ms:7.3f} ms {bw:7.0f} GB/s {100*bw/
 grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|-way bank" $OUT/ncu.txt
 /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters -f -o $OUT/tiled python3 -m bench.kernel_probe > /dev/null 2>&1
 /usr/local/cuda/bin/ncu --import $OUT/tiled.ncu-rep --page source --print-source sass --csv > $OUT/sass.csv 2>&1; rm -f $OUT/tiled.ncu-rep
-# Variants, kernel timing only: VARIANTS holds sed expressions for warp_cuda.cu separated by ";;" (the tree is
-# restored afterwards).
+# Variants, kernel timing only: VARIANTS holds sed expressions for warp_cuda.cu separated by ";;" (the file is
+# restored afterwards from a copy: the device's checkout has no usable git history).
+cp fastload/native/warp_cuda.cu /tmp/warp_cuda.cu.orig
 IFS=$'\n' read -d '' -r -a exprs < <(printf '%s' "$VARIANTS" | sed 's/;;/\n/g')
 for expr in "${exprs[@]}"; do
   [[ -z $expr ]] && continue
-  git checkout -q fastload/native/warp_cuda.cu; sed -i "$expr" fastload/native/warp_cuda.cu
+  cp /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu; sed -i "$expr" fastload/native/warp_cuda.cu
+  cmp -s /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu && echo "variant changed nothing: $expr"
   python3 -m pip install -q --no-build-isolation --no-deps -e . > $OUT/build_variant.log 2>&1 || tail -5 $OUT/build_variant.log
   echo "variant: $expr"; python3 -m bench.probe --data data/imagenet-like --kernel-only 2>&1 | tail -5
 done
-git checkout -q fastload/native/warp_cuda.cu
+cp /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 // larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3) make the
 // other side up to 2.67x. Anything else takes warp_columns.
 constexpr int kTileW = 32;          // output columns per block
-constexpr int kBandRows = 32;       // output rows per band (16 when 32 would span more than kStagedRows inputs)
+constexpr int kBandRows = 32;       // output rows per band (16 where 32 could span more than kStagedRows inputs)
 constexpr int kBlockRows = 128;     // output rows per block
 constexpr int kCols = 4;            // adjacent output columns per thread in the vertical pass
 constexpr int kColGroups = kTileW / kCols;
@@ -157,6 +157,7 @@ constexpr int kRowStride = 336;     // bytes per staged row: 16-byte copies of a
 constexpr int kTileMinTaps = 3, kTileMaxTaps = 6, kTapStride = 8;
 static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per 4 pixels of a 32-row band");
 static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
+static_assert(kBlockRows / 32 < kBlockY, "a warp per 32 of the block's rows computes their weights, one more the columns'");
 
 struct TiledShared {
   uint8_t raw[kStagedRows][kRowStride];        // the band's input rows, each from the 16-byte boundary at or
@@ -164,10 +165,10 @@ struct TiledShared {
   float rowsum[kStagedRows][3 * kTileW];       // horizontal pass: per input row, 3 x 32 values (row_value)
   float wx[kTapStride][kTileW];                // weight k of each output column (tap-major: a warp reads one
                                                // weight of 32 columns from 32 banks), zero-padded
-  float wy[2][kTapStride][kBandRows];          // ... of each output row, for this band and the next
+  float wy[kTapStride][kBlockRows];            // ... of each of the block's output rows
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
-  int lo_y[2][kBandRows];                      // staged row of row v's first tap
-  uint32_t inside_x, inside_y[2];              // bit i: the centre of column (row) i maps inside the image
+  int window_y[kBlockRows];                    // input row of row v's first tap (axis_window)
+  uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
   uint32_t inside_value[3];                    // bit i of word q: row value 32q + i's column maps inside
 };
 static_assert(sizeof(float) * kMaxTaps * kThreads <= sizeof(TiledShared::raw), "warp_columns' scratch fits in raw");
@@ -203,14 +204,16 @@ __device__ __forceinline__ int tile_taps(float support) {
   return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
 }
 
-// The K weights of output position pos along one axis (weight[k * weight_stride]), normalised, placed where its taps fall in a K-window kept
-// inside the staged range [start, end) and zero around them; *window: the window's first index relative to start.
-// Outside (in_range false, or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
+// The K weights of output position pos along one axis (weight[k * weight_stride]), normalised, placed where its
+// taps fall in a K-window and zero around them. The window starts at the filter's first tap clamped into
+// [start, end - K] (end - start >= K), which holds every tap; *window: its first index relative to start. Outside
+// (in_range false, or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
 __device__ __forceinline__ void axis_weights(float scale, float shift, float support, int size, int pos,
                                              bool in_range, int start, int end, int K, float* weight,
                                              int weight_stride, int* window, bool* inside) {
   const float centre = axis_centre(scale, shift, pos);
   const bool maps_inside = in_range && centre >= 0.f && centre <= size;
+  const int first_tap = static_cast<int>(floorf(centre - support + 0.5f));  // filter_taps' lo, unclamped
   int lo = start, hi = start;
   if (maps_inside) {
     filter_taps(centre, support, size, &lo, &hi);
@@ -219,7 +222,7 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
     lo = max(lo, start);
     hi = min(hi, end);
   }
-  const int first = max(start, min(lo, end - K));  // K taps from here stay inside [start, end)
+  const int first = max(start, min(first_tap, end - K));  // K taps from here stay inside [start, end)
   float wk[kTileMaxTaps];
   float total = 0.f;
 #pragma unroll
@@ -277,15 +280,21 @@ struct Band {
   int v0, rows_out, ya, yb;
 };
 
-// The band starting at output row v0 (block-uniform): 32 rows, or 16 where 32 would span too many input rows
-// (16 rows of a shrink below 3 span at most 15 * 3 + 2 * 3 + 1 = 52).
-__device__ __forceinline__ Band plan_band(int v0, int v_end, float scale, float shift, float support, int h, int K) {
-  Band band{v0, min(kBandRows, v_end - v0), 0, 0};
-  tile_range(scale, shift, support, h, v0, v0 + band.rows_out - 1, K, &band.ya, &band.yb);
-  if (band.yb - band.ya > kStagedRows) {
-    band.rows_out = min(band.rows_out, kBandRows / 2);
-    tile_range(scale, shift, support, h, v0, v0 + band.rows_out - 1, K, &band.ya, &band.yb);
-  }
+// First input row of output row v's K-tap window when windows are clamped to the image (h >= K): what
+// axis_weights gives with [start, end) = [0, h). Monotonic in v, so a band's windows span [window of one end,
+// window of the other end + K).
+__device__ __forceinline__ int row_window(float scale, float shift, float support, int h, int K, int v) {
+  return min(max(static_cast<int>(floorf(axis_centre(scale, shift, v) - support + 0.5f)), 0), h - K);
+}
+
+// The band of up to band_rows output rows from v0 (block-uniform) and the input rows its windows read.
+__device__ __forceinline__ Band plan_band(int v0, int v_end, int band_rows, float scale, float shift, float support,
+                                          int h, int K) {
+  Band band{v0, min(band_rows, v_end - v0), 0, 0};
+  const int a = row_window(scale, shift, support, h, K, v0);
+  const int b = row_window(scale, shift, support, h, K, v0 + band.rows_out - 1);
+  band.ya = min(a, b);
+  band.yb = max(a, b) + K;
   return band;
 }
 
@@ -341,7 +350,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start 16-byte
 // aligned. o: the output's value (band.v0 + v, column u0, channel 0).
 template <int K, bool kChannelsLast, typename out_t>
-__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity, const Band& band, int u0, int out_w,
+__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_first_row, const Band& band, int u0, int out_w,
                                               out_t* __restrict__ o, int os_c, bool vector_store,
                                               const float* fill_value) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
@@ -350,9 +359,11 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity,
   if (v >= band.rows_out || (!kChannelsLast && g * kCols >= width)) return;
   // Every pixel of the band maps inside the image (the loader's case): no fill to select.
   const uint32_t columns = width >= kTileW ? ~0u : (1u << width) - 1;
-  const uint32_t rows = band.rows_out >= kBandRows ? ~0u : (1u << band.rows_out) - 1;
-  const bool all_inside = sh.inside_x == columns && sh.inside_y[parity] == rows;
-  const int r0 = sh.lo_y[parity][v];
+  // band_first_row: the band's first row among the block's, a multiple of its 16 or 32 rows (no word straddled).
+  const int row = band_first_row + v;
+  const uint32_t rows = (band.rows_out >= 32 ? ~0u : (1u << band.rows_out) - 1) << (band_first_row % 32);
+  const bool all_inside = sh.inside_x == columns && (sh.inside_y[band_first_row / 32] & rows) == rows;
+  const int r0 = sh.window_y[row] - band.ya;
   float acc[3][kCols];
 #pragma unroll
   for (int q = 0; q < 3; ++q)
@@ -360,7 +371,7 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity,
     for (int e = 0; e < kCols; ++e) acc[q][e] = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const float wk = sh.wy[parity][k][v];
+    const float wk = sh.wy[k][row];
 #pragma unroll
     for (int q = 0; q < 3; ++q) {
       const float4 s = *reinterpret_cast<const float4*>(&sh.rowsum[r0 + k][32 * q + g * kCols]);
@@ -373,7 +384,7 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int parity,
   if (!all_inside) {
     // Fill where the value's column or the row maps outside. Channel of value 32q + 4g + e: q (NCHW), or
     // (32q + 4g + e) % 3 = (g + 2q + e) % 3 (channels_last): one of three rotations of the fill values.
-    const bool inside_y = (sh.inside_y[parity] >> v) & 1;
+    const bool inside_y = (sh.inside_y[row / 32] >> (row % 32)) & 1;
     const int turn = g % 3;
     const float fill_turned[3] = {fill_value[turn], fill_value[turn == 2 ? 0 : turn + 1], fill_value[turn == 0 ? 2 : turn - 1]};
 #pragma unroll
@@ -468,8 +479,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   const uint32_t chunk = 16 * (half_warp_rows ? threadIdx.x % 16 : threadIdx.x);
   const uint32_t raw_shared = static_cast<uint32_t>(__cvta_generic_to_shared(&sh.raw[0][0])) + chunk;
 
-  // Copies the band's rows in and computes its rows' weights (warp 1) into buffer `parity`.
-  auto start_band = [&](const Band& band, int parity) {
+  // Copies the band's rows in.
+  auto start_band = [&](const Band& band) {
     const int rows = band.yb - band.ya;
     const uint8_t* from = reinterpret_cast<const uint8_t*>(segment) + static_cast<int64_t>(band.ya + row_slot) * row_bytes;
     uint32_t to = raw_shared + row_slot * kRowStride;
@@ -478,20 +489,23 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       const uint32_t misalign = reinterpret_cast<uintptr_t>(from) & 15;
       if (chunk < misalign + seg) copy_async_16(to, from - misalign + chunk);  // the chunk holds bytes of the row
     }
-    if (threadIdx.y == 1) {
-      const int i = threadIdx.x;
-      bool inside;
-      axis_weights(m[4], m[5], support_y, h, band.v0 + i, i < band.rows_out, band.ya, band.yb, ky,
-                   &sh.wy[parity][0][i], kBandRows, &sh.lo_y[parity][i], &inside);
-      const uint32_t mask = __ballot_sync(0xffffffffu, inside);
-      if (i == 0) sh.inside_y[parity] = mask;
-    }
   };
 
-  Band band = plan_band(v_begin, v_end, m[4], m[5], support_y, h, ky);
-  start_band(band, 0);  // first, so the copies are in flight while the weights are computed
-  // The block's columns: weights once (warp 0).
-  if (threadIdx.y == 0) {
+  // Bands of 32 rows where 32 rows' windows surely fit kStagedRows (they span at most floor(31 * shrink) + 1 + K
+  // rows; + 1 for rounding), else 16 (at most 15 * 3 + 2 + 6 = 53 for a shrink below 3).
+  const int band_rows = static_cast<int>(31.f * fabsf(m[4])) + 2 + ky <= kStagedRows ? kBandRows : kBandRows / 2;
+  Band band = plan_band(v_begin, v_end, band_rows, m[4], m[5], support_y, h, ky);
+  start_band(band);  // first, so the copies are in flight while the weights are computed
+  // The weights of all the block's rows (warps 0-3, a row per thread, windows clamped to the image) and columns
+  // (warp 4), once: no warp does more than the others inside the band loop.
+  if (threadIdx.y < kBlockRows / 32) {
+    const int i = threadIdx.y * 32 + threadIdx.x;
+    bool inside;
+    axis_weights(m[4], m[5], support_y, h, v_begin + i, v_begin + i < v_end, 0, h, ky, &sh.wy[0][i], kBlockRows,
+                 &sh.window_y[i], &inside);
+    const uint32_t mask = __ballot_sync(0xffffffffu, inside);
+    if (threadIdx.x == 0) sh.inside_y[threadIdx.y] = mask;
+  } else if (threadIdx.y == kBlockRows / 32) {
     const int i = threadIdx.x;
     bool inside;
     int window;
@@ -506,9 +520,9 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       sh.inside_value[i] = bits;
     }
   }
-  for (int parity = 0;; parity ^= 1) {
+  for (;;) {
     copies_wait_all();
-    __syncthreads();  // the band's rows and weights are in; the last band's vertical pass is done with rowsum
+    __syncthreads();  // the band's rows (and the weights) are in; the last band's vertical pass is done with rowsum
     const uint32_t band_first = static_cast<uint32_t>(segment + band.ya * row_bytes);
     switch (kx) {
       case 3: tile_horizontal<3, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
@@ -520,15 +534,15 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const int next_v0 = band.v0 + band.rows_out;
     Band next{};
     if (next_v0 < v_end) {
-      next = plan_band(next_v0, v_end, m[4], m[5], support_y, h, ky);
-      start_band(next, parity ^ 1);
+      next = plan_band(next_v0, v_end, band_rows, m[4], m[5], support_y, h, ky);
+      start_band(next);
     }
     out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      default: tile_vertical<6, kChannelsLast>(sh, parity, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      default: tile_vertical<6, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
     }
     if (next_v0 >= v_end) break;
     band = next;
