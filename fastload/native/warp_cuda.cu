@@ -7,7 +7,6 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -244,24 +243,6 @@ __device__ __forceinline__ void copy_async_16(uint32_t to, const void* from) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from) : "memory");
 }
 
-// Sample p's bytes into L2 (sm_90+; a hint, nothing on older GPUs): lane i of the calling warp asks for the i-th
-// 32nd of them, rounded out to 16-byte boundaries (which never leave the allocation, see the staging below).
-__device__ __forceinline__ void prefetch_sample_to_l2(const uint8_t* data, int64_t data_size, const int64_t* offsets,
-                                                      const int64_t* shapes, int p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int64_t h = shapes[p * 3], w = shapes[p * 3 + 1], c = shapes[p * 3 + 2], off = offsets[p];
-  if (h <= 0 || w <= 0 || c <= 0 || off < 0 || h * w * c > data_size - off) return;  // the kernel reports it
-  const uintptr_t start = reinterpret_cast<uintptr_t>(data + off) & ~uintptr_t(15);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data + off + h * w * c) + 15) & ~uintptr_t(15);
-  const uintptr_t part = (((end - start) / 16 + 31) / 32) * 16;
-  const uintptr_t from = start + threadIdx.x * part;
-  if (from < end) {
-    const uint32_t size = static_cast<uint32_t>(min(part, end - from));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(from), "r"(size) : "memory");
-  }
-#endif
-}
-
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
@@ -287,7 +268,8 @@ __device__ __forceinline__ int row_window(float scale, float shift, float suppor
   return min(max(static_cast<int>(floorf(axis_centre(scale, shift, v) - support + 0.5f)), 0), h - K);
 }
 
-// The band of up to band_rows output rows from v0 (block-uniform) and the input rows its windows read.
+// The band of up to band_rows output rows from v0 (block-uniform) and the input rows its windows read (the first
+// band's; the later ones take the same values from the windows in shared memory).
 __device__ __forceinline__ Band plan_band(int v0, int v_end, int band_rows, float scale, float shift, float support,
                                           int h, int K) {
   Band band{v0, min(band_rows, v_end - v0), 0, 0};
@@ -418,17 +400,10 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const uint8_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
     const float* __restrict__ beta, float fill, out_t* __restrict__ out, int64_t os_b, int64_t os_c, int64_t os_y,
-    int64_t os_x, int out_h, int out_w, bool vector_store, int prefetch_ahead) {
+    int64_t os_x, int out_h, int out_w, bool vector_store) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TiledShared& sh = *reinterpret_cast<TiledShared*>(shared_bytes);
   const int b = blockIdx.z;
-  // The blocks resident at once cover about prefetch_ahead samples: the first block of sample b has sample
-  // b + prefetch_ahead's bytes brought into L2 (the first wave its own too), so bands copy from L2, not DRAM.
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.y == 0) {
-    if (b + prefetch_ahead < static_cast<int>(gridDim.z))
-      prefetch_sample_to_l2(data, data_size, offsets, shapes, b + prefetch_ahead);
-    if (b < prefetch_ahead) prefetch_sample_to_l2(data, data_size, offsets, shapes, b);
-  }
   const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
   float m[6];
 #pragma unroll
@@ -533,8 +508,12 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     __syncthreads();  // raw is free: the next band's rows are copied in during this band's vertical pass
     const int next_v0 = band.v0 + band.rows_out;
     Band next{};
-    if (next_v0 < v_end) {
-      next = plan_band(next_v0, v_end, band_rows, m[4], m[5], support_y, h, ky);
+    if (next_v0 < v_end) {  // its range from the windows computed at the start (row_window's values)
+      next.v0 = next_v0;
+      next.rows_out = min(band_rows, v_end - next_v0);
+      const int a = sh.window_y[next_v0 - v_begin], z = sh.window_y[next_v0 - v_begin + next.rows_out - 1];
+      next.ya = min(a, z);
+      next.yb = max(a, z) + ky;
       start_band(next);
     }
     out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
@@ -580,10 +559,6 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
     if (hwc && channels == 3 && out.stride(0) < (int64_t(1) << 31)) {  // what the loader decodes
       const bool channels_last = out.stride(1) == 1;
       const dim3 tiled_grid(grid.x, (out_h + kBlockRows - 1) / kBlockRows, grid.z);
-      // Samples the resident blocks span (4 per SM): how far ahead the L2 prefetch reaches.
-      int sms = 0;
-      C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, data.get_device()));
-      const int prefetch_ahead = std::max<int>(1, sms * 4 / static_cast<int>(tiled_grid.x * tiled_grid.y));
       const bool vector_store = out_w % kCols == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
                                 out.stride(3) == (channels_last ? 3 : 1);
       auto kernel = channels_last ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
@@ -596,7 +571,7 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
           matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(fill),
           out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), out_h, out_w,
-          vector_store, prefetch_ahead);
+          vector_store);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
