@@ -5,7 +5,10 @@
 #   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
-#   decoder="nvjpeg" against producer count (bench.probe); all = tests+bench+train; none: only the build.
+#   decoder="nvjpeg" against producer count (bench.probe); kernel: the warp kernel's timings (bench.probe
+#   --kernel-only and bench.gpu's kernel rows), an Nsight Compute summary and per-SASS counts ($OUT/sass.csv), then
+#   VARIANTS: sed expressions for warp_cuda.cu separated by ";;", each rebuilt and timed (the source restored
+#   after); all = tests+bench+train; none: only the build.
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -47,6 +50,37 @@ if [[ +$what+ == *+profile+* ]]; then
   rm -f "$OUT/tiled.ncu-rep"
   python3 -c "from bench import corpus; corpus.seekable_store('data/imagenet-like')" > /dev/null
   python3 -m bench.probe --data data/imagenet-like --nvjpeg-workers data/imagenet-like.seekable.lmdb 2>&1 | tee "$OUT/nvjpeg_workers.log"
+fi
+if [[ +$what+ == *+kernel+* ]]; then
+  python3 -m bench.probe --data data/imagenet-like --kernel-only 2>&1 | tail -6
+  python3 -c "
+import fastload as fl
+from bench.gpu import kernel_bench
+rows = kernel_bench(fl.FolderDataset('data/imagenet-like'))
+copy = [r for r in rows if r[0].startswith('device')][0][2]
+for n, ms, bw in rows: print(f'{n[:60]:<60} {ms:7.3f} ms {bw:7.0f} GB/s {100 * bw / copy:4.0f}%')
+"
+  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section SchedulerStats --section WarpStateStats --section InstructionStats \
+    --section MemoryWorkloadAnalysis_Tables python3 -m bench.kernel_probe > "$OUT/ncu.txt" 2>&1
+  grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|-way bank" "$OUT/ncu.txt"
+  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters \
+    -f -o "$OUT/tiled" python3 -m bench.kernel_probe > /dev/null 2>&1
+  /usr/local/cuda/bin/ncu --import "$OUT/tiled.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
+  rm -f "$OUT/tiled.ncu-rep"
+  cp fastload/native/warp_cuda.cu /tmp/warp_cuda.cu.orig  # the device's checkout has no usable git history
+  IFS=$'\n' read -d '' -r -a exprs < <(printf '%s' "$VARIANTS" | sed 's/;;/\n/g')
+  for expr in "${exprs[@]}"; do
+    [[ -z $expr ]] && continue
+    cp /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu; sed -i "$expr" fastload/native/warp_cuda.cu
+    cmp -s /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu && echo "variant changed nothing: $expr"
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build_variant.log" 2>&1 || tail -5 "$OUT/build_variant.log"
+    echo "variant: $expr"; python3 -m bench.probe --data data/imagenet-like --kernel-only 2>&1 | tail -5
+  done
+  if [[ -n $VARIANTS ]]; then
+    cp /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+  fi
 fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
