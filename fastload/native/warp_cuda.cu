@@ -127,17 +127,17 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 }
 
 // The loader's case (uint8 HWC RGB, axis-aligned, shrink below 3x along both axes): a block owns 32 output columns
-// and kBlockRows output rows of one sample and walks down them in bands of 32 (16 where 32 would span more input
-// rows than fit). Per band it
+// and kBlockRows output rows of one sample. It computes the weights of its columns and rows once, then walks down
+// the rows in bands of 32 (16 where 32 could span more input rows than fit). Per band it
 //   1. stages the band's input rows in shared memory with 16-byte asynchronous copies (one instruction per row
-//      and warp),
-//   2. filters each staged row horizontally into 32 row sums per channel (warp = row, lane = column),
-//   3. filters the row sums vertically into the band's output pixels (thread = 4 adjacent pixels of a row),
-//      normalises them and stores them with vector stores,
+//      and warp or half warp),
+//   2. filters each staged row horizontally into 32 row sums per channel, normalised (warp = row, lane = column),
+//   3. filters the row sums vertically into the band's output rows (thread = 4 consecutive values of a row) and
+//      stores them with vector stores,
 // and the next band's rows are copied in while step 3 runs. Every input byte is read from global memory once per
-// band, and the weights are computed once per column (block) and row (band) rather than per pixel.
+// band.
 //
-// The kernel is bound by instruction issue, so the inner loops are straight-line code: every column (row) gets
+// The kernel is bound by instruction issue and latency, so the inner loops are straight-line code: every column (row) gets
 // the same number of taps K, zero-padded, with K a template argument (3 to 6: supports up to 3), bytes are read
 // four at a time and each becomes a float by one byte permute (byte_to_unit: no conversion instruction, which runs
 // at a quarter of the rate), and the vertical pass keeps its weights in registers across four pixels.
@@ -150,9 +150,9 @@ constexpr int kBandRows = 32;       // output rows per band (16 where 32 could s
 constexpr int kBlockRows = 128;     // output rows per block
 constexpr int kCols = 4;            // adjacent output columns per thread in the vertical pass
 constexpr int kColGroups = kTileW / kCols;
-constexpr int kStagedRows = 68;     // input rows of one band: 33 * shrink + 1 for 32 rows (~2x), 17 * shrink + 1 for 16
-constexpr int kRowStride = 336;     // bytes per staged row: 16-byte copies of a row segment (21 * 16; 20 mod 32 words
-                                    // apart, so the four rows a warp reads fall on different banks)
+constexpr int kStagedRows = 68;     // input rows of one band: 32 rows of a shrink up to ~2x, 16 rows of up to 3x
+constexpr int kRowStride = 336;     // bytes per staged row: 21 16-byte copies, a segment of up to 321 bytes at any
+                                    // alignment (32 columns of a shrink below 3)
 constexpr int kTileMinTaps = 3, kTileMaxTaps = 6, kTapStride = 8;
 static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per 4 pixels of a 32-row band");
 static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
@@ -166,7 +166,7 @@ struct TiledShared {
                                                // weight of 32 columns from 32 banks), zero-padded
   float wy[kTapStride][kBlockRows];            // ... of each of the block's output rows
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
-  int window_y[kBlockRows];                    // input row of row v's first tap (axis_window)
+  int window_y[kBlockRows];                    // input row of row v's first tap (row_window)
   uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
   uint32_t inside_value[3];                    // bit i of word q: row value 32q + i's column maps inside
 };
@@ -216,7 +216,7 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
   int lo = start, hi = start;
   if (maps_inside) {
     filter_taps(centre, support, size, &lo, &hi);
-    // Inside the staged range by construction (tile_range); clamped anyway, so that a rounding difference between
+    // Inside [start, end) by construction (tile_range, row_window); clamped anyway, so that a rounding difference between
     // the two computations could only drop an edge tap, never read bytes that were not loaded.
     lo = max(lo, start);
     hi = min(hi, end);
@@ -248,9 +248,10 @@ __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_
 
 // 1 + b / 2^15 for byte b = byte i of word (i = 0..3), exactly: b placed in bits 8-15 of the float 1.0f
 // (0x3F80bb00) by one byte permute. The horizontal pass starts its sums at -(sum of the weights), so they come out
-// as sum(w_k * b_k) / 2^15 without a subtraction per byte; the 2^15 is folded into the vertical pass's scale. Each
-// multiply-add rounds at magnitude ~1, so a sum of K taps is within K * 2^-24 * 2^15 = K / 512 of the exact value
-// in pixel units (at most 0.012 for K = 6, 2e-4 in normalised units): well inside the 1e-3 the kernel promises.
+// as sum(w_k * b_k) / 2^15 without a subtraction per byte; the 2^15 is folded into its scale. The K multiply-adds
+// and the weights' total each round at magnitude ~1 (half an ulp: 2^-25, i.e. 2^-10 in pixel values), so a sum is
+// within (2K - 1) / 1024 of exact: at most 0.011 for K = 6, 2e-4 in ImageNet-normalised units, well inside the
+// 1e-3 the kernel promises against its CPU twin.
 constexpr float kUnitScale = 32768.f;
 __device__ __forceinline__ float byte_to_unit(uint32_t word, int i) {
   return __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604u | (i << 4)));
@@ -439,7 +440,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bias[c] = beta[c];
     fill_value[c] = fill * alpha[c] + bias[c];
   }
-  // This thread's output values in the vertical pass: row v of a band, columns u..u+3 (row v0 added per band).
+  // This thread's first output value in the vertical pass: row v of a band, column u0, channel 0 (the band's row
+  // v0 added per band).
   // Offsets within a sample are 32-bit (the launch checks that a sample's output has fewer than 2^31 values).
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int sample_os_y = static_cast<int>(os_y), sample_os_c = static_cast<int>(os_c);
