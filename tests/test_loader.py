@@ -326,8 +326,12 @@ def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
 
 
 def run_script(body, timeout=60):
-    code = textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    """Runs body in a fresh interpreter. If it hangs, the test fails with every thread's stack (faulthandler dumps
+    them 10 s before the timeout) and with the output so far (unbuffered): a hang at exit shows its last line."""
+    code = f"import faulthandler; faulthandler.dump_traceback_later({timeout - 10}, exit=True)\n" + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-u", "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert "Timeout (0:" not in r.stderr, f"hung; output: {r.stdout!r}\n{r.stderr}"
+    return r
 
 
 def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
