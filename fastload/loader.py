@@ -286,6 +286,10 @@ class _Producers:
                 f.put(Slot(pin=on_gpu))
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
+        # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
+        # as alive; registering here (before looking at `stop`) lets close() wait for those too.
+        self.running = set()
+        self.changed = threading.Condition()
         _live.add(self)
         try:
             for t in self.threads:
@@ -312,6 +316,17 @@ class _Producers:
         return None
 
     def run(self, w, start):
+        with self.changed:
+            self.running.add(threading.current_thread())
+        try:
+            if not self.stop.is_set():
+                self.produce(w, start)
+        finally:
+            with self.changed:
+                self.running.discard(threading.current_thread())
+                self.changed.notify_all()
+
+    def produce(self, w, start):
         n = len(self.queues)
         if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
             torch.cuda.set_device(self.device)
@@ -333,11 +348,18 @@ class _Producers:
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
 
-    def close(self):
+    def close(self, timeout=5.0):
+        """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run(), so none is
+        mid-decode in native code when the interpreter exits. A thread that enters run() later sees `stop`."""
         self.stop.set()
+        me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while self.running - {me} and self.changed.wait(max(0.0, deadline - time.monotonic())):
+                pass
         for t in self.threads:
-            if t.is_alive() and t is not threading.current_thread():
-                t.join(timeout=5)
+            if t.is_alive() and t is not me:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
         _live.discard(self)
 
 

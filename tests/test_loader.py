@@ -359,18 +359,24 @@ def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
     assert r.returncode == 0 and "interrupted" in r.stdout, r.stderr
 
 
-def test_interrupt_while_producers_start_stops_those_started(coded_dir, monkeypatch):
-    """Ctrl-C can land between two producer threads' start(): the ones already running are stopped (a running
-    orphan decoding at interpreter exit aborted the process), and the loader iterates normally afterwards."""
+@pytest.mark.parametrize("inside_start", [False, True])
+def test_interrupt_while_producers_start_stops_those_started(coded_dir, monkeypatch, inside_start):
+    """Ctrl-C can land between two producer threads' start(), or inside one after its thread began: the threads
+    already running are stopped and waited for (a producer still decoding at interpreter exit aborted the
+    process), and the loader iterates normally afterwards."""
     loader = fl.FastLoader(fl.FolderDataset(coded_dir), batch_size=2, workers=3, threads=1)
     real_start, started = threading.Thread.start, []
     live_before = set(loader_module._live)
 
     def start_then_interrupt(thread):
-        if started and thread.name.startswith("fastload-"):
+        if not thread.name.startswith("fastload-"):
+            return real_start(thread)
+        if started and not inside_start:
             raise KeyboardInterrupt
         real_start(thread)
         started.append(thread)
+        if inside_start:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
