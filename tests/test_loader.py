@@ -343,9 +343,12 @@ def test_interpreter_exit_and_ctrl_c_mid_epoch_do_not_hang(coded_dir):
     """
     r = run_script(exit_mid_epoch)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    # The child installs Python's SIGINT handler itself: one started with SIGINT ignored (a background job of a
+    # non-interactive shell, e.g. `nohup make test &`) would otherwise ignore the Ctrl-C and loop until killed.
     ctrl_c = f"""
         import os, signal, threading
         import fastload as fl
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loader = fl.FastLoader(fl.FolderDataset({str(coded_dir)!r}), batch_size=2, prefetch=1)
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         try:
