@@ -6,7 +6,7 @@
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
 #   decoder="nvjpeg" against producer count (bench.probe); kernel: the warp kernel's timings (bench.probe
-#   --kernel-only and bench.gpu's kernel rows), an Nsight Compute summary and per-SASS counts ($OUT/sass.csv), then
+#   --kernel-only and bench.gpu --kernel-only), an Nsight Compute summary and per-SASS counts ($OUT/sass.csv), then
 #   VARIANTS: sed expressions for warp_cuda.cu separated by ";;", each rebuilt and timed (the source restored
 #   after); all = tests+bench+train; none: only the build.
 set -o pipefail
@@ -53,13 +53,7 @@ if [[ +$what+ == *+profile+* ]]; then
 fi
 if [[ +$what+ == *+kernel+* ]]; then
   python3 -m bench.probe --data data/imagenet-like --kernel-only 2>&1 | tail -6
-  python3 -c "
-import fastload as fl
-from bench.gpu import kernel_bench
-rows = kernel_bench(fl.FolderDataset('data/imagenet-like'))
-copy = [r for r in rows if r[0].startswith('device')][0][2]
-for n, ms, bw in rows: print(f'{n[:60]:<60} {ms:7.3f} ms {bw:7.0f} GB/s {100 * bw / copy:4.0f}%')
-"
+  python3 -m bench.gpu --data data/imagenet-like --kernel-only
   /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section Occupancy --section SchedulerStats --section WarpStateStats --section InstructionStats \
     --section MemoryWorkloadAnalysis_Tables python3 -m bench.kernel_probe > "$OUT/ncu.txt" 2>&1

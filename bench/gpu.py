@@ -11,6 +11,7 @@
     beside the folder as DIR.seekable.lmdb).
 
     python -m bench.gpu --data DIR [--workers 16] [--epochs 3] [--json out.json]
+    python -m bench.gpu --data DIR --kernel-only      # (a) alone
 """
 import argparse
 import json
@@ -159,6 +160,14 @@ def nvjpeg_rate(ds, batch, rounds=5):
     return n / (time.perf_counter() - t)
 
 
+def print_kernel_table(kernel, batch):
+    copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
+    print("\n(a) warp/normalise kernel, batch of", batch, "decoded RandomResizedCrop windows -> 224x224")
+    print(f"{'variant':<72} {'ms':>8} {'GB/s':>8} {'% copy':>7}")
+    for name, ms, bw in kernel:
+        print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="ImageFolder of JPEGs (e.g. from python -m bench.corpus imagenet)")
@@ -168,13 +177,15 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--skip-torchvision", action="store_true")
+    p.add_argument("--kernel-only", action="store_true", help="only (a): the kernel against copy and torch ops")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     ds = fl.FolderDataset(args.data)
     print(f"{torch.cuda.get_device_name()} | {os.cpu_count()} cores | {len(ds)} images", flush=True)
 
     kernel = kernel_bench(ds, batch=args.batch_size)
-    copy_bw = next(bw for name, _, bw in kernel if name.startswith("device-to-device"))
+    if args.kernel_only:
+        return print_kernel_table(kernel, args.batch_size)
     store = corpus.seekable_store(args.data)
     hardware, why = nvjpeg.available()
     if not hardware:
@@ -192,10 +203,7 @@ def main(argv=None):
     tv_nvjpeg = nvjpeg_rate(ds, args.batch_size)
     tv = None if args.skip_torchvision else torchvision_rate(args.data, args.epochs, args.batch_size, args.workers)
 
-    print("\n(a) warp/normalise kernel, batch of", args.batch_size, "decoded RandomResizedCrop windows -> 224x224")
-    print(f"{'variant':<72} {'ms':>8} {'GB/s':>8} {'% copy':>7}")
-    for name, ms, bw in kernel:
-        print(f"{name:<72} {ms:8.3f} {bw:8.0f} {100 * bw / copy_bw:6.0f}%")
+    print_kernel_table(kernel, args.batch_size)
     print("\n(b) finished 224x224 batches on the GPU, images/s")
     print(f"{'pipeline':<60} {'img/s':>9}")
     for label, rate, _ in loaders.values():

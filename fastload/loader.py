@@ -355,8 +355,7 @@ class _Producers:
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:
-            while self.running - {me} and self.changed.wait(max(0.0, deadline - time.monotonic())):
-                pass
+            self.changed.wait_for(lambda: not self.running - {me}, timeout)
         for t in self.threads:
             if t.is_alive() and t is not me:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
