@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
 //
 // The kernel is bound by instruction issue and latency, so the inner loops are straight-line code: every column (row) gets
 // the same number of taps K, zero-padded, with K a template argument (3 to 6: supports up to 3), bytes are read
-// four at a time and each becomes a float by one byte permute (byte_to_unit: no conversion instruction, which runs
-// at a quarter of the rate), and the vertical pass keeps its weights in registers across four pixels.
+// four at a time and filtered in exact integer arithmetic two taps per instruction (dp2a, kWeightOne), and the
+// vertical pass keeps its weights in registers across four pixels.
 //
 // The limits cover what the loader produces: DCT scales are powers of two, so a crop reaches the kernel up to 2x
 // larger than the output along its shorter side, and RandomResizedCrop's aspect ratios (3/4 to 4/3) make the
@@ -153,7 +153,7 @@ constexpr int kColGroups = kTileW / kCols;
 constexpr int kStagedRows = 68;     // input rows of one band: 32 rows of a shrink up to ~2x, 16 rows of up to 3x
 constexpr int kRowStride = 336;     // bytes per staged row: 21 16-byte copies, a segment of up to 321 bytes at any
                                     // alignment (32 columns of a shrink below 3)
-constexpr int kTileMinTaps = 3, kTileMaxTaps = 6, kTapStride = 8;
+constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
 static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per 4 pixels of a 32-row band");
 static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
 static_assert(kBlockRows / 32 < kBlockY, "a warp per 32 of the block's rows computes their weights, one more the columns'");
@@ -162,9 +162,9 @@ struct TiledShared {
   uint8_t raw[kStagedRows][kRowStride];        // the band's input rows, each from the 16-byte boundary at or
                                                // before its first byte (column xa)
   float rowsum[kStagedRows][3 * kTileW];       // horizontal pass: per input row, 3 x 32 values (row_value)
-  float wx[kTapStride][kTileW];                // weight k of each output column (tap-major: a warp reads one
-                                               // weight of 32 columns from 32 banks), zero-padded
-  float wy[kTapStride][kBlockRows];            // ... of each of the block's output rows
+  uint32_t wx[kTileMaxTaps / 2][kTileW];       // weights 2j, 2j + 1 of each output column (pack_weight_pairs;
+                                               // pair-major: a warp reads one pair of 32 columns from 32 banks)
+  float wy[kTileMaxTaps][kBlockRows];          // weight k of each of the block's output rows, zero-padded
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
   int window_y[kBlockRows];                    // input row of row v's first tap (row_window)
   uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
@@ -203,13 +203,13 @@ __device__ __forceinline__ int tile_taps(float support) {
   return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
 }
 
-// The K weights of output position pos along one axis (weight[k * weight_stride]), normalised, placed where its
-// taps fall in a K-window and zero around them. The window starts at the filter's first tap clamped into
-// [start, end - K] (end - start >= K), which holds every tap; *window: its first index relative to start. Outside
-// (in_range false, or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
+// The K weights of output position pos along one axis (wk[k]), normalised, placed where its taps fall in a
+// K-window and zero around them. The window starts at the filter's first tap clamped into [start, end - K]
+// (end - start >= K), which holds every tap; *window: its first index relative to start. Outside (in_range false,
+// or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
 __device__ __forceinline__ void axis_weights(float scale, float shift, float support, int size, int pos,
-                                             bool in_range, int start, int end, int K, float* weight,
-                                             int weight_stride, int* window, bool* inside) {
+                                             bool in_range, int start, int end, int K, float (&wk)[kTileMaxTaps],
+                                             int* window, bool* inside) {
   const float centre = axis_centre(scale, shift, pos);
   const bool maps_inside = in_range && centre >= 0.f && centre <= size;
   const int first_tap = static_cast<int>(floorf(centre - support + 0.5f));  // filter_taps' lo, unclamped
@@ -222,7 +222,6 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
     hi = min(hi, end);
   }
   const int first = max(start, min(first_tap, end - K));  // K taps from here stay inside [start, end)
-  float wk[kTileMaxTaps];
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kTileMaxTaps; ++k) {
@@ -232,9 +231,38 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
-  for (int k = 0; k < kTapStride; ++k) weight[k * weight_stride] = k < kTileMaxTaps ? wk[k] * inv : 0.f;
+  for (int k = 0; k < kTileMaxTaps; ++k) wk[k] *= inv;
   *window = first - start;
   *inside = maps_inside && hi > lo;
+}
+
+// The horizontal pass multiplies bytes by 16-bit integer weights that sum to exactly kWeightOne (2^15), two taps
+// per instruction (dp2a), so its sums are exact integers below 2^23: started at the bits of the float 2^23 they
+// come out as that float plus the sum, with no conversion instruction. Each weight is rounded to the nearest
+// 1/2^15 and the largest absorbs the rounding's total (at most K/2 units), so the weights' errors sum to zero and
+// a sum is within 127.5 * K / 2^15 of exact: at most 0.023 in pixel values for K = 6, 4e-4 in ImageNet-normalised
+// units, inside the 1e-3 the kernel promises against its CPU twin (and exact on flat regions).
+constexpr int kWeightOne = 1 << 15;
+constexpr uint32_t kFloatTwo23 = 0x4B000000u;  // bits of 2^23f: 2^23 + n for an integer 0 <= n < 2^23
+
+// Column weights wk (normalised, zero-padded) -> 16-bit fixed point summing to kWeightOne (all zero stays zero),
+// taps 2j and 2j + 1 packed in pair[j * stride] (low half: tap 2j), as dp2a takes them.
+__device__ __forceinline__ void pack_weight_pairs(const float (&wk)[kTileMaxTaps], uint32_t* pair, int stride) {
+  int q[kTileMaxTaps], total = 0, largest = 0, largest_q = -1;  // (no q[largest]: a dynamic index spills q)
+#pragma unroll
+  for (int k = 0; k < kTileMaxTaps; ++k) {
+    q[k] = __float2int_rn(wk[k] * kWeightOne);
+    total += q[k];
+    if (q[k] > largest_q) {
+      largest = k;
+      largest_q = q[k];
+    }
+  }
+  const int residual = total > 0 ? kWeightOne - total : 0;
+#pragma unroll
+  for (int k = 0; k < kTileMaxTaps; ++k) q[k] += k == largest ? residual : 0;
+#pragma unroll
+  for (int j = 0; j < kTileMaxTaps / 2; ++j) pair[j * stride] = static_cast<uint32_t>(q[2 * j]) | (static_cast<uint32_t>(q[2 * j + 1]) << 16);
 }
 
 // sm_80+ asynchronous copy of 16 bytes from global to shared memory (a shared-space address), bypassing L1 (the
@@ -245,17 +273,6 @@ __device__ __forceinline__ void copy_async_16(uint32_t to, const void* from) {
 
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// 1 + b / 2^15 for byte b = byte i of word (i = 0..3), exactly: b placed in bits 8-15 of the float 1.0f
-// (0x3F80bb00) by one byte permute. The horizontal pass starts its sums at -(sum of the weights), so they come out
-// as sum(w_k * b_k) / 2^15 without a subtraction per byte; the 2^15 is folded into its scale. The K multiply-adds
-// and the weights' total each round at magnitude ~1 (half an ulp: 2^-25, i.e. 2^-10 in pixel values), so a sum is
-// within (2K - 1) / 1024 of exact: at most 0.011 for K = 6, 2e-4 in ImageNet-normalised units, well inside the
-// 1e-3 the kernel promises against its CPU twin.
-constexpr float kUnitScale = 32768.f;
-__device__ __forceinline__ float byte_to_unit(uint32_t word, int i) {
-  return __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604u | (i << 4)));
-}
 
 // One band's rows: output rows [v0, v0 + rows_out) read input rows [ya, yb).
 struct Band {
@@ -283,21 +300,19 @@ __device__ __forceinline__ Band plan_band(int v0, int v_end, int band_rows, floa
 
 // Horizontal pass: staged row r -> row sums of the 32 output columns, three channels, scaled and shifted as the
 // output will be (the row weights sum to 1, so the vertical pass keeps that). Warp y takes rows y, y + 8, ..., lane
-// u column u (its K weights and tap offset in registers): neighbouring lanes read bytes ~3 * shrink apart, so a
+// u column u (its weight pairs and tap offset in registers): neighbouring lanes read bytes ~3 * shrink apart, so a
 // warp's loads hit distinct banks or share words. Row r's segment starts (band_first + r * row_bytes) & 15 bytes
 // into its staged row; a column's 3K tap bytes are read as the (at most) ceil((3K + 3) / 4) words that hold them
-// and shifted into place with funnel shifts. The sums are laid out as the output is (row_value).
+// and shifted into place with funnel shifts. Per channel and pair of taps one byte permute brings the two bytes
+// together and one dp2a multiplies and adds them (kWeightOne). The sums are laid out as the output is (row_value).
 template <int K, bool kChannelsLast>
 __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes,
                                                 const float* scale, const float* bias) {
-  constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4;
+  constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4, kPairs = (K + 1) / 2;
   const int u = threadIdx.x;
-  float w[K], total = 0.f;
+  uint32_t weights[kPairs];
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    w[k] = sh.wx[k][u];
-    total += w[k];
-  }
+  for (int j = 0; j < kPairs; ++j) weights[j] = sh.wx[j][u];
   const int tap = sh.lo_x[u];
   const uint8_t* raw = &sh.raw[0][0];
   for (int r = threadIdx.y; r < rows; r += kBlockY) {
@@ -307,16 +322,23 @@ __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint3
     uint32_t word[kWords];
 #pragma unroll
     for (int i = 0; i < kWords; ++i) word[i] = p[i];
-    uint32_t bytes[kAligned];  // the 3K tap bytes from byte 0 of bytes[0] on
+    uint32_t bytes[kAligned];  // the 3K tap bytes from byte 0 of bytes[0] on: tap k, channel c at 3k + c
 #pragma unroll
     for (int i = 0; i < kAligned; ++i) bytes[i] = __funnelshift_r(word[i], word[min(i + 1, kWords - 1)], shift);
-    float acc[3] = {-total, -total, -total};  // the 1s of byte_to_unit cancel: sum(w_k * b_k) / 2^15
 #pragma unroll
-    for (int k = 0; k < K; ++k)
+    for (int c = 0; c < 3; ++c) {
+      uint32_t acc = kFloatTwo23;
 #pragma unroll
-      for (int c = 0; c < 3; ++c) acc[c] += w[k] * byte_to_unit(bytes[(3 * k + c) / 4], (3 * k + c) % 4);
-#pragma unroll
-    for (int c = 0; c < 3; ++c) sh.rowsum[r][row_value<kChannelsLast>(u, c)] = acc[c] * scale[c] + bias[c];
+      for (int j = 0; j < kPairs; ++j) {
+        // Taps 2j and 2j + 1 (the same byte twice for an odd K's last tap, whose partner weight is zero) into
+        // bytes 0 and 1 of one word.
+        const int first = 6 * j + c, second = 2 * j + 1 < K ? first + 3 : first, i = first / 4;
+        const uint32_t pair = __byte_perm(bytes[i], bytes[min(i + 1, kAligned - 1)],
+                                          (first - 4 * i) | ((second - 4 * i) << 4));
+        acc = __dp2a_lo(weights[j], pair, acc);
+      }
+      sh.rowsum[r][row_value<kChannelsLast>(u, c)] = __uint_as_float(acc) * scale[c] + bias[c];
+    }
   }
 }
 
@@ -433,12 +455,13 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   // to 16-byte boundaries; an allocation starts and ends on such boundaries, so they never leave the one holding
   // the batch.
   const uintptr_t segment = reinterpret_cast<uintptr_t>(data + off) + xa * 3;  // row 0's segment in global memory
-  float scale[3], bias[3], fill_value[3];  // scale: of the row sums' units (kUnitScale per pixel value)
+  // The horizontal sums come out as 2^23 + kWeightOne * (pixel value): scale and bias map them to the output's.
+  float scale[3], bias[3], fill_value[3];
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
-    scale[c] = alpha[c] * kUnitScale;
-    bias[c] = beta[c];
-    fill_value[c] = fill * alpha[c] + bias[c];
+    scale[c] = alpha[c] / kWeightOne;
+    bias[c] = beta[c] - scale[c] * (1 << 23);
+    fill_value[c] = fill * alpha[c] + beta[c];
   }
   // This thread's first output value in the vertical pass: row v of a band, column u0, channel 0 (the band's row
   // v0 added per band).
@@ -478,16 +501,19 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   if (threadIdx.y < kBlockRows / 32) {
     const int i = threadIdx.y * 32 + threadIdx.x;
     bool inside;
-    axis_weights(m[4], m[5], support_y, h, v_begin + i, v_begin + i < v_end, 0, h, ky, &sh.wy[0][i], kBlockRows,
-                 &sh.window_y[i], &inside);
+    float wk[kTileMaxTaps];
+    axis_weights(m[4], m[5], support_y, h, v_begin + i, v_begin + i < v_end, 0, h, ky, wk, &sh.window_y[i], &inside);
+#pragma unroll
+    for (int k = 0; k < kTileMaxTaps; ++k) sh.wy[k][i] = wk[k];
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
     if (threadIdx.x == 0) sh.inside_y[threadIdx.y] = mask;
   } else if (threadIdx.y == kBlockRows / 32) {
     const int i = threadIdx.x;
     bool inside;
     int window;
-    axis_weights(m[0], m[2], support_x, w, u0 + i, u0 + i < out_w, xa, xb, kx, &sh.wx[0][i], kTileW, &window,
-                 &inside);
+    float wk[kTileMaxTaps];
+    axis_weights(m[0], m[2], support_x, w, u0 + i, u0 + i < out_w, xa, xb, kx, wk, &window, &inside);
+    pack_weight_pairs(wk, &sh.wx[0][i], kTileW);
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
     if (i == 0) sh.inside_x = mask;
