@@ -158,6 +158,22 @@ static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per
 static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
 static_assert(kBlockRows / 32 < kBlockY, "a warp per 32 of the block's rows computes their weights, one more the columns'");
 
+// One band's rows: output rows [v0, v0 + rows_out) read input rows [ya, yb).
+struct Band {
+  int v0, rows_out, ya, yb;
+};
+
+// What every thread of a block needs of its sample and tile, planned once by warp 0 (plan_tile): computed in
+// every warp, its loads and range computations cost a tenth of the kernel's instructions.
+struct TilePlan {
+  uint64_t segment;                       // global address of row 0's segment (its bytes from column xa on)
+  float scale[3], bias[3], fill_value[3];  // of the horizontal sums (kWeightOne) and of the fill
+  float scale_x, shift_x, scale_y, shift_y, support_x, support_y;  // the axis-aligned matrix and its filter
+  int h, w, xa, xb, kx, ky, band_rows;    // image size, columns [xa, xb) the tile reads, taps, rows per band
+  Band first;                             // the block's first band
+  bool tileable;                          // else warp_columns does the block
+};
+
 struct TiledShared {
   uint8_t raw[kStagedRows][kRowStride];        // the band's input rows, each from the 16-byte boundary at or
                                                // before its first byte (column xa)
@@ -169,6 +185,7 @@ struct TiledShared {
   int window_y[kBlockRows];                    // input row of row v's first tap (row_window)
   uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
   uint32_t inside_value[3];                    // bit i of word q: row value 32q + i's column maps inside
+  TilePlan plan;
 };
 static_assert(sizeof(float) * kMaxTaps * kThreads <= sizeof(TiledShared::raw), "warp_columns' scratch fits in raw");
 
@@ -274,11 +291,6 @@ __device__ __forceinline__ void copy_async_16(uint32_t to, const void* from) {
 // Waits for this thread's asynchronous copies (a barrier then makes everyone's visible).
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// One band's rows: output rows [v0, v0 + rows_out) read input rows [ya, yb).
-struct Band {
-  int v0, rows_out, ya, yb;
-};
-
 // First input row of output row v's K-tap window when windows are clamped to the image (h >= K): what
 // axis_weights gives with [start, end) = [0, h). Monotonic in v, so a band's windows span [window of one end,
 // window of the other end + K).
@@ -306,14 +318,19 @@ __device__ __forceinline__ Band plan_band(int v0, int v_end, int band_rows, floa
 // and shifted into place with funnel shifts. Per channel and pair of taps one byte permute brings the two bytes
 // together and one dp2a multiplies and adds them (kWeightOne). The sums are laid out as the output is (row_value).
 template <int K, bool kChannelsLast>
-__device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes,
-                                                const float* scale, const float* bias) {
+__device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint32_t band_first, int row_bytes) {
   constexpr int kWords = (3 * K + 6) / 4, kAligned = (3 * K + 3) / 4, kPairs = (K + 1) / 2;
   const int u = threadIdx.x;
   uint32_t weights[kPairs];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) weights[j] = sh.wx[j][u];
   const int tap = sh.lo_x[u];
+  float scale[3], bias[3];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = sh.plan.scale[c];
+    bias[c] = sh.plan.bias[c];
+  }
   const uint8_t* raw = &sh.raw[0][0];
   for (int r = threadIdx.y; r < rows; r += kBlockY) {
     const uint32_t at = r * kRowStride + ((band_first + r * row_bytes) & 15) + tap;
@@ -352,12 +369,12 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // chunks q = 0..2 at 32q + 4g of the 96 (row_value's order). NCHW: chunk q is channel q of pixels u0 + 4g..+3;
 // channels_last: values 32q + 4g..+3 of the row's interleaved pixels, so each store instruction of a warp writes 128
 // contiguous bytes per row. Branch-free inside the image: a row or column whose centre maps outside has zero
-// weights and takes the fill value. vector_store: the output's rows hold a multiple of 4 pixels and start 16-byte
-// aligned. o: the output's value (band.v0 + v, column u0, channel 0).
+// weights and takes the fill value. whole_store: the tile lies inside the output, whose rows hold a multiple of 4
+// pixels and start 16-byte aligned (one vector store per chunk). o: the output's value (band.v0 + v, column
+// u0 + 4g (NCHW) or value 4g of the tile's row (channels_last), channel 0).
 template <int K, bool kChannelsLast, typename out_t>
-__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_first_row, const Band& band, int u0, int out_w,
-                                              out_t* __restrict__ o, int os_c, bool vector_store,
-                                              const float* fill_value) {
+__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_first_row, const Band& band, int u0,
+                                              int out_w, out_t* __restrict__ o, int os_c, bool whole_store) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int g = tid % kColGroups, v = tid / kColGroups;
   const int width = min(kTileW, out_w - u0);  // the tile's pixels inside the output
@@ -389,6 +406,7 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_fi
   if (!all_inside) {
     // Fill where the value's column or the row maps outside. Channel of value 32q + 4g + e: q (NCHW), or
     // (32q + 4g + e) % 3 = (g + 2q + e) % 3 (channels_last): one of three rotations of the fill values.
+    const float* fill_value = sh.plan.fill_value;
     const bool inside_y = (sh.inside_y[row / 32] >> (row % 32)) & 1;
     const int turn = g % 3;
     const float fill_turned[3] = {fill_value[turn], fill_value[turn == 2 ? 0 : turn + 1], fill_value[turn == 0 ? 2 : turn - 1]};
@@ -400,22 +418,76 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_fi
         if (!((bits >> e) & 1)) acc[q][e] = kChannelsLast ? fill_turned[(2 * q + e) % 3] : fill_value[q];
     }
   }
+  if (whole_store) {
+#pragma unroll
+    for (int q = 0; q < 3; ++q)
+      *reinterpret_cast<Vec4<out_t>*>(o + (kChannelsLast ? 32 * q : q * os_c)) =
+          Vec4<out_t>{{OutCast<out_t>::apply(acc[q][0]), OutCast<out_t>::apply(acc[q][1]),
+                       OutCast<out_t>::apply(acc[q][2]), OutCast<out_t>::apply(acc[q][3])}};
+    return;
+  }
   // Values of the row inside the output: NCHW per chunk 4 pixels from g * 4, channels_last 3 per pixel.
   const int valid = kChannelsLast ? 3 * width : width;
 #pragma unroll
   for (int q = 0; q < 3; ++q) {
     const int first = kChannelsLast ? 32 * q + g * kCols : g * kCols;  // of this chunk, in `valid`'s units
-    out_t* to = o + (kChannelsLast ? first : q * os_c + first);
-    if (vector_store) {
-      if (first < valid)  // a multiple of 4 values: whole chunks
-        *reinterpret_cast<Vec4<out_t>*>(to) = Vec4<out_t>{{OutCast<out_t>::apply(acc[q][0]), OutCast<out_t>::apply(acc[q][1]),
-                                                           OutCast<out_t>::apply(acc[q][2]), OutCast<out_t>::apply(acc[q][3])}};
-    } else {
 #pragma unroll
-      for (int e = 0; e < kCols; ++e)
-        if (first + e < valid) to[e] = OutCast<out_t>::apply(acc[q][e]);
-    }
+    for (int e = 0; e < kCols; ++e)
+      if (first + e < valid) o[(kChannelsLast ? 32 * q : q * os_c) + e] = OutCast<out_t>::apply(acc[q][e]);
   }
+}
+
+// Warp 0's part of the block's start: the sample's header, whether the tiled path takes it, the columns its tile
+// reads and its first band, into sh.plan (written by lane 0; a barrier follows).
+__device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restrict__ data, int64_t data_size,
+                                          const int64_t* __restrict__ offsets, const int64_t* __restrict__ shapes,
+                                          const float* __restrict__ matrices, const float* __restrict__ alpha,
+                                          const float* __restrict__ beta, float fill, int u0, int v_begin,
+                                          int v_end, int out_w) {
+  const int b = blockIdx.z;
+  const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
+  float m[6];
+#pragma unroll
+  for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
+  const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
+                     off + h64 * w64 * 3 <= data_size;
+  const int h = valid ? static_cast<int>(h64) : 0, w = valid ? static_cast<int>(w64) : 0;
+  // filter_support of an axis-aligned matrix (any other falls back) without the square root.
+  const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
+  const int kx = tile_taps(support_x), ky = tile_taps(support_y);
+  int xa = 0, xb = 0;
+  bool tileable = valid && m[1] == 0.f && m[3] == 0.f && kx <= kTileMaxTaps && ky <= kTileMaxTaps && w >= kx &&
+                  h >= ky;
+  if (tileable) tile_range(m[0], m[2], support_x, w, u0, min(u0 + kTileW, out_w) - 1, kx, &xa, &xb);
+  tileable = tileable && ((15 + (xb - xa) * 3 + 15) / 16) * 16 <= kRowStride;  // a row segment fits raw's rows
+  // Bands of 32 rows where 32 rows' windows surely fit kStagedRows (they span at most floor(31 * shrink) + 1 + K
+  // rows; + 1 for rounding), else 16 (at most 15 * 3 + 2 + 6 = 53 for a shrink below 3).
+  const int band_rows = static_cast<int>(31.f * fabsf(m[4])) + 2 + ky <= kStagedRows ? kBandRows : kBandRows / 2;
+  const Band first = tileable ? plan_band(v_begin, v_end, band_rows, m[4], m[5], support_y, h, ky) : Band{};
+  if (threadIdx.x != 0) return;
+  // 32-bit offsets within the image (smaller than 2^31 bytes: valid) from here on.
+  plan.segment = reinterpret_cast<uintptr_t>(data + off) + xa * 3;
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {  // the horizontal sums are 2^23 + kWeightOne * (pixel value)
+    plan.scale[c] = alpha[c] / kWeightOne;
+    plan.bias[c] = beta[c] - plan.scale[c] * (1 << 23);
+    plan.fill_value[c] = fill * alpha[c] + beta[c];
+  }
+  plan.scale_x = m[0];
+  plan.shift_x = m[2];
+  plan.scale_y = m[4];
+  plan.shift_y = m[5];
+  plan.support_x = support_x;
+  plan.support_y = support_y;
+  plan.h = h;
+  plan.w = w;
+  plan.xa = xa;
+  plan.xb = xb;
+  plan.kx = kx;
+  plan.ky = ky;
+  plan.band_rows = band_rows;
+  plan.first = first;
+  plan.tileable = tileable;
 }
 
 template <typename out_t, bool kChannelsLast>
@@ -426,50 +498,32 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     int64_t os_x, int out_h, int out_w, bool vector_store) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TiledShared& sh = *reinterpret_cast<TiledShared*>(shared_bytes);
-  const int b = blockIdx.z;
-  const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
-  float m[6];
-#pragma unroll
-  for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
-  const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
-                     off + h64 * w64 * 3 <= data_size;
-  const int h = valid ? static_cast<int>(h64) : 0, w = valid ? static_cast<int>(w64) : 0;
+  const TilePlan& plan = sh.plan;
   const int u0 = blockIdx.x * kTileW;
   const int v_begin = blockIdx.y * kBlockRows, v_end = min(out_h, v_begin + kBlockRows);
-  // filter_support of an axis-aligned matrix (any other falls back below) without the square root.
-  const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
-  const int kx = tile_taps(support_x), ky = tile_taps(support_y);
-  int xa = 0, xb = 0;
-  bool tileable = valid && m[1] == 0.f && m[3] == 0.f && kx <= kTileMaxTaps && ky <= kTileMaxTaps && w >= kx &&
-                  h >= ky;
-  if (tileable) tile_range(m[0], m[2], support_x, w, u0, min(u0 + kTileW, out_w) - 1, kx, &xa, &xb);
-  const int seg = (xb - xa) * 3;  // bytes of a staged row segment
-  if (!tileable || ((15 + seg + 15) / 16) * 16 > kRowStride) {  // uniform over the block
+  if (threadIdx.y == 0)
+    plan_tile(sh.plan, data, data_size, offsets, shapes, matrices, alpha, beta, fill, u0, v_begin, v_end, out_w);
+  __syncthreads();
+  if (!plan.tileable) {  // uniform over the block
+    const int b = blockIdx.z;
+    float m[6];
+#pragma unroll
+    for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
     for (int tile_y = v_begin / kTile; tile_y * kTile < v_end; ++tile_y)
-      warp_columns<uint8_t, out_t, 3>(data, data_size, off, h64, w64, c_in, m, alpha, beta, 3, true, fill, out,
-                                      os_b, os_c, os_y, os_x, out_h, out_w, tile_y, reinterpret_cast<float*>(sh.raw));
+      warp_columns<uint8_t, out_t, 3>(data, data_size, offsets[b], shapes[b * 3], shapes[b * 3 + 1],
+                                      shapes[b * 3 + 2], m, alpha, beta, 3, true, fill, out, os_b, os_c, os_y, os_x,
+                                      out_h, out_w, tile_y, reinterpret_cast<float*>(sh.raw));
     return;
   }
-  const int row_bytes = w * 3;
-  // 32-bit offsets: the image is smaller than 2^31 bytes (valid). The 16-byte copies round each row segment out
-  // to 16-byte boundaries; an allocation starts and ends on such boundaries, so they never leave the one holding
-  // the batch.
-  const uintptr_t segment = reinterpret_cast<uintptr_t>(data + off) + xa * 3;  // row 0's segment in global memory
-  // The horizontal sums come out as 2^23 + kWeightOne * (pixel value): scale and bias map them to the output's.
-  float scale[3], bias[3], fill_value[3];
-#pragma unroll
-  for (int c = 0; c < 3; ++c) {
-    scale[c] = alpha[c] / kWeightOne;
-    bias[c] = beta[c] - scale[c] * (1 << 23);
-    fill_value[c] = fill * alpha[c] + beta[c];
-  }
-  // This thread's first output value in the vertical pass: row v of a band, column u0, channel 0 (the band's row
-  // v0 added per band).
+  const int row_bytes = plan.w * 3, seg = (plan.xb - plan.xa) * 3, kx = plan.kx, ky = plan.ky;
+  // This thread's first output value in the vertical pass (see tile_vertical; the band's row v0 added per band).
   // Offsets within a sample are 32-bit (the launch checks that a sample's output has fewer than 2^31 values).
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int sample_os_y = static_cast<int>(os_y), sample_os_c = static_cast<int>(os_c);
-  out_t* const out_sample = out + b * os_b;
-  const int out_thread = (tid / kColGroups) * sample_os_y + u0 * (kChannelsLast ? 3 : 1);
+  out_t* const out_sample = out + blockIdx.z * os_b;
+  const int out_thread =
+      (tid / kColGroups) * sample_os_y + u0 * (kChannelsLast ? 3 : 1) + (tid % kColGroups) * kCols;
+  const bool whole_store = vector_store && u0 + kTileW <= out_w;
 
   // Copying a row in takes a 16-byte chunk per lane: a half warp per row where the segment spans at most 16 chunks
   // at any alignment (shrink below ~2.3), else a whole warp.
@@ -482,19 +536,19 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   // Copies the band's rows in.
   auto start_band = [&](const Band& band) {
     const int rows = band.yb - band.ya;
-    const uint8_t* from = reinterpret_cast<const uint8_t*>(segment) + static_cast<int64_t>(band.ya + row_slot) * row_bytes;
+    const uint8_t* from =
+        reinterpret_cast<const uint8_t*>(plan.segment) + static_cast<int64_t>(band.ya + row_slot) * row_bytes;
     uint32_t to = raw_shared + row_slot * kRowStride;
     for (int r = row_slot; r < rows; r += row_step, from += static_cast<int64_t>(row_step) * row_bytes,
              to += row_step * kRowStride) {
       const uint32_t misalign = reinterpret_cast<uintptr_t>(from) & 15;
-      if (chunk < misalign + seg) copy_async_16(to, from - misalign + chunk);  // the chunk holds bytes of the row
+      // The chunk holds bytes of the row. The 16-byte copies round each row segment out to 16-byte boundaries; an
+      // allocation starts and ends on such boundaries, so they never leave the one holding the batch.
+      if (chunk < misalign + seg) copy_async_16(to, from - misalign + chunk);
     }
   };
 
-  // Bands of 32 rows where 32 rows' windows surely fit kStagedRows (they span at most floor(31 * shrink) + 1 + K
-  // rows; + 1 for rounding), else 16 (at most 15 * 3 + 2 + 6 = 53 for a shrink below 3).
-  const int band_rows = static_cast<int>(31.f * fabsf(m[4])) + 2 + ky <= kStagedRows ? kBandRows : kBandRows / 2;
-  Band band = plan_band(v_begin, v_end, band_rows, m[4], m[5], support_y, h, ky);
+  Band band = plan.first;
   start_band(band);  // first, so the copies are in flight while the weights are computed
   // The weights of all the block's rows (warps 0-3, a row per thread, windows clamped to the image) and columns
   // (warp 4), once: no warp does more than the others inside the band loop.
@@ -502,7 +556,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const int i = threadIdx.y * 32 + threadIdx.x;
     bool inside;
     float wk[kTileMaxTaps];
-    axis_weights(m[4], m[5], support_y, h, v_begin + i, v_begin + i < v_end, 0, h, ky, wk, &sh.window_y[i], &inside);
+    axis_weights(plan.scale_y, plan.shift_y, plan.support_y, plan.h, v_begin + i, v_begin + i < v_end, 0, plan.h,
+                 ky, wk, &sh.window_y[i], &inside);
 #pragma unroll
     for (int k = 0; k < kTileMaxTaps; ++k) sh.wy[k][i] = wk[k];
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
@@ -512,7 +567,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bool inside;
     int window;
     float wk[kTileMaxTaps];
-    axis_weights(m[0], m[2], support_x, w, u0 + i, u0 + i < out_w, xa, xb, kx, wk, &window, &inside);
+    axis_weights(plan.scale_x, plan.shift_x, plan.support_x, plan.w, u0 + i, u0 + i < out_w, plan.xa, plan.xb, kx,
+                 wk, &window, &inside);
     pack_weight_pairs(wk, &sh.wx[0][i], kTileW);
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
@@ -523,15 +579,16 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       sh.inside_value[i] = bits;
     }
   }
+  const int band_rows = plan.band_rows;
   for (;;) {
     copies_wait_all();
     __syncthreads();  // the band's rows (and the weights) are in; the last band's vertical pass is done with rowsum
-    const uint32_t band_first = static_cast<uint32_t>(segment + band.ya * row_bytes);
+    const uint32_t band_first = static_cast<uint32_t>(plan.segment + band.ya * row_bytes);
     switch (kx) {
-      case 3: tile_horizontal<3, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
-      case 4: tile_horizontal<4, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
-      case 5: tile_horizontal<5, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
-      default: tile_horizontal<6, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes, scale, bias); break;
+      case 3: tile_horizontal<3, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      case 4: tile_horizontal<4, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      case 5: tile_horizontal<5, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes); break;
+      default: tile_horizontal<6, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes); break;
     }
     __syncthreads();  // raw is free: the next band's rows are copied in during this band's vertical pass
     const int next_v0 = band.v0 + band.rows_out;
@@ -546,10 +603,10 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     }
     out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
-      default: tile_vertical<6, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, vector_store, fill_value); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
+      default: tile_vertical<6, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
     }
     if (next_v0 >= v_end) break;
     band = next;
