@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import traceback
 
 import numpy as np
 import pytest
@@ -132,7 +133,7 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
     del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
     gc.collect()
-    assert not fastload_threads()
+    assert_no_fastload_threads()
 
 def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     """close() stops the epoch's producers and those started ahead for the next epoch, at once and without the
@@ -143,7 +144,7 @@ def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     collect(loader)
     assert loader._ahead is not None and fastload_threads()
     loader.close()
-    assert not fastload_threads()
+    assert_no_fastload_threads()
     loader.close()  # twice is fine
     fresh = make()
     for (xa, ya), (xb, yb) in zip(collect(loader), collect_epoch(fresh, 1)):
@@ -152,7 +153,7 @@ def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     partial = iter(loader)  # mid-epoch
     next(partial)
     loader.close()
-    assert not fastload_threads()
+    assert_no_fastload_threads()
 
 
 def collect_epoch(loader, epoch):
@@ -307,6 +308,15 @@ def fastload_threads():
     return [t for t in threading.enumerate() if t.name.startswith("fastload-")]
 
 
+def assert_no_fastload_threads():
+    """Fails with the stack of every producer thread still running, to show where it is stuck."""
+    left = fastload_threads()
+    frames = sys._current_frames()
+    assert not left, "producer threads still running:\n" + "\n".join(
+        f"{t.name} ({t.ident}):\n" + "".join(traceback.format_stack(frames[t.ident])) for t in left
+        if t.ident in frames)
+
+
 def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
     ds = fl.FolderDataset(coded_dir)
     loader = fl.FastLoader(ds, batch_size=2, crop=fl.RandomResizedCrop(32), prefetch=1)
@@ -314,7 +324,7 @@ def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
         if i == 1:
             break
     gc.collect()
-    assert not fastload_threads()
+    assert_no_fastload_threads()
     it = iter(loader)
     next(it)
     fresh = iter(loader)  # starting a new epoch ends the old one's producers
@@ -322,7 +332,7 @@ def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
     next(fresh)
     del it, fresh, loader
     gc.collect()
-    assert not fastload_threads()
+    assert_no_fastload_threads()
 
 
 def run_script(body, timeout=60):

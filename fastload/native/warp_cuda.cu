@@ -184,6 +184,9 @@ struct TiledShared {
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
   int window_y[kBlockRows];                    // input row of row v's first tap (row_window)
   uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
+  Band bands[kBlockRows / (kBandRows / 2)];    // the block's bands, from the row windows (the first: plan.first)
+  uint32_t bands_inside;                       // bit i: every row of band i maps inside the image
+  bool columns_inside;                         // every column of the tile inside the output maps inside
   uint32_t inside_value[3];                    // bit i of word q: row value 32q + i's column maps inside
   TilePlan plan;
 };
@@ -369,22 +372,19 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // chunks q = 0..2 at 32q + 4g of the 96 (row_value's order). NCHW: chunk q is channel q of pixels u0 + 4g..+3;
 // channels_last: values 32q + 4g..+3 of the row's interleaved pixels, so each store instruction of a warp writes 128
 // contiguous bytes per row. Branch-free inside the image: a row or column whose centre maps outside has zero
-// weights and takes the fill value. whole_store: the tile lies inside the output, whose rows hold a multiple of 4
+// weights and takes the fill value; all_inside: every pixel of the band maps inside the image (the loader's case),
+// none to fill. whole_store: the tile lies inside the output, whose rows hold a multiple of 4
 // pixels and start 16-byte aligned (one vector store per chunk). o: the output's value (band.v0 + v, column
 // u0 + 4g (NCHW) or value 4g of the tile's row (channels_last), channel 0).
 template <int K, bool kChannelsLast, typename out_t>
-__device__ __forceinline__ void tile_vertical(const TiledShared& sh, int band_first_row, const Band& band, int u0,
-                                              int out_w, out_t* __restrict__ o, int os_c, bool whole_store) {
+__device__ __forceinline__ void tile_vertical(const TiledShared& sh, const Band& band, int v_begin, int u0,
+                                              int out_w, out_t* __restrict__ o, int os_c, bool all_inside,
+                                              bool whole_store) {
   const int tid = threadIdx.y * kBlockX + threadIdx.x;
   const int g = tid % kColGroups, v = tid / kColGroups;
   const int width = min(kTileW, out_w - u0);  // the tile's pixels inside the output
   if (v >= band.rows_out || (!kChannelsLast && g * kCols >= width)) return;
-  // Every pixel of the band maps inside the image (the loader's case): no fill to select.
-  const uint32_t columns = width >= kTileW ? ~0u : (1u << width) - 1;
-  // band_first_row: the band's first row among the block's, a multiple of its 16 or 32 rows (no word straddled).
-  const int row = band_first_row + v;
-  const uint32_t rows = (band.rows_out >= 32 ? ~0u : (1u << band.rows_out) - 1) << (band_first_row % 32);
-  const bool all_inside = sh.inside_x == columns && (sh.inside_y[band_first_row / 32] & rows) == rows;
+  const int row = band.v0 - v_begin + v;  // among the block's rows
   const int r0 = sh.window_y[row] - band.ya;
   float acc[3][kCols];
 #pragma unroll
@@ -501,8 +501,10 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   const TilePlan& plan = sh.plan;
   const int u0 = blockIdx.x * kTileW;
   const int v_begin = blockIdx.y * kBlockRows, v_end = min(out_h, v_begin + kBlockRows);
-  if (threadIdx.y == 0)
+  if (threadIdx.y == 0) {
     plan_tile(sh.plan, data, data_size, offsets, shapes, matrices, alpha, beta, fill, u0, v_begin, v_end, out_w);
+    if (threadIdx.x == 0) sh.bands_inside = 0;
+  }
   __syncthreads();
   if (!plan.tileable) {  // uniform over the block
     const int b = blockIdx.z;
@@ -562,6 +564,19 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     for (int k = 0; k < kTileMaxTaps; ++k) sh.wy[k][i] = wk[k];
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
     if (threadIdx.x == 0) sh.inside_y[threadIdx.y] = mask;
+    // The bands among this warp's 32 rows (one of 32 rows or two of 16): their input rows from the windows of
+    // their first and last rows (monotonic in the row), and whether all their rows map inside.
+    const int band_rows = plan.band_rows, rows = v_end - v_begin;
+    for (int first = threadIdx.y * 32; first < threadIdx.y * 32 + 32 && first < rows; first += band_rows) {
+      const int last = min(first + band_rows, rows) - 1;
+      const int a = __shfl_sync(0xffffffffu, sh.window_y[i], first % 32);
+      const int z = __shfl_sync(0xffffffffu, sh.window_y[i], last % 32);
+      const uint32_t span = (last - first == 31 ? ~0u : (2u << (last - first)) - 1) << (first % 32);
+      if (threadIdx.x == 0) {
+        sh.bands[first / band_rows] = Band{v_begin + first, last - first + 1, min(a, z), max(a, z) + ky};
+        if ((mask & span) == span) atomicOr(&sh.bands_inside, 1u << (first / band_rows));
+      }
+    }
   } else if (threadIdx.y == kBlockRows / 32) {
     const int i = threadIdx.x;
     bool inside;
@@ -572,15 +587,18 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     pack_weight_pairs(wk, &sh.wx[0][i], kTileW);
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
-    if (i == 0) sh.inside_x = mask;
+    if (i == 0) {
+      sh.inside_x = mask;
+      const int width = min(kTileW, out_w - u0);
+      sh.columns_inside = mask == (width >= kTileW ? ~0u : (1u << width) - 1);
+    }
     if (i < 3) {  // the same per value of a row of sums (row_value's order)
       uint32_t bits = 0;
       for (int j = 0; j < 32; ++j) bits |= ((mask >> (kChannelsLast ? (32 * i + j) / 3 : j)) & 1u) << j;
       sh.inside_value[i] = bits;
     }
   }
-  const int band_rows = plan.band_rows;
-  for (;;) {
+  for (int index = 0;; ++index) {
     copies_wait_all();
     __syncthreads();  // the band's rows (and the weights) are in; the last band's vertical pass is done with rowsum
     const uint32_t band_first = static_cast<uint32_t>(plan.segment + band.ya * row_bytes);
@@ -591,25 +609,18 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
       default: tile_horizontal<6, kChannelsLast>(sh, band.yb - band.ya, band_first, row_bytes); break;
     }
     __syncthreads();  // raw is free: the next band's rows are copied in during this band's vertical pass
-    const int next_v0 = band.v0 + band.rows_out;
-    Band next{};
-    if (next_v0 < v_end) {  // its range from the windows computed at the start (row_window's values)
-      next.v0 = next_v0;
-      next.rows_out = min(band_rows, v_end - next_v0);
-      const int a = sh.window_y[next_v0 - v_begin], z = sh.window_y[next_v0 - v_begin + next.rows_out - 1];
-      next.ya = min(a, z);
-      next.yb = max(a, z) + ky;
-      start_band(next);
-    }
+    const bool last = band.v0 + band.rows_out >= v_end;
+    if (!last) start_band(sh.bands[index + 1]);
+    const bool all_inside = sh.columns_inside && ((sh.bands_inside >> index) & 1);
     out_t* const o = out_sample + (out_thread + band.v0 * sample_os_y);
     switch (ky) {
-      case 3: tile_vertical<3, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
-      case 4: tile_vertical<4, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
-      case 5: tile_vertical<5, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
-      default: tile_vertical<6, kChannelsLast>(sh, band.v0 - v_begin, band, u0, out_w, o, sample_os_c, whole_store); break;
+      case 3: tile_vertical<3, kChannelsLast>(sh, band, v_begin, u0, out_w, o, sample_os_c, all_inside, whole_store); break;
+      case 4: tile_vertical<4, kChannelsLast>(sh, band, v_begin, u0, out_w, o, sample_os_c, all_inside, whole_store); break;
+      case 5: tile_vertical<5, kChannelsLast>(sh, band, v_begin, u0, out_w, o, sample_os_c, all_inside, whole_store); break;
+      default: tile_vertical<6, kChannelsLast>(sh, band, v_begin, u0, out_w, o, sample_os_c, all_inside, whole_store); break;
     }
-    if (next_v0 >= v_end) break;
-    band = next;
+    if (last) break;
+    band = sh.bands[index + 1];
   }
 }
 
