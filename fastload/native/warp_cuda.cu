@@ -155,6 +155,7 @@ constexpr int kRowStride = 336;     // bytes per staged row: 21 16-byte copies, 
                                     // alignment (32 columns of a shrink below 3)
 constexpr int kTileMinTaps = 3, kTileMaxTaps = 6;
 static_assert(kThreads == kColGroups * kBandRows, "vertical pass: one thread per 4 pixels of a 32-row band");
+static_assert(kRowStride % 16 == 0, "staged rows start on 16-byte boundaries (cp.async)");
 static_assert(kBlockRows % kTile == 0, "the fallback covers the block's rows in warp_columns' 32-row tiles");
 static_assert(kBlockRows / 32 < kBlockY, "a warp per 32 of the block's rows computes their weights, one more the columns'");
 
@@ -334,11 +335,9 @@ __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint3
     scale[c] = sh.plan.scale[c];
     bias[c] = sh.plan.bias[c];
   }
-  const uint8_t* raw = &sh.raw[0][0];
-  for (int r = threadIdx.y; r < rows; r += kBlockY) {
-    const uint32_t at = r * kRowStride + ((band_first + r * row_bytes) & 15) + tap;
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(raw + (at & ~3u));
-    const uint32_t shift = (at & 3) * 8;
+  // Row r's taps start at byte `at` of raw (r * kRowStride + its segment's offset + tap): the words from at & ~3
+  // on, shifted right by (at & 3) bytes.
+  auto filter_row = [&](const uint32_t* p, uint32_t shift, int r) {
     uint32_t word[kWords];
 #pragma unroll
     for (int i = 0; i < kWords; ++i) word[i] = p[i];
@@ -359,6 +358,19 @@ __device__ __forceinline__ void tile_horizontal(TiledShared& sh, int rows, uint3
       }
       sh.rowsum[r][row_value<kChannelsLast>(u, c)] = __uint_as_float(acc) * scale[c] + bias[c];
     }
+  };
+  // Rows 16 apart start at the same offset within 16 bytes (16 * row_bytes is a multiple of 16) and kRowStride is
+  // a multiple of 4: warp y's rows y, y + 16, ... share one shift and word offset, rows y + 8, y + 24, ... another.
+  const int y = threadIdx.y;
+  const uint32_t at0 = y * kRowStride + ((band_first + y * row_bytes) & 15) + tap;
+  const uint32_t at1 = (y + kBlockY) * kRowStride + ((band_first + (y + kBlockY) * row_bytes) & 15) + tap;
+  const uint32_t shift0 = (at0 & 3) * 8, shift1 = (at1 & 3) * 8;
+  const uint32_t* p0 = reinterpret_cast<const uint32_t*>(&sh.raw[0][0] + (at0 & ~3u));
+  const uint32_t* p1 = reinterpret_cast<const uint32_t*>(&sh.raw[0][0] + (at1 & ~3u));
+  constexpr int kStep = 2 * kBlockY * kRowStride / 4;  // words
+  for (int r = y; r < rows; r += 2 * kBlockY, p0 += kStep, p1 += kStep) {
+    filter_row(p0, shift0, r);
+    if (r + kBlockY < rows) filter_row(p1, shift1, r + kBlockY);
   }
 }
 
@@ -535,15 +547,17 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   const uint32_t chunk = 16 * (half_warp_rows ? threadIdx.x % 16 : threadIdx.x);
   const uint32_t raw_shared = static_cast<uint32_t>(__cvta_generic_to_shared(&sh.raw[0][0])) + chunk;
 
-  // Copies the band's rows in.
+  // Copies the band's rows in. A half warp's rows are 16 apart, 16 * row_bytes bytes in global memory, so they
+  // start at the same offset within 16 bytes: one misalignment for all (a whole warp's alternate between two).
+  const int64_t step_bytes = static_cast<int64_t>(row_step) * row_bytes;
   auto start_band = [&](const Band& band) {
     const int rows = band.yb - band.ya;
     const uint8_t* from =
         reinterpret_cast<const uint8_t*>(plan.segment) + static_cast<int64_t>(band.ya + row_slot) * row_bytes;
     uint32_t to = raw_shared + row_slot * kRowStride;
-    for (int r = row_slot; r < rows; r += row_step, from += static_cast<int64_t>(row_step) * row_bytes,
-             to += row_step * kRowStride) {
-      const uint32_t misalign = reinterpret_cast<uintptr_t>(from) & 15;
+    uint32_t misalign = reinterpret_cast<uintptr_t>(from) & 15;
+    for (int r = row_slot; r < rows; r += row_step, from += step_bytes, to += row_step * kRowStride) {
+      if (!half_warp_rows) misalign = reinterpret_cast<uintptr_t>(from) & 15;
       // The chunk holds bytes of the row. The 16-byte copies round each row segment out to 16-byte boundaries; an
       // allocation starts and ends on such boundaries, so they never leave the one holding the batch.
       if (chunk < misalign + seg) copy_async_16(to, from - misalign + chunk);
