@@ -2,7 +2,7 @@
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
 #   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
-#   bench: python -m bench.gpu; train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
+#   bench: python -m bench.gpu (on LINKS links to each JPEG); train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
 #   decoder="nvjpeg" against producer count (bench.probe); kernel: the warp kernel's timings (bench.probe
@@ -34,7 +34,14 @@ if [[ +$what+ == *+gputests+* ]]; then
 fi
 wait $corpus
 if [[ +$what+ == *+bench+* ]]; then
-  python3 -m bench.gpu --data data/imagenet-like --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
+  # LINKS links to each JPEG (default 4: 8,000 samples, 31 batches of 256 per epoch): with the bare 2,000 (7
+  # batches) epoch start and end dominate the loader rows, which then vary by +-20% from run to run.
+  links=${LINKS:-4} data=data/imagenet-like
+  if (( links > 1 )); then
+    python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
+    data=$data-x$links
+  fi
+  python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
     grep -v "^fastload stats"
 fi
 if [[ +$what+ == *+profile+* ]]; then
