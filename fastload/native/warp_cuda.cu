@@ -283,7 +283,8 @@ __device__ __forceinline__ void pack_weight_pairs(const float (&wk)[kTileMaxTaps
 #pragma unroll
   for (int k = 0; k < kTileMaxTaps; ++k) q[k] += k == largest ? residual : 0;
 #pragma unroll
-  for (int j = 0; j < kTileMaxTaps / 2; ++j) pair[j * stride] = static_cast<uint32_t>(q[2 * j]) | (static_cast<uint32_t>(q[2 * j + 1]) << 16);
+  for (int j = 0; j < kTileMaxTaps / 2; ++j)
+    pair[j * stride] = static_cast<uint32_t>(q[2 * j]) | (static_cast<uint32_t>(q[2 * j + 1]) << 16);
 }
 
 // sm_80+ asynchronous copy of 16 bytes from global to shared memory (a shared-space address), bypassing L1 (the
