@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -104,6 +105,33 @@ def test_resume_from_state_dict_yields_exactly_the_remaining_batches(coded_dir):
     assert resumed.state_dict()["epoch"] == 2  # a finished epoch resumes at the next one
 
 
+def loader_threads(loader):
+    """The producer threads of the loader's current epoch and of the one it started ahead."""
+    current = loader._iterator() if loader._iterator is not None else None
+    return [t for it in (current, loader._ahead) if it is not None and it.producers is not None
+            for t in it.producers.threads]
+
+
+def fastload_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fastload-")]
+
+
+def assert_no_fastload_threads(timeout=10.0):
+    """Waits up to `timeout` s for the producer threads to end, then fails with the stack of each one left.
+
+    Not at once: loaders whose next epoch started early sit in a reference cycle with it until the garbage
+    collector finalises them, and a collection that a producer thread triggered may be doing that in its thread
+    (close() waits there for their threads). While it runs, gc.collect() returns at once without collecting."""
+    deadline = time.monotonic() + timeout
+    while fastload_threads() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    left = fastload_threads()
+    frames = sys._current_frames()
+    assert not left, "producer threads still running:\n" + "\n".join(
+        f"{t.name} ({t.ident}):\n" + "".join(traceback.format_stack(frames[t.ident])) for t in left
+        if t.ident in frames)
+
 
 def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     """At an epoch's end the next epoch's producers are already decoding; what they give is exactly what a
@@ -142,9 +170,11 @@ def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     make = lambda: fl.FastLoader(ds, batch_size=5, seed=4, crop=fl.RandomResizedCrop(32), workers=2)
     loader = make()
     collect(loader)
-    assert loader._ahead is not None and fastload_threads()
+    assert loader._ahead is not None
+    started = loader_threads(loader)
+    assert any(t.is_alive() for t in started)
     loader.close()
-    assert_no_fastload_threads()
+    assert not any(t.is_alive() for t in started)
     loader.close()  # twice is fine
     fresh = make()
     for (xa, ya), (xb, yb) in zip(collect(loader), collect_epoch(fresh, 1)):
@@ -152,8 +182,10 @@ def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     fresh.close()
     partial = iter(loader)  # mid-epoch
     next(partial)
+    started = loader_threads(loader)
+    assert started
     loader.close()
-    assert_no_fastload_threads()
+    assert not any(t.is_alive() for t in started)
 
 
 def collect_epoch(loader, epoch):
@@ -302,19 +334,6 @@ def test_rss_flat_over_30_epochs(coded_dir):
             pass
     gc.collect()
     assert rss_bytes() <= before * 1.05, (before, rss_bytes())
-
-
-def fastload_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("fastload-")]
-
-
-def assert_no_fastload_threads():
-    """Fails with the stack of every producer thread still running, to show where it is stuck."""
-    left = fastload_threads()
-    frames = sys._current_frames()
-    assert not left, "producer threads still running:\n" + "\n".join(
-        f"{t.name} ({t.ident}):\n" + "".join(traceback.format_stack(frames[t.ident])) for t in left
-        if t.ident in frames)
 
 
 def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
