@@ -2,7 +2,8 @@
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
 #   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
-#   bench: python -m bench.gpu (on LINKS links to each JPEG); train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
+#   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
+#   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
 #   decoder="nvjpeg" against producer count (bench.probe); kernel: the warp kernel's timings (bench.probe
