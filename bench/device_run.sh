@@ -24,6 +24,13 @@ echo "build: $(( $(date +%s) - t )) s"; grep -i "warning" "$OUT/build.log" | hea
 python3 -m bench.corpus imagenet data/imagenet-like --classes 10 --per-class 200 &
 corpus=$!
 [[ $what == all ]] && what=tests+bench+train
+# Per-SASS-instruction execution counts of the tiled kernel (bench.kernel_probe), to see where the instructions go.
+sass_counts() {
+  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters \
+    -f -o "$OUT/tiled" python3 -m bench.kernel_probe > /dev/null 2>&1
+  /usr/local/cuda/bin/ncu --import "$OUT/tiled.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
+  rm -f "$OUT/tiled.ncu-rep"
+}
 if [[ +$what+ == *+tests+* ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/ > "$OUT/tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/tests.log" | tail -15
@@ -51,11 +58,7 @@ if [[ +$what+ == *+profile+* ]]; then
     > "$OUT/ncu.txt" 2>&1
   grep -E "^ +(Duration|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Executed Instructions|Memory Throughput|Compute \(SM\) Throughput) " \
     "$OUT/ncu.txt"
-  # Per-SASS-instruction execution counts, to see where the instructions go.
-  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters \
-    -f -o "$OUT/tiled" python3 -m bench.kernel_probe > /dev/null 2>&1
-  /usr/local/cuda/bin/ncu --import "$OUT/tiled.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
-  rm -f "$OUT/tiled.ncu-rep"
+  sass_counts
   python3 -c "from bench import corpus; corpus.seekable_store('data/imagenet-like')" > /dev/null
   python3 -m bench.probe --data data/imagenet-like --nvjpeg-workers data/imagenet-like.seekable.lmdb 2>&1 | tee "$OUT/nvjpeg_workers.log"
 fi
@@ -66,10 +69,7 @@ if [[ +$what+ == *+kernel+* ]]; then
     --section Occupancy --section SchedulerStats --section WarpStateStats --section InstructionStats \
     --section MemoryWorkloadAnalysis_Tables python3 -m bench.kernel_probe > "$OUT/ncu.txt" 2>&1
   grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Achieved Occupancy|-way bank" "$OUT/ncu.txt"
-  /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SourceCounters \
-    -f -o "$OUT/tiled" python3 -m bench.kernel_probe > /dev/null 2>&1
-  /usr/local/cuda/bin/ncu --import "$OUT/tiled.ncu-rep" --page source --print-source sass --csv > "$OUT/sass.csv" 2>&1
-  rm -f "$OUT/tiled.ncu-rep"
+  sass_counts
   cp fastload/native/warp_cuda.cu /tmp/warp_cuda.cu.orig  # the device's checkout has no usable git history
   IFS=$'\n' read -d '' -r -a exprs < <(printf '%s' "$VARIANTS" | sed 's/;;/\n/g')
   for expr in "${exprs[@]}"; do

@@ -117,7 +117,8 @@ def fastload_threads():
 
 
 def assert_no_fastload_threads(timeout=10.0):
-    """Waits up to `timeout` s for the producer threads to end, then fails with the stack of each one left.
+    """Collects garbage and waits up to `timeout` s for the producer threads to end, then fails with the stack of
+    each one left.
 
     Not at once: loaders whose next epoch started early sit in a reference cycle with it until the garbage
     collector finalises them, and a collection that a producer thread triggered may be doing that in its thread
@@ -160,7 +161,6 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     for (xa, ya), (xb, yb) in zip(got, fresh(5)):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
     del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
-    gc.collect()
     assert_no_fastload_threads()
 
 def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
@@ -342,7 +342,6 @@ def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
     for i, _ in enumerate(loader):
         if i == 1:
             break
-    gc.collect()
     assert_no_fastload_threads()
     it = iter(loader)
     next(it)
@@ -350,7 +349,6 @@ def test_break_new_epoch_and_del_leave_no_threads(coded_dir):
     assert not any(t.is_alive() for t in it.producers.threads)
     next(fresh)
     del it, fresh, loader
-    gc.collect()
     assert_no_fastload_threads()
 
 

@@ -183,8 +183,8 @@ struct TiledShared {
                                                // pair-major: a warp reads one pair of 32 columns from 32 banks)
   float wy[kTileMaxTaps][kBlockRows];          // weight k of each of the block's output rows, zero-padded
   int lo_x[kTileW];                            // byte offset of column u's first tap from the segment's start
-  int window_y[kBlockRows];                    // input row of row v's first tap (row_window)
-  uint32_t inside_x, inside_y[kBlockRows / 32];  // bit i: the centre of column (row) i maps inside the image
+  int window_y[kBlockRows];                    // input row of row v's first tap (window_start)
+  uint32_t inside_y[kBlockRows / 32];          // bit i: the centre of the block's row i maps inside the image
   Band bands[kBlockRows / (kBandRows / 2)];    // the block's bands, from the row windows (the first: plan.first)
   uint32_t bands_inside;                       // bit i: every row of band i maps inside the image
   bool columns_inside;                         // every column of the tile inside the output maps inside
@@ -224,6 +224,12 @@ __device__ __forceinline__ int tile_taps(float support) {
   return max(kTileMinTaps, static_cast<int>(2.f * fminf(support, 64.f) + 1.f));
 }
 
+// First index of the K-tap window around centre: the filter's first tap (filter_taps' lo, unclamped) clamped into
+// [start, end - K]. The one formula for the weights (axis_weights) and the staged rows (row_window), which must agree.
+__device__ __forceinline__ int window_start(float centre, float support, int start, int end, int K) {
+  return max(start, min(static_cast<int>(floorf(centre - support + 0.5f)), end - K));
+}
+
 // The K weights of output position pos along one axis (wk[k]), normalised, placed where its taps fall in a
 // K-window and zero around them. The window starts at the filter's first tap clamped into [start, end - K]
 // (end - start >= K), which holds every tap; *window: its first index relative to start. Outside (in_range false,
@@ -233,7 +239,6 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
                                              int* window, bool* inside) {
   const float centre = axis_centre(scale, shift, pos);
   const bool maps_inside = in_range && centre >= 0.f && centre <= size;
-  const int first_tap = static_cast<int>(floorf(centre - support + 0.5f));  // filter_taps' lo, unclamped
   int lo = start, hi = start;
   if (maps_inside) {
     filter_taps(centre, support, size, &lo, &hi);
@@ -242,7 +247,7 @@ __device__ __forceinline__ void axis_weights(float scale, float shift, float sup
     lo = max(lo, start);
     hi = min(hi, end);
   }
-  const int first = max(start, min(first_tap, end - K));  // K taps from here stay inside [start, end)
+  const int first = window_start(centre, support, start, end, K);  // K taps from here stay inside [start, end)
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kTileMaxTaps; ++k) {
@@ -300,7 +305,7 @@ __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_
 // axis_weights gives with [start, end) = [0, h). Monotonic in v, so a band's windows span [window of one end,
 // window of the other end + K).
 __device__ __forceinline__ int row_window(float scale, float shift, float support, int h, int K, int v) {
-  return min(max(static_cast<int>(floorf(axis_centre(scale, shift, v) - support + 0.5f)), 0), h - K);
+  return window_start(axis_centre(scale, shift, v), support, 0, h, K);
 }
 
 // The band of up to band_rows output rows from v0 (block-uniform) and the input rows its windows read (the first
@@ -572,9 +577,11 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   if (threadIdx.y < kBlockRows / 32) {
     const int i = threadIdx.y * 32 + threadIdx.x;
     bool inside;
+    int window;
     float wk[kTileMaxTaps];
     axis_weights(plan.scale_y, plan.shift_y, plan.support_y, plan.h, v_begin + i, v_begin + i < v_end, 0, plan.h,
-                 ky, wk, &sh.window_y[i], &inside);
+                 ky, wk, &window, &inside);
+    sh.window_y[i] = window;
 #pragma unroll
     for (int k = 0; k < kTileMaxTaps; ++k) sh.wy[k][i] = wk[k];
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
@@ -584,8 +591,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const int band_rows = plan.band_rows, rows = v_end - v_begin;
     for (int first = threadIdx.y * 32; first < threadIdx.y * 32 + 32 && first < rows; first += band_rows) {
       const int last = min(first + band_rows, rows) - 1;
-      const int a = __shfl_sync(0xffffffffu, sh.window_y[i], first % 32);
-      const int z = __shfl_sync(0xffffffffu, sh.window_y[i], last % 32);
+      const int a = __shfl_sync(0xffffffffu, window, first % 32);
+      const int z = __shfl_sync(0xffffffffu, window, last % 32);
       const uint32_t span = (last - first == 31 ? ~0u : (2u << (last - first)) - 1) << (first % 32);
       if (threadIdx.x == 0) {
         sh.bands[first / band_rows] = Band{v_begin + first, last - first + 1, min(a, z), max(a, z) + ky};
@@ -603,7 +610,6 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
     if (i == 0) {
-      sh.inside_x = mask;
       const int width = min(kTileW, out_w - u0);
       sh.columns_inside = mask == (width >= kTileW ? ~0u : (1u << width) - 1);
     }
@@ -639,18 +645,21 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
   }
 }
 
-// Shared memory beyond the 48 KB a kernel gets by default must be granted per kernel and device.
-template <auto kernel>
+// Shared memory beyond the 48 KB a kernel gets by default must be granted per kernel and device: here for both
+// layouts of out_t's tiled kernel at once.
+template <typename out_t>
 void allow_tiled_shared_memory() {
   static std::atomic<uint64_t> granted{0};  // bit d: done for device d
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t(1) << (device % 64);
   if (granted.load(std::memory_order_acquire) & bit) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(sizeof(TiledShared))));
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared));
+  for (auto kernel : {warp_tiled_kernel<out_t, true>, warp_tiled_kernel<out_t, false>}) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(sizeof(TiledShared))));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  }
   granted.fetch_or(bit, std::memory_order_release);
 }
 
@@ -672,12 +681,8 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
       const dim3 tiled_grid(grid.x, (out_h + kBlockRows - 1) / kBlockRows, grid.z);
       const bool vector_store = out_w % kCols == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
                                 out.stride(3) == (channels_last ? 3 : 1);
+      allow_tiled_shared_memory<out_t>();
       auto kernel = channels_last ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
-      if (channels_last) {
-        allow_tiled_shared_memory<warp_tiled_kernel<out_t, true>>();
-      } else {
-        allow_tiled_shared_memory<warp_tiled_kernel<out_t, false>>();
-      }
       kernel<<<tiled_grid, block, sizeof(TiledShared), stream>>>(
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
           matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(fill),
