@@ -10,7 +10,7 @@ from .datasets import FolderDataset, LMDBDataset
 from .loader import FastLoader
 from .prefetch import DataPrefetcher
 from .sampler import ShardedSampler
-from .transforms import CenterCrop, RandomResizedCrop
+from .transforms.planners import CenterCrop, RandomResizedCrop
 
 __version__ = "0.1.0"
 __all__ = ["ops", "DecodeError", "FolderDataset", "LMDBDataset", "FastLoader", "DataPrefetcher", "ShardedSampler", "RandomResizedCrop",

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader
-from .transforms import RandomResizedCrop
+from .transforms.planners import RandomResizedCrop
 
 __all__ = ["open_dataset", "fastload_rate", "torchvision_rate", "training_step", "ceiling_rate", "run", "describe",
            "format_table", "plot", "MODELS"]

@@ -21,7 +21,7 @@ from . import nvjpeg, ops
 from .producer import HYBRID_PERIOD, BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
-from .transforms import RandomResizedCrop
+from .transforms.planners import RandomResizedCrop
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

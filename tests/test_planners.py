@@ -11,7 +11,7 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image
 
 from fastload import ops, rng
-from fastload.transforms import CenterCrop, CropPlan, RandomResizedCrop
+from fastload.transforms.planners import CenterCrop, CropPlan, RandomResizedCrop
 
 # image sizes: ImageNet-like, 1080p, tiny, and extreme aspect ratios that exhaust the 10 attempts (fallback)
 SIZES = [(375, 500), (500, 333), (1080, 1920), (224, 224), (1, 1), (1, 7), (9, 2), (20, 2000), (3000, 40),

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import rng
+from .. import rng
 
 __all__ = ["CropPlan", "RandomResizedCrop", "CenterCrop"]
 
