@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import nvjpeg, ops
+from .datasets.source import as_source
 from .producer import HYBRID_PERIOD, BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
@@ -99,6 +100,7 @@ class FastLoader:
         self.threads = threads or (max(1, cores // max(1, workers)) if shared else own)
         if batch_size < 1 or prefetch < 1 or workers < 1:
             raise ValueError("batch_size, prefetch and workers must be at least 1")
+        dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
         if len(dataset) == 0:
             raise ValueError("the dataset is empty")
         self.dataset = dataset

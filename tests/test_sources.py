@@ -1,0 +1,157 @@
+"""What FastLoader accepts as a dataset (fastload/datasets/source.py): fastload datasets, Subset and random_split of
+them, protocol objects; and the messages for what it cannot read (torchvision ImageFolder, a (bytes, label)
+Dataset, a dataset with transforms it would not apply)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+from fastload.datasets import FolderDataset, pack
+from fastload.datasets.source import SubsetSource, as_source
+from pack_corpus import photo_tree
+
+
+@pytest.fixture(scope="module")
+def tree(imagenet_dir, tmp_path_factory):
+    return photo_tree(imagenet_dir, tmp_path_factory.mktemp("src") / "photos")
+
+
+@pytest.fixture(scope="module")
+def folder(tree):
+    return FolderDataset(tree)
+
+
+@pytest.fixture(scope="module")
+def store(tree, tmp_path_factory):
+    return fl.LMDBDataset(pack(tree, tmp_path_factory.mktemp("store") / "s.lmdb", progress=False,
+                               log=lambda m: None).path)
+
+
+def epoch(dataset, **kw):
+    """Every batch of one unshuffled epoch, concatenated: (images, labels)."""
+    loader = fl.FastLoader(dataset, batch_size=8, shuffle=False, crop=fl.CenterCrop(48), threads=2, **kw)
+    xs, ys = zip(*loader)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def same_files(ds, indices, tmp_path):
+    """A FolderDataset over exactly the files ds.paths[indices] (a file list, labels as integers): the reference
+    a Subset view must equal pixel for pixel, since crops are a function of (seed, epoch, position, size)."""
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"{Path(ds.paths[i]).relative_to(ds.root)} {ds.labels[i]}\n" for i in indices))
+    return FolderDataset(ds.root, file_list=lst)
+
+
+def test_fastload_datasets_pass_through(folder, store):
+    assert as_source(folder) is folder and as_source(store) is store
+
+
+def test_subset_loads_its_samples_and_labels(folder, tmp_path):
+    idx = [40, 3, 17, 17, 0, 48, 25, 9, 31, 12, 5]  # out of order, a repeat, the PNG (12: class_01's coffee.png)
+    sub = torch.utils.data.Subset(folder, idx)
+    view = as_source(sub)
+    assert isinstance(view, SubsetSource) and len(view) == len(idx)
+    assert view.labels.tolist() == folder.labels[idx].tolist()
+    assert view.sample_name(1) == folder.paths[3]
+    with view.reader() as r:
+        assert bytes(r.get(0)) == Path(folder.paths[40]).read_bytes()
+        assert r.sources([2, 9])[0] == [folder.paths[17], folder.paths[12]]
+    assert folder.paths[12].endswith("coffee.png") and view.formats[9] == 1
+    x, y = epoch(sub)
+    ref_x, ref_y = epoch(same_files(folder, idx, tmp_path))
+    assert y.tolist() == folder.labels[idx].tolist() == ref_y.tolist()
+    assert torch.equal(x, ref_x)
+
+
+def test_random_split_and_nested_subsets_of_a_store(store, folder, tmp_path):
+    train, val = torch.utils.data.random_split(store, [0.75, 0.25], generator=torch.Generator().manual_seed(1))
+    nested = torch.utils.data.Subset(val, [-1, 0, 2])  # negative indices count from the end, as Subset's do
+    want = [val.indices[-1], val.indices[0], val.indices[2]]
+    view = as_source(nested)
+    assert view.base is store and view.indices.tolist() == want
+    assert view.sample_name(0) == f"{store.path}[{want[0]}]"
+    for part in (train, val, nested):
+        indices = part.indices if part is not nested else want
+        x, y = epoch(part)
+        # The store's record i is the folder's file i (same listing order): the same pixels, the same labels.
+        ref_x, ref_y = epoch(same_files(folder, indices, tmp_path))
+        assert y.tolist() == store.labels[indices].tolist() == ref_y.tolist()
+        assert torch.equal(x, ref_x)
+
+
+def test_subset_index_out_of_range_names_it(folder):
+    with pytest.raises(IndexError, match=f"Subset index 49 is out of range for its dataset of {len(folder)}"):
+        fl.FastLoader(torch.utils.data.Subset(folder, [0, 49]))
+
+
+def test_torchvision_imagefolder_is_refused_with_the_way_to_adapt(tree):
+    from torchvision.datasets import ImageFolder
+
+    with pytest.raises(TypeError) as e:
+        fl.FastLoader(ImageFolder(tree))
+    msg = str(e.value)
+    assert "torchvision.datasets.folder.ImageFolder" in msg and "heights" in msg
+    assert f"fastload.FolderDataset({str(tree)!r})" in msg and "Custom datasets" in msg
+
+
+def test_bytes_dataset_is_refused_with_the_protocol(folder):
+    class Encoded(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(folder)
+
+        def __getitem__(self, i):
+            return Path(folder.paths[i]).read_bytes(), int(folder.labels[i])
+
+    with pytest.raises(TypeError) as e:
+        fl.FastLoader(Encoded())
+    msg = str(e.value)
+    assert "Encoded" in msg and "heights, widths, labels, formats, classes, reader, sample_name" in msg
+    assert "reader().get(i)" in msg and "read_header" in msg
+    with pytest.raises(TypeError, match="FastLoader cannot read a list"):
+        fl.FastLoader([b"\xff\xd8", b"\xff\xd8"])
+
+
+def test_a_protocol_object_loads(folder):
+    """The protocol's minimum (no sources(): the loader reads bytes with get()) gives the dataset's own batches."""
+    class Minimal:
+        heights, widths, labels, formats, classes = (folder.heights, folder.widths, folder.labels, folder.formats,
+                                                      folder.classes)
+
+        def __len__(self):
+            return len(folder)
+
+        def sample_name(self, i):
+            return f"minimal[{i}]"
+
+        def reader(self):
+            import contextlib
+
+            class R:
+                def get(self, i):
+                    return Path(folder.paths[i]).read_bytes()
+            return contextlib.nullcontext(R())
+
+    x, y = epoch(Minimal())
+    ref_x, ref_y = epoch(folder)
+    assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+    bad = Minimal()
+    bad.labels = folder.labels[:-1]
+    with pytest.raises(ValueError, match=f"labels has {len(folder) - 1} entries but the dataset has {len(folder)}"):
+        fl.FastLoader(bad)
+
+
+def test_transforms_on_the_dataset_are_refused_not_ignored(tree, folder):
+    """FolderDataset keeps transform/target_transform for ds[i]; FastLoader, which never calls ds[i], refuses them."""
+    from torchvision.transforms import v2
+
+    ds = FolderDataset(tree, transform=v2.RandomHorizontalFlip(), target_transform=lambda y: y + 1)
+    assert ds[0][1] == int(folder.labels[0]) + 1  # plain ds[i] applies them
+    with pytest.raises(ValueError) as e:
+        fl.FastLoader(ds)
+    msg = str(e.value)
+    assert "transform=RandomHorizontalFlip" in msg and "target_transform=" in msg
+    assert "FastLoader(transform=...)" in msg
+    with pytest.raises(ValueError, match="target_transform="):  # inside a Subset too
+        fl.FastLoader(torch.utils.data.Subset(FolderDataset(tree, target_transform=np.int32), [0, 1]))
