@@ -26,11 +26,32 @@ from tqdm import tqdm
 from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from .transforms.planners import RandomResizedCrop
 
-__all__ = ["open_dataset", "fastload_rate", "torchvision_rate", "training_step", "ceiling_rate", "run", "describe",
+__all__ = ["open_dataset", "pipelines", "TRANSFORMS", "fastload_rate", "torchvision_rate", "training_step", "ceiling_rate", "run", "describe",
            "format_table", "plot", "MODELS"]
 
 #: Models --model accepts (torchvision names).
 MODELS = ("resnet18", "resnet50")
+#: --transform specs: the augmentation between the crop/flip and ToDtype/Normalize (the same for both loaders).
+TRANSFORMS = ("plain", "trivialaugment", "randaugment", "autoaugment")
+
+
+def pipelines(spec="plain", size=224):
+    """(fastload pipeline, torchvision v2 pipeline) for a --transform spec: the same classes with the same
+    arguments, RandomResizedCrop(size) + RandomHorizontalFlip + [augmentation] + ToDtype + Normalize, so the two
+    loaders are compared like for like. torchvision's runs on PIL images up to PILToTensor, as its reference
+    recipe does (the fastest way to run these on a CPU); in fastload PILToTensor is a no-op."""
+    import torchvision.transforms.v2 as TV
+
+    from . import transforms as FT
+    if spec not in TRANSFORMS:
+        raise ValueError(f"transform must be one of {', '.join(TRANSFORMS)}, got {spec!r}")
+
+    def build(T):
+        middle = {"plain": [], "trivialaugment": [T.TrivialAugmentWide()],
+                  "randaugment": [T.RandAugment(num_ops=2, magnitude=9)], "autoaugment": [T.AutoAugment()]}[spec]
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *middle, T.PILToTensor(),
+                          T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return build(FT), build(TV)
 
 
 def open_dataset(path):
@@ -90,11 +111,13 @@ def _check_batches(n, batch_size):
 
 
 def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cpu", size=224, progress=True,
-                  step=None, label="fastload", decoder="cpu"):
-    """(images/s, loader.stats()) of FastLoader(RandomResizedCrop(size)) over ``epochs`` timed epochs."""
+                  step=None, label="fastload", decoder="cpu", transform=None):
+    """(images/s, loader.stats()) of FastLoader over ``epochs`` timed epochs: RandomResizedCrop(size) + flip +
+    normalise (the crop= shorthand), or ``transform`` (a --transform spec, see ``pipelines``)."""
     _check_batches(len(dataset), batch_size)
-    loader = FastLoader(dataset, batch_size=batch_size, crop=RandomResizedCrop(size), device=device,
-                        threads=threads, drop_last=True, channels_last=step is not None, decoder=decoder)
+    shape = {"crop": RandomResizedCrop(size)} if transform is None else {"transform": pipelines(transform, size)[0]}
+    loader = FastLoader(dataset, batch_size=batch_size, device=device, threads=threads, drop_last=True,
+                        channels_last=step is not None, decoder=decoder, **shape)
 
     def run(epoch):
         loader.set_epoch(epoch)
@@ -119,13 +142,17 @@ class _PILRecords(torch.utils.data.Dataset):
         return self.transform(Image.open(io.BytesIO(rec.data)).convert("RGB")), rec.label
 
 
-def torchvision_dataset(dataset, size=224):
+def torchvision_dataset(dataset, size=224, transform=None):
     """The baseline's dataset: torchvision's ImageFolder over a folder, PIL over an LMDB store's records, with
-    the standard training transforms (RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize)."""
+    the standard training transforms (RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize), or the
+    torchvision v2 twin of a --transform spec (``pipelines``)."""
     import torchvision
-    from torchvision import transforms as T
-    tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
-                    T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    if transform is None:
+        from torchvision import transforms as T
+        tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    else:
+        tf = pipelines(transform, size)[1]
     root = getattr(dataset, "root", None)
     if root is not None and os.path.isdir(root) and not getattr(dataset, "skipped", None):
         return torchvision.datasets.ImageFolder(root, transform=tf)
@@ -134,11 +161,11 @@ def torchvision_dataset(dataset, size=224):
 
 
 def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device="cpu", size=224, progress=True,
-                     step=None, label="torchvision"):
+                     step=None, label="torchvision", transform=None):
     """Images/s of torchvision's DataLoader (``workers`` processes, default one per core) over ``epochs`` timed
     epochs, batches pinned and copied to the device when it is CUDA."""
     _check_batches(len(dataset), batch_size)
-    tv = torchvision_dataset(dataset, size)
+    tv = torchvision_dataset(dataset, size, transform)
     workers = os.cpu_count() if workers is None else workers
     on_gpu = torch.device(device).type == "cuda"
     loader = torch.utils.data.DataLoader(tv, batch_size=batch_size, shuffle=True, num_workers=workers,
@@ -200,7 +227,7 @@ def _device_name(device):
 
 
 def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, workers=None, epochs=2, size=224,
-        model=None, progress=True, decoder="cpu"):
+        model=None, progress=True, decoder="cpu", transform=None):
     """Measures everything asked for; returns {"config": {...}, "rows": [row, ...]}.
 
     A row: pipeline (a readable name), kind ("ceiling", "fastload" or "torchvision"), images_per_s, and where
@@ -225,7 +252,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
-        "model": model, "baseline": baseline, "decoder": decoder,
+        "model": model, "baseline": baseline, "decoder": decoder, "transform": transform or "plain",
         "versions": _versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -238,7 +265,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "kind": "ceiling",
                      "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
-                                size=size, progress=progress, step=step, decoder=decoder)
+                                size=size, progress=progress, step=step, decoder=decoder, transform=transform)
     config["threads"] = stats["threads"]  # FastLoader's choice unless given
     how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(decoder) or (
         f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
@@ -246,7 +273,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":
         tv = torchvision_rate(dataset, batch_size=batch_size, workers=workers, epochs=epochs, device=device,
-                              size=size, progress=progress, step=step)
+                              size=size, progress=progress, step=step, transform=transform)
         rows.append({"pipeline": f"{fed}torchvision DataLoader ({workers} workers)", "kind": "torchvision",
                      "images_per_s": tv})
         for row in rows:
@@ -276,6 +303,8 @@ def describe(result):
     line = (f"{os.path.basename(c['data'].rstrip('/')) or c['data']}: {c['images']:,} images ({what}), "
             f"batch {c['batch_size']}, {c['size']}x{c['size']}, {c['device']} ({c['device_name']}), "
             f"{c['cpu_cores']} CPU cores, {c['epochs']} timed epoch{'s' if c['epochs'] != 1 else ''}")
+    if c.get("transform", "plain") != "plain":
+        line += f", crop + flip + {c['transform']} + normalise in both loaders"
     return line
 
 

@@ -1,0 +1,287 @@
+"""Compose, Normalize, ToDtype and the Pipeline FastLoader runs.
+
+A torchvision v2 pipeline is a list of transforms applied one image at a time. fastload runs the same list per
+batch, in three places (CONTRACT.md beside this file):
+- before decoding, on the host: every geometric step and the policies' rotate/shear/translate are composed into
+  one 2x3 matrix per sample, from which the decode window and DCT scale follow (``Pipeline.plan``);
+- after decoding, in the stage (GPU or CPU): one warp, then the photometric table (``functional.apply_table``) on
+  the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize, then RandomErasing;
+- in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch.
+Every random number is a pure function of (seed, epoch, sample index) (batch index for batch ops), so CPU and CUDA
+make the same draws and a resumed loader the same batches.
+"""
+from collections.abc import Sequence
+
+import torch
+
+from .. import ops
+
+__all__ = ["Compose", "Normalize", "ToDtype", "ToImage", "PILToTensor", "Pipeline"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Streams per transform position: a constant apart, so that inserting a transform moves no other draw of the
+# same position, and far from the streams fastload uses elsewhere (0: crops of the crop= planners, 1: shuffle).
+_STREAM_BASE = 1000
+
+
+class Compose:
+    """torchvision's ``Compose``: the transforms in order. Nested Compose objects are flattened."""
+
+    kind = "compose"
+
+    def __init__(self, transforms):
+        if not isinstance(transforms, Sequence):
+            raise TypeError("Argument transforms should be a sequence of callables")
+        if not transforms:
+            raise ValueError("Pass at least one transform")
+        self.transforms = list(transforms)
+
+    def flat(self):
+        out = []
+        for t in self.transforms:
+            out.extend(t.flat() if isinstance(t, Compose) else [t])
+        return out
+
+    def __repr__(self):
+        inner = "".join(f"\n    {t!r}," for t in self.transforms)
+        return f"Compose({inner}\n)"
+
+
+class Normalize:
+    """torchvision's ``Normalize(mean, std, inplace=False)`` on the float image (0-1 scale after ToDtype)."""
+
+    kind = "normalize"
+
+    def __init__(self, mean, std, inplace=False):
+        self.mean = [float(m) for m in mean]
+        self.std = [float(s) for s in std]
+        self.inplace = inplace
+        if any(s == 0 for s in self.std):  # torchvision raises this at the first image; a loader can at once
+            raise ValueError(f"std evaluated to zero after conversion to torch.float32, leading to division by "
+                             f"zero. Got std={std}")
+
+    def __repr__(self):
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+class ToDtype:
+    """torchvision's ``ToDtype(dtype, scale=False)``: the loader's output dtype. Floats need ``scale=True`` (0-1
+    values, what Normalize expects), as in torchvision's recipes; ``torch.uint8`` gives the 0-255 pixels."""
+
+    kind = "dtype"
+
+    def __init__(self, dtype, scale=False):
+        if not isinstance(dtype, (dict, torch.dtype)):
+            raise ValueError(f"dtype must be a dict or a torch.dtype, got {type(dtype)} instead")
+        if isinstance(dtype, dict):
+            raise ValueError("fastload's ToDtype takes one torch.dtype (the loader's output is one image tensor)")
+        if dtype not in _FLOAT_DTYPES + (torch.uint8,):
+            raise ValueError(f"fastload outputs float32, float16, bfloat16 or uint8 images, got {dtype}")
+        self.dtype = dtype
+        self.scale = bool(scale)
+
+    def __repr__(self):
+        return f"ToDtype({self.dtype}, scale={self.scale})"
+
+
+class ToImage:
+    """torchvision's ``ToImage``: a no-op here (decoded samples are image tensors already). Accepted so that a
+    torchvision pipeline moves over unchanged."""
+
+    kind = "noop"
+
+    def __repr__(self):
+        return "ToImage()"
+
+
+class PILToTensor(ToImage):
+    """torchvision's ``PILToTensor``: a no-op here, as ToImage."""
+
+    def __repr__(self):
+        return "PILToTensor()"
+
+
+def _supported_names():
+    from . import __all__ as names
+    return ", ".join(n for n in names if n[0].isupper() and n not in ("CropPlan", "Pipeline", "PhotometricTable"))
+
+
+def _refuse(t, why):
+    name = type(t).__module__ + "." + type(t).__qualname__ if not isinstance(t, type) else repr(t)
+    return TypeError(f"FastLoader cannot run {name} ({why}). fastload runs these transforms, with torchvision.transforms"
+                     f".v2's names and arguments: {_supported_names()}. Import them from fastload.transforms "
+                     f"(`import fastload.transforms as T`).")
+
+
+def _check_transform(t):
+    kind = getattr(t, "kind", None)
+    if kind is None or not type(t).__module__.startswith("fastload."):
+        if type(t).__module__.startswith("torchvision."):
+            from . import __all__ as names
+            hint = (f"use fastload.transforms.{type(t).__name__}, which takes the same arguments"
+                    if type(t).__name__ in names else "fastload has no equivalent yet")
+            raise _refuse(t, f"a torchvision transform object: {hint}")
+        raise _refuse(t, "not a fastload transform: fastload plans every transform before decoding, so it cannot "
+                         "call arbitrary Python on each image")
+    return kind
+
+
+class Pipeline:
+    """What FastLoader runs: a Compose split into geometry (planned before decode), photometric slots, the output
+    dtype/normalisation, erasing, and batch ops. Built once per loader by ``Pipeline.build``."""
+
+    def __init__(self, geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, transforms):
+        self.transforms = transforms
+        self.photometric = photometric  # policies and photometric transforms, in order
+        self.dtype, self.scale = dtype, scale
+        self.mean, self.std = mean, std
+        self.erasing = erasing
+        self.batch_ops = batch_ops
+        self._policies = [t for t in photometric if t.kind == "policy"]
+        from .geometry import GeometryPlanner
+        self.geometry = GeometryPlanner(geometry)
+        self.out_size = self.geometry.out_size
+        # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
+        fills = {_fill_triple(t.fill) for t in geometry + self._policies if hasattr(t, "fill")}
+        if len(fills) > 1:
+            raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
+        self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
+        if len(set(self.fill)) > 1:
+            raise ValueError(f"per-channel fill {self.fill} is not supported yet: the warp kernel fills every channel "
+                             f"with one value")
+
+    @classmethod
+    def build(cls, transform):
+        """A Pipeline from a Compose (or a single transform). Refuses, naming it, anything fastload cannot run."""
+        items = transform.flat() if isinstance(transform, Compose) else [transform]
+        geometry, photometric, erasing, batch_ops = [], [], [], []
+        dtype, scale, mean, std = None, False, None, None
+        for position, t in enumerate(items):
+            kind = _check_transform(t)
+            t.stream = _STREAM_BASE + position
+            if kind == "geometry":
+                if photometric or erasing or mean is not None:
+                    # torchvision would resample after those; fastload folds every geometric step into the one
+                    # warp before them, which changes what they see (fill pixels, statistics): say so at once.
+                    raise ValueError(f"{t!r} comes after a photometric transform, Normalize or RandomErasing: "
+                                     f"fastload applies geometry first (one resample before decode). Move it before "
+                                     f"them.")
+                geometry.append(t)
+            elif kind in ("photometric", "policy"):
+                if mean is not None or erasing:
+                    raise ValueError(f"{t!r} comes after Normalize/RandomErasing: fastload's photometric ops run on "
+                                     f"the uint8 image, as torchvision's uint8 pipelines do. Move it before them.")
+                photometric.append(t)
+            elif kind == "dtype":
+                dtype, scale = t.dtype, t.scale
+            elif kind == "normalize":
+                if dtype is None or dtype == torch.uint8 or not scale:
+                    raise ValueError("Normalize needs a float image on the 0-1 scale first: put "
+                                     "ToDtype(torch.float32, scale=True) before it (torchvision raises on uint8 input)")
+                mean, std = t.mean, t.std
+            elif kind == "erasing":
+                if dtype is None or dtype == torch.uint8:
+                    raise ValueError("RandomErasing needs a float image: put ToDtype(torch.float32, scale=True) "
+                                     "(and Normalize) before it")
+                erasing.append(t)
+            elif kind == "batch":
+                batch_ops.append(t)
+            elif kind == "noop":
+                continue
+            else:
+                raise _refuse(t, f"unknown kind {kind!r}")
+        if batch_ops and items[-len(batch_ops):] != batch_ops:
+            raise ValueError("MixUp/CutMix/RandomChoice of them must come last: they act on the finished batch")
+        if not geometry:
+            raise ValueError("the pipeline must fix the output size: start it with RandomResizedCrop, "
+                             "Resize + CenterCrop or CenterCrop")
+        if dtype is None:
+            dtype = torch.uint8  # torchvision's output without ToDtype: the uint8 image
+        if dtype in _FLOAT_DTYPES and not scale:
+            raise ValueError(f"ToDtype({dtype}, scale=False) would give float images on the 0-255 scale; fastload "
+                             f"supports scale=True (0-1), as torchvision's recipes use")
+        return cls(geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, items)
+
+    # --- planning (host, per batch) -------------------------------------------------------------------------
+    @property
+    def photometric_slots(self):
+        return sum(t.slots for t in self.photometric)
+
+    def plan(self, heights, widths, seed, epoch, indices):
+        """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped), the policies' geometric ops
+        composed after every geometric step."""
+        extra = None
+        h, w = self.out_size
+        for p in self._policies:
+            _, m = p.plan(seed, epoch, indices, h, w)
+            if m is not None:
+                extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
+        return self.geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
+
+    def table(self, seed, epoch, indices):
+        """The photometric table of a batch (PhotometricTable, host tensors), or None without photometric ops."""
+        if not self.photometric:
+            return None
+        from .functional import PhotometricTable
+        h, w = self.out_size
+        parts = [t.plan(seed, epoch, indices, h, w)[0] if t.kind == "policy" else t.table(seed, epoch, indices)
+                 for t in self.photometric]
+        return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
+
+    def erasing_tables(self, seed, epoch, indices):
+        h, w = self.out_size
+        return [e.table(seed, epoch, indices, h, w) for e in self.erasing]
+
+    @property
+    def needs_uint8_stage(self):
+        """Whether the warp must write uint8 first (photometric ops see uint8 images, as in torchvision), rather
+        than the single fused warp + normalise."""
+        return bool(self.photometric)
+
+    # --- execution (the stage, on the batch's device) -------------------------------------------------------
+    def normalise_params(self):
+        """(mean, std, in_scale) for ops.warp_ragged's fused normalisation of the final output."""
+        if self.dtype == torch.uint8:
+            return None, None, 1.0
+        if self.mean is None:
+            return None, None, 1.0 / 255
+        return self.mean, self.std, 1.0 / 255
+
+    def finish(self, x, table, erase, seed, epoch, indices, channels_last):
+        """After the warp: photometric ops on uint8 x, then dtype + normalisation, then erasing. With no
+        photometric op, x comes from the fused warp already normalised and only erasing remains."""
+        if table is not None:
+            from .functional import apply_table
+            x = apply_table(x, table.ops, table.params)
+            if self.dtype != torch.uint8:
+                mean, std, in_scale = self.normalise_params()
+                x = _normalise(x, mean, std, in_scale, self.dtype)
+        for e, t in zip(self.erasing, erase):
+            x = e.apply(x, t, seed, epoch, indices)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def apply_batch_ops(self, x, y, seed, epoch, batch_index):
+        for op in self.batch_ops:
+            x, y = op.apply(x, y, seed, epoch, batch_index)
+        return x, y
+
+    def __repr__(self):
+        return "Pipeline(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def _fill_triple(fill):
+    if fill is None:
+        return (0.0, 0.0, 0.0)
+    if isinstance(fill, (int, float)):
+        return (float(fill),) * 3
+    fill = [float(f) for f in fill]
+    return tuple(fill * 3) if len(fill) == 1 else tuple(fill)
+
+
+def _normalise(x, mean, std, in_scale, dtype):
+    """uint8 [B, C, H, W] -> dtype, (x * in_scale - mean) / std as one multiply-add per value."""
+    c = x.shape[1]
+    alpha, beta = ops._norm_params(c, mean, std, in_scale, x.device)  # cached device tensors: no per-batch copy
+    return torch.addcmul(beta.view(1, c, 1, 1), x.to(torch.float32), alpha.view(1, c, 1, 1)).to(dtype)
