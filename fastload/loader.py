@@ -62,8 +62,11 @@ class FastLoader:
             same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
             H200) decodes the batch's baseline YCbCr JPEGs, crops at full resolution (the kernel does all the
             resizing), and the cores any other kind (progressive, CMYK, grayscale, 4:1:1); its pixels are close
-            to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling). A batch with a problem on
-            the hardware side is decoded whole by the cores. On an H200 it delivers more batches per second
+            to, not equal to, the CPU decoder's (nvJPEG's IDCT and chroma upsampling). The engines report success
+            on damaged data, so a JPEG reaches them only after a strict CPU entropy check (once per sample for the
+            loader's life; the first epoch pays it on the cores): one that fails is decoded by the cores, and
+            ``strict``/``on_error`` hold exactly as with "cpu" (same DecodeError, same skipped samples). A
+            batch where nvJPEG itself fails is decoded whole by the cores. On an H200 it delivers more batches per second
             alone than the 16 cores, but inside a training loop less (bench/RESULTS.md): measure before using it.
             "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
             (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as

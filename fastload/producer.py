@@ -7,12 +7,14 @@ for the few non-JPEG samples and, with ``on_error="skip"``, deterministic replac
 
 With ``decoder="nvjpeg"`` (and for two batches in three with ``"hybrid"``) the GPU's hardware decoder takes the
 batch's baseline YCbCr JPEGs (full-resolution crops, straight into the slot's device buffer) and the cores decode
-any other samples as above, their pixels copied in behind; a batch where something goes wrong on the hardware
-side (a checksum, an unreadable file, an nvJPEG error) is decoded whole by the CPU path, which reports what it
-finds.
+any other samples as above, their pixels copied in behind. The engines take a JPEG only once a strict CPU entropy
+check has passed it (``engine_ready``: they report success on damaged data); a sample that fails it, or whose
+record or file cannot be read or fails its checksum, goes to the cores, which report or skip it as decoder="cpu"
+does. A batch where nvJPEG itself fails is decoded whole by the CPU path.
 """
 import io
 import os
+import stat
 import threading
 import time
 import weakref
@@ -100,11 +102,39 @@ def full_resolution(windows, matrices):
 # read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these samplings.
 _HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2), (1, 2)}
 
+# What BatchMaker knows of each sample, for the engines (one int8 per sample, kept for the loader's life).
+UNKNOWN, CORES, HEADER_OK, VERIFIED = -1, 0, 1, 2
+
 
 def _hardware_decodable(header):
     return (header["status"] == ops.OK and header["components"] == 3 and header["color_space"] == 3
             and not header["progressive"] and not header["arithmetic"]
             and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
+
+
+def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXELS, max_bytes=ops.MAX_BYTES):
+    """Which of these JPEGs may go to the hardware decoder: bool [len(indices)]; updates ``state`` (per sample,
+    UNKNOWN / CORES / HEADER_OK / VERIFIED) in place.
+
+    nvJPEG's hardware backend reports success on damaged entropy data (the rows after the damage keep whatever
+    the output buffer held: pixels of another sample), so a JPEG goes to the engines only once a strict CPU
+    entropy check (``ops.verify_jpegs``: no IDCT, OK exactly when a strict full decode would succeed) has
+    passed. One that fails, or whose header is not for the engines (progressive, CMYK, grayscale...), is marked
+    CORES: the CPU path decodes it, and reports or skips it exactly as decoder="cpu" does. The verdict is cached
+    per sample: later epochs pay nothing. (So a folder file rewritten after its check, during training, reaches
+    the engines unchecked: the same window every reader of a mutable folder has.) A buffer that is None (a
+    read that failed) is not ready, and nothing is cached for it."""
+    indices = np.asarray(indices, dtype=np.int64)
+    present = np.array([b is not None for b in buffers], dtype=bool)
+    for k in np.flatnonzero(present & (state[indices] == UNKNOWN)).tolist():
+        header = ops.C.read_header(buffers[k], max_pixels)
+        state[indices[k]] = HEADER_OK if _hardware_decodable(header) else CORES
+    pending = np.flatnonzero(present & (state[indices] == HEADER_OK))
+    if len(pending):  # one batch call on the cores, GIL released
+        status, _ = ops.verify_jpegs([buffers[k] for k in pending.tolist()], threads, strict=True,
+                                     max_pixels=max_pixels, max_bytes=max_bytes)
+        state[indices[pending]] = np.where(np.asarray(status) == ops.OK, VERIFIED, CORES)
+    return present & (state[indices] == VERIFIED)
 
 
 # Every BatchMaker's hardware-decoder lock is held across a fork: a child forked while nvjpegDecodeBatchedEx runs in
@@ -145,7 +175,7 @@ class BatchMaker:
         self.device = device
         self.hardware = decoder in ("nvjpeg", "hybrid")
         self.hybrid = decoder == "hybrid"
-        self._decodable = np.full(len(self.heights), -1, dtype=np.int8)  # per sample: unknown / no / yes
+        self._decodable = np.full(len(self.heights), UNKNOWN, dtype=np.int8)  # per sample: engine_ready's verdict
         # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time while the
         # others read: more handles decode slower in total (H200: 18.6k img/s with one, 14.5k with four), and
         # producer threads are new every epoch, where a new stream would strand the allocator's cached blocks.
@@ -215,30 +245,19 @@ class BatchMaker:
         alone, bench/RESULTS.md.)"""
         t0 = time.perf_counter()
         n = len(indices)
-        chosen = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != 0))
+        chosen = np.flatnonzero((self.formats[indices] == _FORMAT_JPEG) & (self._decodable[indices] != CORES))
         if not len(chosen):
             return None
         with self.ds.reader() as reader:
-            unreadable = {}
-            buffers, crcs = self._sources(reader, indices[chosen], unreadable)
-            if unreadable:
-                return None  # the CPU path names the damaged record
-            buffers = [_read_file(b) if isinstance(b, str) else b for b in buffers]
-            for k in np.flatnonzero(self._decodable[indices[chosen]] < 0).tolist():
-                self._decodable[indices[chosen[k]]] = _hardware_decodable(
-                    ops.C.read_header(buffers[k], self.max_pixels))
-            keep = self._decodable[indices[chosen]] == 1  # progressive, CMYK, grayscale...: the cores take them
-            if not keep.all():
-                chosen = chosen[keep]
-                buffers = [b for b, ok in zip(buffers, keep) if ok]
-                crcs = None if crcs is None else [c for c, ok in zip(crcs, keep) if ok]
+            buffers = self._engine_buffers(reader, indices[chosen])
+            keep = engine_ready(self._decodable, indices[chosen], buffers, threads=self.threads,
+                                max_pixels=self.max_pixels)
+            # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose
+            # path reports or skips it as decoder="cpu" would.
+            chosen = chosen[keep]
+            buffers = [b for b, ok in zip(buffers, keep) if ok]
             if not len(chosen):
                 return None
-            if crcs is not None:  # the CPU path checks these natively as it decodes; here, before
-                expected = np.asarray(crcs, dtype=np.int64)
-                got = ops.C.crc32s(buffers, self.threads).numpy()
-                if bool(((expected >= 0) & (got != expected)).any()):
-                    return None
             windows, matrices, _ = self.plan(indices, epoch)
             full_bytes = int((windows[:, 2] * windows[:, 3] * 3).sum())  # the whole batch at full resolution
             hw = torch.from_numpy(chosen)
@@ -284,6 +303,22 @@ class BatchMaker:
             self._hardware = (HardwareDecoder(batch), torch.cuda.Stream(self.device, priority=-1),
                               torch.cuda.Stream(self.device, priority=-1))
         return self._hardware
+
+    def _engine_buffers(self, reader, indices):
+        """The bytes of these samples for the engines, or None where they cannot go: a record that cannot be
+        read or fails its packed CRC-32, a file that cannot be read safely (_read_file). The CPU path then reads
+        them again and reports what it finds."""
+        unreadable = {}
+        buffers, crcs = self._sources(reader, indices, unreadable)
+        buffers = [None if k in unreadable else _read_file(b)[0] if isinstance(b, str) else b
+                   for k, b in enumerate(buffers)]
+        if crcs is not None:  # the CPU path checks these natively as it decodes; here, before
+            present = [k for k, b in enumerate(buffers) if b is not None]
+            got = ops.C.crc32s([buffers[k] for k in present], self.threads).numpy()
+            for k, crc in zip(present, got.tolist()):
+                if crcs[k] >= 0 and crc != crcs[k]:
+                    buffers[k] = None
+        return buffers
 
     @staticmethod
     def _sources(reader, indices, unreadable=None):
@@ -373,6 +408,28 @@ class BatchMaker:
         return buffer, offsets, shapes, matrices, used
 
 
-def _read_file(path):
-    with open(path, "rb") as f:
-        return f.read()
+def _read_file(path, max_bytes=ops.MAX_BYTES):
+    """(bytes, "") of a file, or (None, why) — with the native reader's protections: opened non-blocking (a FIFO
+    put where an image was must not hang the producer), regular files only, at most ``max_bytes``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "cannot read: not a regular file"
+        if st.st_size > max_bytes:
+            return None, f"file is {st.st_size} bytes, over the per-image limit of {max_bytes}"
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                return None, "cannot read: file shrank while reading"
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), ""
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    finally:
+        os.close(fd)

@@ -15,7 +15,9 @@ import fastload as fl
 from fastload import nvjpeg, ops
 from fastload.datasets import LMDBDataset, pack
 from fastload.loader import _resolve_decoder
+from fastload.producer import CORES, UNKNOWN, VERIFIED, _read_file, engine_ready
 from pack_corpus import flip_middle_byte, rewrite_record
+import broken_jpeg as bj
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -67,6 +69,82 @@ def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
     t.join()
     assert float(forked_at) >= released[0] and locked == "0"
     assert not maker._hardware_lock.locked()
+
+
+# ---- strict mode for the engines: damaged JPEGs take the CPU path (issue 19, item 1) --------------------------
+
+def truncated_half_scan(data):
+    """Cut at half its entropy-coded data, EOI re-appended: passes header and structure checks."""
+    start = bj.scan_start(data)
+    return data[:start + (len(data) - start - 2) // 2] + b"\xff\xd9"
+
+
+def flipped_mid_scan(data):
+    """16 consecutive bytes of the middle of the entropy-coded data XORed."""
+    start = bj.scan_start(data)
+    mid = start + (len(data) - start) // 2
+    out = bytearray(data)
+    for i in range(mid, mid + 16):
+        out[i] ^= 0x5A
+    return bytes(out)
+
+
+def strict_cpu_refuses(data):
+    info = ops.read_header(data)
+    try:
+        ops.decode_crop(data, 0, 0, info.height, info.width)
+    except fl.DecodeError:
+        return True
+    return False
+
+
+def damaged_jpegs(imagenet_dir):
+    """{name: bytes}: corpus photos damaged in ways only a full entropy decode finds, each one the strict CPU
+    decoder refuses (a flip may leave a file decodable, with wrong pixels nothing can detect: those are passed
+    over)."""
+    files = sorted(imagenet_dir.rglob("*.jpg"))
+    out = {"bad_trunc.jpg": truncated_half_scan(files[0].read_bytes())}
+    out["bad_flip.jpg"] = next(b for b in (flipped_mid_scan(f.read_bytes()) for f in files[1:])
+                               if strict_cpu_refuses(b))
+    assert strict_cpu_refuses(out["bad_trunc.jpg"])
+    return out
+
+
+needs_verify = pytest.mark.skipif(not hasattr(ops, "verify_jpegs"), reason="ops.verify_jpegs is not built yet")
+
+
+@needs_verify
+def test_engine_ready_passes_only_what_a_strict_decode_accepts_and_remembers(imagenet_dir, kinds, monkeypatch):
+    good = [f.read_bytes() for f in sorted(imagenet_dir.rglob("*.jpg"))[:6]]
+    damaged = list(damaged_jpegs(imagenet_dir).values())
+    progressive = kinds["progressive"].read_bytes()
+    buffers = good + damaged + [progressive, None]  # None: a read that failed
+    indices = np.arange(len(buffers)) + 3  # positions in the batch are not sample indices
+    state = np.full(20, UNKNOWN, dtype=np.int8)
+    calls = []
+    verify = ops.verify_jpegs
+    monkeypatch.setattr(ops, "verify_jpegs", lambda b, *a, **k: calls.append(len(b)) or verify(b, *a, **k))
+    ready = engine_ready(state, indices, buffers, threads=2)
+    assert ready.tolist() == [True] * len(good) + [False] * (len(damaged) + 2)
+    assert calls == [len(good) + len(damaged)]  # one batch call; the progressive file needs none
+    assert state[indices].tolist() == [VERIFIED] * len(good) + [CORES] * (len(damaged) + 1) + [UNKNOWN]
+    # Later batches (epochs) with the same samples: the verdicts are remembered, nothing is checked again.
+    again = engine_ready(state, indices[::-1], buffers[::-1], threads=2)
+    assert again.tolist() == ready[::-1].tolist() and calls == [len(good) + len(damaged)]
+
+
+def test_engine_reads_of_files_have_the_native_readers_protections(imagenet_dir, tmp_path):
+    """decoder="nvjpeg" reads folder files in Python: like the native reader it never blocks on a FIFO, takes
+    regular files only, caps the size, and reports failures (the cores then read the file and name it)."""
+    photo = sorted(imagenet_dir.rglob("*.jpg"))[0]
+    assert _read_file(str(photo)) == (photo.read_bytes(), "")
+    os.mkfifo(tmp_path / "pipe.jpg")  # no writer: a blocking open would hang here
+    assert _read_file(str(tmp_path / "pipe.jpg")) == (None, "cannot read: not a regular file")
+    assert _read_file(str(tmp_path)) == (None, "cannot read: not a regular file")
+    assert _read_file(str(tmp_path / "gone.jpg")) == (None, "cannot read: No such file or directory")
+    size = photo.stat().st_size
+    assert _read_file(str(photo), max_bytes=size - 1) == (
+        None, f"file is {size} bytes, over the per-image limit of {size - 1}")
 
 
 def _has_hardware():
@@ -196,3 +274,48 @@ def test_dataloader_workers_start_after_the_hardware_decoder_ran(imagenet_dir):
     workers = torch.utils.data.DataLoader(folder, batch_size=8, num_workers=4, timeout=60, pin_memory=True)
     images = torch.cat([x for x, _ in workers])
     assert images.shape == (len(folder), 3, 32, 32)
+
+
+@pytest.fixture()
+def damaged_dir(imagenet_dir, tmp_path):
+    """The corpus plus two JPEGs damaged before anyone indexed them: they pass the folder scan."""
+    root = tmp_path / "damaged"
+    for f in sorted(imagenet_dir.rglob("*.jpg")):
+        (root / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (root / f.parent.name / f.name).write_bytes(f.read_bytes())
+    first_class = sorted(p.name for p in root.iterdir())[0]
+    for name, data in damaged_jpegs(imagenet_dir).items():
+        (root / first_class / name).write_bytes(data)
+    return root
+
+
+@pytest.mark.cuda
+@hardware
+@pytest.mark.parametrize("decoder", ["nvjpeg", "hybrid"])
+def test_engines_never_deliver_a_jpeg_the_strict_cpu_decoder_refuses(damaged_dir, decoder):
+    """nvJPEG reports success on a truncated or damaged scan (the rows after the damage keep another sample's
+    pixels). Every decoder must raise the CPU decoder's DecodeError, or skip the same samples and hand out the
+    same labels, epoch after epoch (the second epoch uses the remembered verdicts)."""
+    ds = fl.FolderDataset(damaged_dir)
+    assert ds.skipped == [] and sum(p.endswith(("bad_trunc.jpg", "bad_flip.jpg")) for p in ds.paths) == 2
+    common = dict(batch_size=8, shuffle=False, seed=1, crop=fl.RandomResizedCrop(48, dct_downscale=False),
+                  device="cuda", mean=None, std=None)
+    errors = {}
+    for d in ("cpu", decoder):
+        with pytest.raises(fl.DecodeError) as e:
+            for _ in fl.FastLoader(ds, decoder=d, **common):
+                pass
+        errors[d] = (str(e.value), e.value.sample)
+    assert errors[decoder] == errors["cpu"] and "bad_" in errors["cpu"][1], errors
+    loaders = {d: fl.FastLoader(ds, decoder=d, on_error="skip", **common) for d in ("cpu", decoder)}
+    for epoch in range(2):
+        runs = {d: [(x.cpu(), y.cpu()) for x, y in loader] for d, loader in loaders.items()}
+        assert len(runs[decoder]) == len(runs["cpu"]) == len(loaders["cpu"])
+        for (xc, yc), (xg, yg) in zip(runs["cpu"], runs[decoder]):
+            assert torch.equal(yc, yg), epoch
+            for a, b in zip(xc, xg):  # every sample close to the CPU decoder's: no rows of another sample
+                assert psnr(b, a, peak=1.0) >= 30, epoch
+    stats = {d: loader.stats() for d, loader in loaders.items()}
+    assert stats[decoder]["skipped"] == stats["cpu"]["skipped"] >= 4  # two files, two epochs
+    if decoder == "nvjpeg":  # every good sample on the engines, the two damaged ones on the cores
+        assert stats["nvjpeg"]["gpu_decoded"] == 2 * (len(ds) - 2)
