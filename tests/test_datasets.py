@@ -219,6 +219,60 @@ def test_file_list(ds_tree, tmp_path):
         FolderDataset(tmp_path, file_list=lst)
 
 
+def test_csv_file_list_with_header(ds_tree, tmp_path):
+    jpgs = jpeg_files(ds_tree)
+    shutil.copy(jpgs[0], tmp_path / "a, b.jpg")  # a comma in a path: quoted in CSV
+    shutil.copy(jpgs[1], tmp_path / "c.jpg")
+    lst = tmp_path / "val.csv"
+    lst.write_text('id,label,path\n7,dog,"a, b.jpg"\n8,cat,c.jpg\n')  # columns found by name, others ignored
+    ds = FolderDataset(tmp_path, file_list=lst)
+    assert ds.paths == [str(tmp_path / "a, b.jpg"), str(tmp_path / "c.jpg")]
+    assert ds.classes == ["cat", "dog"] and ds.labels.tolist() == [1, 0]
+    assert ds[0][0].shape[1:] == Image.open(jpgs[0]).size[::-1]
+    lst.write_text("path,label\nc.jpg\n")
+    with pytest.raises(DatasetError, match=r"val.csv:2: expected the columns path,label, got 'c.jpg'"):
+        FolderDataset(tmp_path, file_list=lst)
+    lst.write_text("c.jpg,1\n")  # CSV without its header: the message says what is missing
+    with pytest.raises(DatasetError, match="val.csv:1: .*a CSV file list starts with a header line"):
+        FolderDataset(tmp_path, file_list=lst)
+
+
+def test_classes_keep_label_numbers_when_a_class_is_missing(ds_tree, tmp_path):
+    """A validation set without one of the training classes: without classes= its labels shift silently (the
+    sorted names it has), with classes=train.classes they are the training numbers."""
+    train = FolderDataset(ds_tree)
+    val = tmp_path / "val"
+    for name in ("class_00", "class_02", "class_03"):  # no class_01
+        shutil.copytree(ds_tree / name, val / name)
+    shifted = FolderDataset(val)
+    assert shifted.classes == ["class_00", "class_02", "class_03"] and shifted.labels.max() == 2
+    with pytest.warns(UserWarning, match="1 classes have no images: class_01"):
+        kept = FolderDataset(val, classes=train.classes)
+    assert kept.classes == train.classes
+    for path, label in kept.samples:
+        assert train.classes[label] == Path(path).parent.name
+    # The same with a file list of class names.
+    lst = tmp_path / "val.csv"
+    lst.write_text("path,label\n" + "".join(f"{p},{Path(p).parent.name}\n" for p, _ in shifted.samples))
+    assert FolderDataset(val, file_list=lst).labels.tolist() == shifted.labels.tolist()
+    listed = FolderDataset(val, file_list=lst, classes=train.classes)
+    assert listed.labels.tolist() == kept.labels.tolist()
+    # Integer labels are checked against the classes given.
+    lst.write_text("class_00/img_0000.jpg 4\n")
+    with pytest.raises(DatasetError, match="val.csv:1: label 4 is out of range for the 4 classes given"):
+        FolderDataset(val, file_list=lst, classes=train.classes)
+    lst.write_text("class_00/img_0000.jpg 3\n")
+    assert FolderDataset(val, file_list=lst, classes=train.classes).labels.tolist() == [3]
+    # What the classes given do not name is an error, not a new label.
+    lst.write_text("class_00/img_0000.jpg class_09\n")
+    with pytest.raises(DatasetError, match="val.csv:1: label 'class_09' is not among the 4 classes given"):
+        FolderDataset(val, file_list=lst, classes=train.classes)
+    with pytest.raises(DatasetError, match="class folder.s. class_03 not among the 3 classes given"):
+        FolderDataset(val, classes=train.classes[:3])
+    with pytest.raises(DatasetError, match="class_00 more than once"):
+        FolderDataset(val, classes=["class_00"] * 2 + train.classes[2:])
+
+
 def test_lmdb_equals_folder_byte_for_byte(ds_tree, ds_store):
     folder = FolderDataset(ds_tree)
     store = LMDBDataset(ds_store)

@@ -1,5 +1,6 @@
 """FolderDataset: an ImageFolder tree (or a file list) of image files, with sizes scanned once and cached."""
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -92,71 +93,138 @@ def _walk_class(class_dir, extensions, skipped, root):
     return [f for _, files in found for f in files]
 
 
-def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS):
+def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=None):
     """The image files of ``root`` as a Listing. Raises DatasetError for a missing, class-less or empty folder.
 
     ImageFolder layout: one sub-folder per class, classes sorted by name -> 0..C-1, files found recursively,
-    extensions matched case-insensitively, hidden files and folders ignored. With ``file_list`` (a text file of
-    ``relative/path label`` lines) exactly the listed files, in that order: labels that are all integers are the
-    labels (classes "0".."max"); otherwise they are class names, sorted -> 0..C-1.
+    extensions matched case-insensitively, hidden files and folders ignored. With ``file_list``, exactly the
+    listed files, in that order (see ``read_file_list`` for its two formats). ``classes`` (names; label k is
+    classes[k]) fixes the label numbers instead: a validation set missing a class keeps the training set's numbers
+    (pass ``classes=train.classes``); a class folder or list label that is not among them is an error.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
         raise DatasetError(f"{root}: no such folder" if not os.path.exists(root) else f"{root}: not a folder")
+    classes = _check_classes(classes)
     if file_list is not None:
-        return _list_from_file(root, os.fspath(file_list))
+        return _list_from_file(root, os.fspath(file_list), classes)
     extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
     try:
         entries = sorted((e for e in os.scandir(root) if _visible(e.name)), key=lambda e: e.name)
     except OSError as e:
         raise DatasetError(f"{root}: cannot list the folder: {e.strerror}") from None
-    classes = [e.name for e in entries if e.is_dir()]
-    if not classes:
+    found = [e.name for e in entries if e.is_dir()]
+    if not found:
         loose = sum(os.path.splitext(e.name)[1].lower() in extensions for e in entries)
         hint = f"; it has {loose} images directly inside: move them into class folders" if loose else ""
         raise DatasetError(f"{root}: no class folders (expected one sub-folder per class, ImageFolder layout{hint})")
+    if classes is None:
+        classes = found
+    else:
+        unknown = [c for c in found if c not in set(classes)]
+        if unknown:
+            raise DatasetError(f"{root}: class folder(s) {', '.join(unknown[:5])} not among the {len(classes)} "
+                               f"classes given (classes=): add them there, or remove the folders")
     paths, labels, sizes, mtimes, skipped = [], [], [], [], []
     for label, name in enumerate(classes):
+        if name not in found:
+            continue  # a class this folder has no images of (warned about by FolderDataset)
         for rel, size, mtime in _walk_class(os.path.join(root, name), extensions, skipped, root):
             paths.append(rel)
             labels.append(label)
             sizes.append(size)
             mtimes.append(mtime)
     if not paths and not skipped:
-        raise DatasetError(f"{root}: no images in its {len(classes)} class folders "
+        raise DatasetError(f"{root}: no images in its {len(found)} class folders "
                            f"(looked for {', '.join(sorted(extensions))})")
     return Listing(root, classes, paths, labels, sizes, mtimes, skipped)
 
 
-def _list_from_file(root, file_list):
+def _check_classes(classes):
+    if classes is None:
+        return None
+    if isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes):
+        raise DatasetError(f"classes must be a list of class names (str), got {classes!r:.80}")
+    classes = list(classes)
+    dup = sorted({c for c in classes if classes.count(c) > 1})
+    if dup:
+        raise DatasetError(f"classes names {', '.join(dup[:5])} more than once: each class needs one label")
+    return classes
+
+
+def read_file_list(file_list):
+    """[(line number, relative path, label text)] of a file list, in order. Two formats:
+
+    * text: ``relative/path label`` per line (the path may hold spaces: the label is the last field), blank lines
+      and ``#`` comments ignored;
+    * CSV: a first line naming the columns, with ``path`` and ``label`` among them (others are ignored), then one
+      row per file (quote paths that hold commas).
+    """
     try:
         with open(file_list, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise DatasetError(f"{file_list}: cannot read the file list: {e.strerror}") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.rsplit(None, 1)  # the path may contain spaces; the label is the last field
-        if len(parts) != 2:
-            raise DatasetError(f"{file_list}:{n}: expected 'relative/path label', got {line!r}")
-        rows.append(parts)
-    if not rows:
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
+    if not numbered:
         raise DatasetError(f"{file_list}: the file list names no files")
-    numeric = [r[1].lstrip("-").isdigit() for r in rows]
-    if all(numeric):
-        ints = [int(r[1]) for r in rows]
-        if min(ints) < 0:
-            raise DatasetError(f"{file_list}: labels must be >= 0 (found {min(ints)})")
-        classes = [str(i) for i in range(max(ints) + 1)]
-    else:  # class names (some may look like numbers: "444"), sorted -> 0..C-1
-        classes = sorted({r[1] for r in rows})
+    header = [c.strip() for c in next(csv.reader([numbered[0][1]]))]
+    if "path" in header and "label" in header:
+        p, lab = header.index("path"), header.index("label")
+        rows = []
+        for n, line in numbered[1:]:
+            fields = next(csv.reader([line]))
+            if len(fields) <= max(p, lab) or not fields[p].strip() or not fields[lab].strip():
+                raise DatasetError(f"{file_list}:{n}: expected the columns {','.join(header)}, got {line!r}")
+            rows.append((n, fields[p].strip(), fields[lab].strip()))
+        if not rows:
+            raise DatasetError(f"{file_list}: the file list names no files (only its header)")
+        return rows
+    rows = []
+    for n, line in numbered:
+        parts = line.strip().rsplit(None, 1)  # the path may contain spaces; the label is the last field
+        if len(parts) != 2:
+            hint = " (a CSV file list starts with a header line naming its path and label columns)" \
+                if "," in line else ""
+            raise DatasetError(f"{file_list}:{n}: expected 'relative/path label', got {line!r}{hint}")
+        rows.append((n, parts[0], parts[1]))
+    return rows
+
+
+def _labels(file_list, rows, classes):
+    """(classes, int labels) of a file list's label texts: class names, or integers."""
+    texts = [r[2] for r in rows]
+    numeric = all(t.lstrip("-").isdigit() for t in texts)
+    if classes is not None:
         index = {c: i for i, c in enumerate(classes)}
-        ints = [index[r[1]] for r in rows]
+        if all(t in index for t in texts):
+            return classes, [index[t] for t in texts]
+        if numeric:
+            out = [(n, t) for n, _, t in rows if not 0 <= int(t) < len(classes)]
+            if not out:
+                return classes, [int(t) for t in texts]
+            raise DatasetError(f"{file_list}:{out[0][0]}: label {out[0][1]} is out of range for the "
+                               f"{len(classes)} classes given (classes=)")
+        n, _, t = next(r for r in rows if r[2] not in index)
+        raise DatasetError(f"{file_list}:{n}: label {t!r} is not among the {len(classes)} classes given (classes=)")
+    if numeric:
+        ints = [int(t) for t in texts]
+        if min(ints) < 0:
+            n = next(r[0] for r in rows if int(r[2]) < 0)
+            raise DatasetError(f"{file_list}:{n}: labels must be >= 0 (found {min(ints)})")
+        return [str(i) for i in range(max(ints) + 1)], ints
+    # Class names (some may look like numbers: "444"), sorted -> 0..C-1. A list missing a class shifts the
+    # numbers of the classes after it: classes= (e.g. the training set's) keeps them.
+    classes = sorted(set(texts))
+    index = {c: i for i, c in enumerate(classes)}
+    return classes, [index[t] for t in texts]
+
+
+def _list_from_file(root, file_list, classes=None):
+    rows = read_file_list(file_list)
+    classes, ints = _labels(file_list, rows, classes)
     paths, labels, sizes, mtimes, skipped = [], [], [], [], []
-    for (rel, _), label in zip(rows, ints):
+    for (_, rel, _), label in zip(rows, ints):
         try:
             st = os.stat(os.path.join(root, rel))
         except OSError as e:
@@ -372,10 +440,10 @@ class FolderDataset(ImageDataset):
     headers and JPEG structure (truncation); `fastload verify` decodes every file.
     """
 
-    def __init__(self, root, *, file_list=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
+    def __init__(self, root, *, file_list=None, classes=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
                  strict=False, transform=None, target_transform=None):
         super().__init__(transform, target_transform)
-        listing = list_images(root, file_list=file_list, extensions=extensions)
+        listing = list_images(root, file_list=file_list, extensions=extensions, classes=classes)
         self.root = listing.root
         self.classes = list(listing.classes)
         key = _cache_path(self.root, file_list and os.fspath(file_list), extensions)
