@@ -319,3 +319,27 @@ def test_engines_never_deliver_a_jpeg_the_strict_cpu_decoder_refuses(damaged_dir
     assert stats[decoder]["skipped"] == stats["cpu"]["skipped"] >= 4  # two files, two epochs
     if decoder == "nvjpeg":  # every good sample on the engines, the two damaged ones on the cores
         assert stats["nvjpeg"]["gpu_decoded"] == 2 * (len(ds) - 2)
+
+
+@pytest.mark.cuda
+@hardware
+def test_files_gone_or_fifos_after_the_scan_are_named_or_skipped_with_the_engines(imagenet_dir, tmp_path):
+    """decoder="nvjpeg" reads folder files itself: a file deleted after the scan, or a FIFO put in its place,
+    gets the CPU path's DecodeError naming it (or is skipped and counted), never a FileNotFoundError or a hang."""
+    root = tmp_path / "tree"
+    for f in sorted(imagenet_dir.rglob("*.jpg")):
+        (root / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (root / f.parent.name / f.name).write_bytes(f.read_bytes())
+    ds = fl.FolderDataset(root)
+    gone, fifo = ds.paths[5], ds.paths[9]
+    os.unlink(gone)
+    os.unlink(fifo)
+    os.mkfifo(fifo)
+    common = dict(batch_size=16, shuffle=False, crop=fl.RandomResizedCrop(32), device="cuda", decoder="nvjpeg",
+                  timeout=60)
+    with pytest.raises(fl.DecodeError, match=rf"{gone}: cannot read: No such file or directory") as e:
+        list(fl.FastLoader(ds, **common))
+    assert e.value.sample == gone
+    skipping = fl.FastLoader(ds, on_error="skip", **common)
+    assert sum(len(y) for _, y in skipping) == len(ds)
+    assert skipping.stats()["skipped"] == 2 and skipping.stats()["gpu_decoded"] == len(ds) - 2
