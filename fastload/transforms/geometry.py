@@ -1,0 +1,585 @@
+"""torchvision.transforms.v2's geometric transforms, folded into the one warp of the loader's stage.
+
+Each class takes torchvision's arguments (same defaults, same validation and exception types) and draws its
+per-sample parameters as torchvision's ``make_params`` does (same distributions), from ``fastload.rng.uniforms`` on
+its ``stream``. ``GeometryPlanner`` composes every step's inverse map (output -> input) into one map from the output
+pixel to the original image, per sample and vectorised, and turns it into what the loader needs before decoding:
+the decode window, the DCT downscale and the 2x3 warp matrix (CONTRACT.md beside this file).
+
+Coordinates. Internally every map is a 3x3 float64 matrix in *edge* coordinates (pixel i spans [i, i + 1)), output
+-> input; ``planners.py`` works the same way, and composing in edge coordinates keeps axis-aligned pipelines
+(RandomResizedCrop + flip, Resize + CenterCrop) bit-for-bit equal to the crop planners. torchvision's affine grid is
+centred on the canvas: output index i is i - (w - 1) / 2 about the centre, input index is that mapped plus
+(w - 1) / 2, which in edge coordinates is T(w/2, h/2) . M^-1 . T(-w/2, -h/2).
+
+One resample. torchvision resamples at every step (resize, then the affine's bilinear grid_sample); fastload
+samples the original image once through the composed map, with the warp's filter: bilinear, antialiased when
+shrinking (support max(1, scale) along each axis). Interpolation: BILINEAR is that filter; NEAREST (the default
+of RandomAffine and RandomRotation) is accepted and honoured as the same single bilinear resample -- a second,
+nearest-neighbour resample only adds aliasing that the composed warp does not need. Other modes are refused.
+
+Fill. Pixels whose source lies outside the visible part of the image get ``fill`` (one value per pipeline). The
+visible part is the decode window: the image, clipped by every crop whose outline is still axis-aligned in the
+original image (see ``GeometryPlanner.plan`` for where this differs from torchvision at edges).
+"""
+import collections.abc
+import math
+import numbers
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .. import rng
+from . import planners
+
+__all__ = ["GeometryPlan", "GeometryPlanner", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip",
+           "RandomVerticalFlip", "RandomAffine", "RandomRotation"]
+
+
+class GeometryPlan(NamedTuple):
+    windows: torch.Tensor  # int64 [B, 5]: top, left, height, width, downscale (as planners.CropPlan)
+    matrices: torch.Tensor  # float32 [B, 2, 3]: output pixel index -> decoded-crop pixel index
+    fill: tuple  # 3 floats, 0-255 scale
+    flipped: np.ndarray  # bool [B]: an odd number of horizontal flips
+
+
+# ---------------------------------------------------------------- torchvision's argument checks
+
+def _setup_size(size, error_msg):
+    """torchvision's _setup_size, plus a check that the sizes are positive ints (a zero size fails later there)."""
+    if isinstance(size, numbers.Number):
+        size = (int(size), int(size))
+    elif isinstance(size, collections.abc.Sequence) and len(size) == 1:
+        size = (size[0], size[0])
+    elif len(size) != 2:
+        raise ValueError(error_msg)
+    size = tuple(int(s) for s in size)
+    if min(size) <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    return size
+
+
+def _check_sequence_input(x, name, req_sizes):
+    msg = req_sizes[0] if len(req_sizes) < 2 else " or ".join([str(s) for s in req_sizes])
+    if not isinstance(x, collections.abc.Sequence):
+        raise TypeError(f"{name} should be a sequence of length {msg}.")
+    if len(x) not in req_sizes:
+        raise ValueError(f"{name} should be a sequence of length {msg}.")
+
+
+def _setup_angle(x, name, req_sizes=(2,)):
+    if isinstance(x, numbers.Number):
+        if x < 0:
+            raise ValueError(f"If {name} is a single number, it must be positive.")
+        x = [-x, x]
+    else:
+        _check_sequence_input(x, name, req_sizes)
+    return [float(d) for d in x]
+
+
+def _check_fill(fill):
+    if isinstance(fill, dict):
+        for value in fill.values():
+            _check_fill(value)
+    elif fill is not None and not isinstance(fill, (numbers.Number, tuple, list)):
+        raise TypeError("Got inappropriate fill arg, only Numbers, tuples, lists and dicts are allowed.")
+
+
+def fill_triple(fill):
+    """torchvision's ``fill`` (number, sequence of 1 or 3, None = 0, or a dict keyed by tv_tensors type or
+    "others": the image's entry) as 3 floats on the image's scale (0-255 for uint8)."""
+    if isinstance(fill, dict):
+        image = [v for k, v in fill.items() if getattr(k, "__name__", k) == "Image"]
+        fill = image[0] if image else fill.get("others", 0)
+    if fill is None:
+        return (0.0, 0.0, 0.0)
+    if isinstance(fill, numbers.Number):
+        return (float(fill),) * 3
+    fill = [float(v) for v in fill]
+    if len(fill) == 1:
+        fill = fill * 3
+    if len(fill) != 3:  # torchvision raises this at the first RGB image
+        raise ValueError(f"The number of elements in 'fill' cannot broadcast to match the number of channels of "
+                         f"the image ({len(fill)} != 3)")
+    return tuple(fill)
+
+
+_PIL_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
+
+
+def _interpolation(value, antialias=True):
+    """'bilinear' or 'nearest' from torchvision's interpolation argument (InterpolationMode, its string, or a Pillow
+    constant); refuses what the one bilinear resample cannot honour."""
+    mode = getattr(value, "value", value)  # InterpolationMode is an Enum of these strings
+    if isinstance(mode, (int, np.integer)) and not isinstance(mode, bool):
+        mode = _PIL_MODES.get(int(mode), mode)
+    if mode in ("nearest", "nearest-exact"):
+        return "nearest"  # honoured as the single bilinear resample (module docstring)
+    if mode != "bilinear":
+        raise ValueError(f"fastload resamples once, with an antialiased bilinear filter: interpolation must be "
+                         f"BILINEAR or NEAREST (honoured as that bilinear resample), got {value!r}")
+    if antialias is not True:
+        raise ValueError(f"fastload always antialiases when shrinking; antialias={antialias!r} cannot be honoured "
+                         f"(use antialias=True, torchvision's default)")
+    return mode
+
+
+# ---------------------------------------------------------------- 3x3 maps in edge coordinates
+
+def _affine_maps(b):
+    m = np.zeros((b, 3, 3), np.float64)
+    m[:, 0, 0] = m[:, 1, 1] = m[:, 2, 2] = 1.0
+    return m
+
+
+def _scale_shift(sx, ox, sy, oy):
+    """x_in = sx * x_out + ox, y_in = sy * y_out + oy, per sample."""
+    sx, ox, sy, oy = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (sx, ox, sy, oy)))
+    m = _affine_maps(len(sx))
+    m[:, 0, 0], m[:, 0, 2], m[:, 1, 1], m[:, 1, 2] = sx, ox, sy, oy
+    return m
+
+
+def _inverse_affine(angle, tx, ty, scale, shear_x, shear_y, center, heights, widths):
+    """torchvision's ``_get_inverse_affine_matrix`` (inverted=True), vectorised, on its centred grid (CONTRACT:
+    output -> input), returned in edge coordinates of a canvas of (heights, widths). ``center``: torchvision's
+    (x, y) from the top-left corner, or None for the canvas centre."""
+    h = np.asarray(heights, np.float64)
+    w = np.asarray(widths, np.float64)
+    cx, cy = (np.zeros_like(w), np.zeros_like(h)) if center is None else (center[0] - 0.5 * w, center[1] - 0.5 * h)
+    rot = np.radians(angle)
+    sx, sy = np.radians(shear_x), np.radians(shear_y)
+    cos_sy, tan_sx = np.cos(sy), np.tan(sx)
+    a = np.cos(rot - sy) / cos_sy
+    b = -(a * tan_sx + np.sin(rot))
+    c = np.sin(rot - sy) / cos_sy
+    d = np.cos(rot) - c * tan_sx
+    m = _affine_maps(len(h))
+    m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1] = d / scale, -b / scale, -c / scale, a / scale
+    cx_tx, cy_ty = cx + tx, cy + ty
+    m[:, 0, 2] = cx - m[:, 0, 0] * cx_tx - m[:, 0, 1] * cy_ty
+    m[:, 1, 2] = cy - m[:, 1, 0] * cx_tx - m[:, 1, 1] * cy_ty
+    # centred grid -> edge coordinates: T(w/2, h/2) . M . T(-w/2, -h/2)
+    return _scale_shift(1.0, 0.5 * w, 1.0, 0.5 * h) @ m @ _scale_shift(1.0, -0.5 * w, 1.0, -0.5 * h)
+
+
+class _Step(NamedTuple):
+    """One step on a batch: its map (new canvas -> old canvas, edge coordinates), the new canvas size, and for a
+    crop, ``crop``: its box (x0, x1, y0, y1) in the old canvas, which bounds what is visible afterwards, and
+    ``reach``: whether that bound includes the filter's reach (CenterCrop cuts an image resized as a whole) or
+    not (RandomResizedCrop resizes the crop alone, so torchvision's filter stops at its edge)."""
+    map: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    crop: tuple = None
+    reach: bool = False
+
+
+class _Geometry:
+    """What every geometric transform shares: kind, stream, drawing ``columns`` uniforms per sample."""
+
+    kind = "geometry"
+    stream = 0  # set by Compose; each transform reads only its own stream
+    columns = 0  # rng.uniforms columns read per sample (0: no randomness)
+    sets_size = False  # whether the output canvas has the same size for every sample
+
+    def draw(self, heights, widths, seed, epoch, indices):
+        """Per-sample parameters (torchvision's make_params, vectorised) for canvases of (heights, widths)."""
+        u = rng.uniforms(seed, epoch, indices, self.columns, stream=self.stream) if self.columns else None
+        return self._draw(np.asarray(heights, np.int64), np.asarray(widths, np.int64), u)
+
+    def _draw(self, heights, widths, u):
+        return {}
+
+    def _step(self, params, heights, widths):
+        raise NotImplementedError
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "stream")
+        return f"{type(self).__name__}({args})"
+
+
+# ---------------------------------------------------------------- the transforms
+
+class RandomResizedCrop(_Geometry):
+    """torchvision's ``RandomResizedCrop``: the window draw of ``planners.RandomResizedCrop`` (the same 10 attempts,
+    fallback and uniform columns 0-21 of this transform's stream), then a resize of the crop to ``size``."""
+
+    columns = 22
+    sets_size = True
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), interpolation="bilinear",
+                 antialias=True):
+        self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
+        if not isinstance(scale, collections.abc.Sequence) or len(scale) != 2:
+            raise TypeError("Scale should be a sequence of two floats.")
+        if not isinstance(ratio, collections.abc.Sequence) or len(ratio) != 2:
+            raise TypeError("Ratio should be a sequence of two floats.")
+        self._reversed = scale[0] > scale[1] or ratio[0] > ratio[1]
+        if self._reversed:
+            warnings.warn("Scale and ratio should be of kind (min, max)")
+        self.scale = scale
+        self.ratio = ratio
+        self.interpolation = interpolation
+        self.antialias = antialias
+        _interpolation(interpolation, antialias)
+        self._windows = None if self._reversed else planners.RandomResizedCrop(self.size, scale, ratio, flip=0.0)
+
+    def _draw(self, heights, widths, u):
+        if self._reversed:  # torchvision fails the same way at the first image: uniform_(from > to)
+            raise RuntimeError(f"RandomResizedCrop: scale {self.scale} and ratio {self.ratio} must be (min, max)")
+        top, left, h, w = self._windows.windows(heights, widths, u)
+        return dict(top=top, left=left, height=h, width=w)
+
+    def _step(self, p, heights, widths):
+        out_h, out_w = self.size
+        m = _scale_shift(p["width"] / out_w, p["left"], p["height"] / out_h, p["top"])
+        crop = (p["left"], p["left"] + p["width"], p["top"], p["top"] + p["height"])
+        return _Step(m, np.full_like(heights, out_h), np.full_like(widths, out_w), crop)
+
+
+class Resize(_Geometry):
+    """torchvision's ``Resize``. With an int (or size None and max_size) each image keeps its aspect ratio, so the
+    output size is per sample: a later crop must fix it (``GeometryPlanner`` refuses a pipeline that does not)."""
+
+    def __init__(self, size, interpolation="bilinear", max_size=None, antialias=True):
+        if isinstance(size, int):
+            size = [size]
+        elif isinstance(size, collections.abc.Sequence) and len(size) in {1, 2}:
+            size = list(size)
+        elif size is None:
+            if not isinstance(max_size, int):
+                raise ValueError(f"max_size must be an integer when size is None, but got {max_size} instead.")
+        else:
+            raise ValueError(
+                f"size can be an integer, a sequence of one or two integers, or None, but got {size} instead.")
+        # torchvision raises these two at the first image
+        if max_size is not None and size is not None and len(size) != 1:
+            raise ValueError("max_size should only be passed if size is None or specifies the length of the smaller "
+                             "edge, i.e. size should be an int or a sequence of length 1 in torchscript mode.")
+        if max_size is not None and size is not None and max_size <= size[0]:
+            raise ValueError(f"max_size = {max_size} must be strictly greater than the requested size for the "
+                             f"smaller edge size = {size}")
+        self.size = size
+        self.interpolation = interpolation
+        self.max_size = max_size
+        self.antialias = antialias
+        _interpolation(interpolation, antialias)
+        self.sets_size = size is not None and len(size) == 2
+
+    def resized_size(self, heights, widths):
+        """torchvision's ``_compute_resized_output_size`` for every canvas: (new_h, new_w) int64 arrays."""
+        heights = np.asarray(heights, np.int64)
+        widths = np.asarray(widths, np.int64)
+        if self.sets_size:
+            return np.full_like(heights, self.size[0]), np.full_like(widths, self.size[1])
+        portrait = widths <= heights
+        short = np.minimum(heights, widths).astype(np.float64)
+        long = np.maximum(heights, widths).astype(np.float64)
+        # int(a * long / short) as torchvision computes it in Python floats (a * long is exact, the quotient is
+        # correctly rounded, as numpy's float64 division is)
+        if self.size is None:
+            new_short = np.floor(self.max_size * short / long).astype(np.int64)
+            new_long = np.full_like(heights, self.max_size)
+        else:
+            new_short = np.full_like(heights, self.size[0])
+            new_long = np.floor(self.size[0] * long / short).astype(np.int64)
+            if self.max_size is not None:
+                over = new_long > self.max_size
+                capped = np.floor(self.max_size * new_short.astype(np.float64) / new_long).astype(np.int64)
+                new_short = np.where(over, capped, new_short)
+                new_long = np.where(over, self.max_size, new_long)
+        return np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)
+
+    def _step(self, p, heights, widths):
+        new_h, new_w = self.resized_size(heights, widths)
+        return _Step(_scale_shift(widths / new_w, 0.0, heights / new_h, 0.0), new_h, new_w)
+
+
+class CenterCrop(_Geometry):
+    """torchvision's ``CenterCrop``: its anchor (round((size - crop) / 2)); a crop larger than the canvas is padded
+    by (crop - size) // 2 before it, with 0 in torchvision and with the pipeline's fill here."""
+
+    sets_size = True
+
+    def __init__(self, size):
+        self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
+
+    @staticmethod
+    def _anchor(size, out):
+        return np.where(size >= out, np.round((size - out) / 2.0), -((out - size) // 2)).astype(np.int64)
+
+    def _step(self, p, heights, widths):
+        out_h, out_w = self.size
+        left, top = self._anchor(widths, out_w), self._anchor(heights, out_h)
+        m = _scale_shift(1.0, left, 1.0, top)
+        crop = (left, left + out_w, top, top + out_h)
+        return _Step(m, np.full_like(heights, out_h), np.full_like(widths, out_w), crop, reach=True)
+
+
+class RandomHorizontalFlip(_Geometry):
+    """torchvision's ``RandomHorizontalFlip(p)``: one Bernoulli draw per sample (column 0)."""
+
+    columns = 1
+    axis = 0  # x
+
+    def __init__(self, p=0.5):
+        if not (0.0 <= p <= 1.0):
+            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+        self.p = p
+
+    def _draw(self, heights, widths, u):
+        return dict(flip=u[:, 0] < self.p)
+
+    def _step(self, p, heights, widths):
+        size = (widths, heights)[self.axis]
+        sign = np.where(p["flip"], -1.0, 1.0)
+        offset = np.where(p["flip"], size.astype(np.float64), 0.0)  # x_in = size - x_out
+        ones = np.ones(len(size))
+        m = _scale_shift(sign, offset, ones, 0.0) if self.axis == 0 else _scale_shift(ones, 0.0, sign, offset)
+        return _Step(m, heights, widths)
+
+
+class RandomVerticalFlip(RandomHorizontalFlip):
+    """torchvision's ``RandomVerticalFlip(p)``: one Bernoulli draw per sample (column 0)."""
+
+    axis = 1  # y
+
+
+class RandomAffine(_Geometry):
+    """torchvision's ``RandomAffine``. Per sample, from columns 0-5 of its stream: angle, translate (x, y; rounded
+    as torchvision rounds them), scale, shear (x, y) -- each uniform on torchvision's range, unused ones ignored.
+    Interpolation NEAREST (the default) is honoured as the one bilinear resample (module docstring)."""
+
+    columns = 6
+
+    def __init__(self, degrees, translate=None, scale=None, shear=None, interpolation="nearest", fill=0,
+                 center=None):
+        self.degrees = _setup_angle(degrees, name="degrees", req_sizes=(2,))
+        if translate is not None:
+            _check_sequence_input(translate, "translate", req_sizes=(2,))
+            for t in translate:
+                if not (0.0 <= t <= 1.0):
+                    raise ValueError("translation values should be between 0 and 1")
+        self.translate = translate
+        if scale is not None:
+            _check_sequence_input(scale, "scale", req_sizes=(2,))
+            for s in scale:
+                if s <= 0:
+                    raise ValueError("scale values should be positive")
+        self.scale = scale
+        self.shear = _setup_angle(shear, name="shear", req_sizes=(2, 4)) if shear is not None else None
+        self.interpolation = interpolation
+        _interpolation(interpolation)
+        _check_fill(fill)
+        self.fill = fill
+        if center is not None:
+            _check_sequence_input(center, "center", req_sizes=(2,))
+        self.center = center
+
+    def _draw(self, heights, widths, u):
+        b = len(u)
+        lo, hi = self.degrees
+        params = dict(angle=lo + (hi - lo) * u[:, 0], tx=np.zeros(b, np.int64), ty=np.zeros(b, np.int64),
+                      scale=np.ones(b), shear_x=np.zeros(b), shear_y=np.zeros(b))
+        if self.translate is not None:
+            max_dx = self.translate[0] * widths.astype(np.float64)
+            max_dy = self.translate[1] * heights.astype(np.float64)
+            # int(round(uniform(-max, max))): np.round is half-to-even like Python's round
+            params["tx"] = np.round(max_dx * (2.0 * u[:, 1] - 1.0)).astype(np.int64)
+            params["ty"] = np.round(max_dy * (2.0 * u[:, 2] - 1.0)).astype(np.int64)
+        if self.scale is not None:
+            params["scale"] = self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 3]
+        if self.shear is not None:
+            params["shear_x"] = self.shear[0] + (self.shear[1] - self.shear[0]) * u[:, 4]
+            if len(self.shear) == 4:
+                params["shear_y"] = self.shear[2] + (self.shear[3] - self.shear[2]) * u[:, 5]
+        return params
+
+    def _step(self, p, heights, widths):
+        m = _inverse_affine(p["angle"], p["tx"], p["ty"], p["scale"], p["shear_x"], p["shear_y"], self.center,
+                            heights, widths)
+        return _Step(m, heights, widths)
+
+
+class RandomRotation(_Geometry):
+    """torchvision's ``RandomRotation``: angle uniform in ``degrees`` (column 0), anticlockwise, about ``center``.
+    ``expand=True`` gives every sample its own canvas size: accepted here as torchvision does, refused by
+    ``GeometryPlanner``. Interpolation NEAREST (the default) is honoured as the one bilinear resample."""
+
+    columns = 1
+
+    def __init__(self, degrees, interpolation="nearest", expand=False, center=None, fill=0):
+        self.degrees = _setup_angle(degrees, name="degrees", req_sizes=(2,))
+        self.interpolation = interpolation
+        _interpolation(interpolation)
+        self.expand = expand
+        _check_fill(fill)
+        self.fill = fill
+        if center is not None:
+            _check_sequence_input(center, "center", req_sizes=(2,))
+        self.center = center
+
+    def _draw(self, heights, widths, u):
+        lo, hi = self.degrees
+        return dict(angle=lo + (hi - lo) * u[:, 0])
+
+    def _step(self, p, heights, widths):
+        zero = np.zeros(len(heights))
+        # F.rotate turns anticlockwise: torchvision builds its matrix with -angle
+        m = _inverse_affine(-p["angle"], zero, zero, 1.0, zero, zero, self.center, heights, widths)
+        return _Step(m, heights, widths)
+
+
+# ---------------------------------------------------------------- the planner
+
+def _reach(row_x, row_y):
+    """Original pixels the warp's filter reads beyond a sample centre along one input axis: its support
+    max(1, |row|) rounded up, plus one for the tap rounding (planners.CenterCrop's margin)."""
+    return np.ceil(np.maximum(1.0, np.hypot(row_x, row_y))) + 1
+
+
+class GeometryPlanner:
+    """The geometric steps of a pipeline (in order), planned per batch before decoding (CONTRACT.md).
+
+    steps: geometry transforms of this module. extra_fill: the policies' fill, used where their ``extra`` maps
+    reveal the outside of the canvas (it must agree with the steps' fill). dct_downscale: let the decoder scale
+    by 1/2, 1/4 or 1/8 where the composed map shrinks by at least that much.
+    """
+
+    def __init__(self, steps, extra_fill=None, *, dct_downscale=True):
+        self.steps = list(steps)
+        if not self.steps:
+            raise ValueError("GeometryPlanner needs at least one geometric transform (one that fixes the output "
+                             "size: RandomResizedCrop, CenterCrop or Resize((h, w)))")
+        for t in self.steps:
+            if not isinstance(t, _Geometry):
+                raise TypeError(f"{t!r} is not a fastload geometric transform")
+            if isinstance(t, RandomRotation) and t.expand:
+                raise ValueError(f"{t!r}: expand=True gives every sample its own canvas size, which fastload's "
+                                 f"fixed-size batches cannot hold; use expand=False")
+        random = [t for t in self.steps if t.columns]
+        streams = [t.stream for t in random]
+        if len(set(streams)) != len(streams):
+            raise ValueError(f"the random geometric steps {random} share streams {streams}: each must draw from "
+                             f"its own (Compose sets transform.stream)")
+        size = None
+        for t in self.steps:
+            if isinstance(t, Resize):
+                size = tuple(t.size) if t.sets_size else None
+            elif t.sets_size:
+                size = tuple(t.size)
+        if size is None:
+            raise ValueError(f"the output size of {self.steps} is not fixed (it follows each image's size or aspect "
+                             f"ratio): end the geometry with RandomResizedCrop, CenterCrop or Resize((h, w))")
+        self.out_size = size
+        fills = {fill_triple(t.fill) for t in self.steps if hasattr(t, "fill")}
+        if extra_fill is not None:
+            fills.add(fill_triple(extra_fill))
+        if len(fills) > 1:
+            raise ValueError(f"fastload applies one fill value per pipeline; these transforms ask for {sorted(fills)}")
+        self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
+        self.dct_downscale = bool(dct_downscale)
+
+    def plan(self, heights, widths, seed, epoch, indices, extra=None):
+        """GeometryPlan for a batch: image sizes (int arrays [B]), sample indices, and optionally ``extra``
+        (float64 [B, 3, 3], output -> input in pixel-index coordinates of the final canvas) applied last.
+
+        Window: the bounding box of the output rectangle's preimage plus the filter's reach, clipped to the image
+        and to every crop that bounds what torchvision shows (RandomResizedCrop: its crop exactly, since it resizes
+        the crop alone; CenterCrop: its crop plus the resize filter's reach, since it cuts an image resized whole).
+        Pixels whose source falls outside the decoded window get ``fill``. Where this differs from torchvision:
+        - the fill boundary is hard (a pixel is fill or image, by its centre) where torchvision blends the last
+          pixel with fill (grid_sample's bilinear mask): a band of about one pixel along fill edges;
+        - a crop can only clip while its outline is axis-aligned in the original image: a crop after a rotation
+          (e.g. RandomRotation then CenterCrop then a policy's rotate) does not hide what lies outside it;
+        - a CenterCrop's clip includes the filter's reach (so its inner pixels match torchvision's resize of the
+          whole image), which a later rotation reveals as up to ~2 output pixels of image beyond the crop's edge;
+          and with DCT downscaling, the decoded crop extends the window by less than one output pixel;
+        - CenterCrop pads with the pipeline's fill where torchvision pads with 0.
+        """
+        heights = np.asarray(heights, dtype=np.int64).reshape(-1)
+        widths = np.asarray(widths, dtype=np.int64).reshape(-1)
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(heights) == len(widths) == len(indices):
+            raise ValueError("heights, widths and indices must have the same length")
+        bad = np.flatnonzero((heights <= 0) | (widths <= 0))
+        if len(bad):
+            i = bad[0]
+            raise ValueError(f"sample {indices[i]}: image size {heights[i]}x{widths[i]} is not positive")
+        b = len(heights)
+        a = _affine_maps(b)  # canvas edge coordinates -> original edge coordinates
+        clip = np.zeros((b, 4))  # visible box in the original: x0, x1, y0, y1
+        clip[:, 1], clip[:, 3] = widths, heights
+        ch, cw = heights, widths
+        flips = np.zeros(b, np.int64)
+        for t in self.steps:
+            params = t.draw(ch, cw, seed, epoch, indices)
+            step = t._step(params, ch, cw)
+            if step.crop is not None:
+                clip = self._clip(clip, a, step)
+            a = a @ step.map
+            ch, cw = step.heights, step.widths
+            if isinstance(t, RandomHorizontalFlip) and t.axis == 0:
+                flips += params["flip"]
+        out_h, out_w = self.out_size
+        if extra is not None:
+            extra = np.asarray(extra, np.float64).reshape(b, 3, 3)
+            # pixel-index -> edge coordinates: T(.5) . extra . T(-.5)
+            a = a @ _scale_shift(1.0, 0.5, 1.0, 0.5) @ extra @ _scale_shift(1.0, -0.5, 1.0, -0.5)
+        x0, x1, y0, y1 = self._box(a, np.full(b, out_h), np.full(b, out_w))
+        rx, ry = _reach(a[:, 0, 0], a[:, 0, 1]), _reach(a[:, 1, 0], a[:, 1, 1])
+        left = np.clip(np.floor(np.maximum(x0 - rx, clip[:, 0])), 0, widths - 1).astype(np.int64)
+        right = np.clip(np.ceil(np.minimum(x1 + rx, clip[:, 1])), left + 1, widths).astype(np.int64)
+        top = np.clip(np.floor(np.maximum(y0 - ry, clip[:, 2])), 0, heights - 1).astype(np.int64)
+        bottom = np.clip(np.ceil(np.minimum(y1 + ry, clip[:, 3])), top + 1, heights).astype(np.int64)
+        # DCT scale from the map's smallest step along the output axes (|column|): it must not upsample
+        d = self._downscale(np.hypot(a[:, 1, 1], a[:, 0, 1]) * out_h, np.hypot(a[:, 0, 0], a[:, 1, 0]) * out_w)
+        # output pixel index (u + .5 in edge coordinates) -> original edge -> decoded-crop index (planners._finish)
+        m = np.empty((b, 2, 3), np.float64)
+        for row, origin in ((0, left), (1, top)):
+            m[:, row, 0] = a[:, row, 0] / d
+            m[:, row, 1] = a[:, row, 1] / d
+            m[:, row, 2] = (a[:, row, 0] * 0.5 + a[:, row, 1] * 0.5 + a[:, row, 2]) / d - 0.5 - origin // d
+        windows = np.stack([top, left, bottom - top, right - left, d], axis=1)
+        return GeometryPlan(torch.from_numpy(windows), torch.from_numpy(m.astype(np.float32)), self.fill,
+                            flips % 2 == 1)
+
+    @staticmethod
+    def _clip(clip, a, step):
+        """The visible box narrowed by a crop (its box in the canvas that ``a`` maps to the original), for the
+        samples where that canvas is still axis-aligned in the original (a crop after a rotation cannot clip)."""
+        x0, x1, y0, y1 = (np.asarray(v, np.float64) for v in step.crop)
+        # far edge as origin + scale * extent, the way planners.py (and _box on the next canvas) rounds it, so
+        # that axis-aligned pipelines give planners' windows to the last bit
+        ox, oy = a[:, 0, 0] * x0 + a[:, 0, 2], a[:, 1, 1] * y0 + a[:, 1, 2]
+        xs = (ox, ox + a[:, 0, 0] * (x1 - x0))
+        ys = (oy, oy + a[:, 1, 1] * (y1 - y0))
+        rx, ry = (_reach(a[:, 0, 0], 0.0), _reach(0.0, a[:, 1, 1])) if step.reach else (0.0, 0.0)
+        box = np.stack([np.maximum(clip[:, 0], np.minimum(*xs) - rx), np.minimum(clip[:, 1], np.maximum(*xs) + rx),
+                        np.maximum(clip[:, 2], np.minimum(*ys) - ry), np.minimum(clip[:, 3], np.maximum(*ys) + ry)],
+                       1)
+        aligned = (a[:, 0, 1] == 0) & (a[:, 1, 0] == 0)
+        return np.where(aligned[:, None], box, clip)
+
+    @staticmethod
+    def _box(a, heights, widths):
+        """Bounding box (x0, x1, y0, y1), in original edge coordinates, of the canvas [0, w] x [0, h] under a."""
+        w = np.asarray(widths, np.float64)
+        h = np.asarray(heights, np.float64)
+        corners = [(0.0, 0.0), (w, 0.0), (0.0, h), (w, h)]
+        xs = np.stack([a[:, 0, 0] * u + a[:, 0, 1] * v + a[:, 0, 2] for u, v in corners])
+        ys = np.stack([a[:, 1, 0] * u + a[:, 1, 1] * v + a[:, 1, 2] for u, v in corners])
+        return xs.min(0), xs.max(0), ys.min(0), ys.max(0)
+
+    def _downscale(self, extent_h, extent_w):
+        """planners' rule: the largest d in (1, 2, 4, 8) with floor(extent / d) >= output size; 1 when off."""
+        out_h, out_w = self.out_size
+        d = np.ones(len(extent_h), dtype=np.int64)
+        if self.dct_downscale:
+            for cand in (2, 4, 8):
+                fits = (np.floor(extent_h / cand + 1e-9) >= out_h) & (np.floor(extent_w / cand + 1e-9) >= out_w)
+                d = np.where(fits, cand, d)
+        return d
