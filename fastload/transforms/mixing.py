@@ -1,0 +1,269 @@
+"""MixUp, CutMix and RandomChoice of them: batch ops on the finished float batch, on the batch's device.
+
+torchvision.transforms.v2's classes and arguments, plus timm's ``mode``:
+- ``"batch"``: one lambda (and one CutMix box) for the whole batch; sample i is mixed with sample i - 1 (the batch
+  rolled by one, torchvision's ``x.roll(1, 0)``), so with the same lambda/box the output equals torchvision's.
+- ``"pair"``: one lambda/box per pair (i, B-1-i) (timm's flip), both members mixed with each other using it; with an
+  odd batch the middle sample is paired with itself (its image and target stay as they are, up to rounding).
+- ``"elem"``: one lambda/box per sample, sample i mixed with sample B-1-i (timm's flip).
+
+Lambdas are Beta(alpha, alpha), drawn from fastload.rng keyed by (seed, epoch, batch index) on the transform's
+stream, so a batch mixes the same way in every run and after a resume. Per element the draws are laid out element by
+element (element i reads columns i*K .. i*K+K-1), so element i's lambda does not depend on the batch size.
+
+Beta from uniforms: X / (X + Y) with X, Y ~ Gamma(alpha) by Marsaglia & Tsang's method (ACM TOMS 26(3), 2000):
+Box-Muller normals and an acceptance test, a fixed 12 attempts per draw (each accepts with probability > 0.95, so
+all 12 fail with probability < 1e-15; the draw then falls back to the gamma's mode-like value d), and for alpha < 1
+their boost Gamma(a) = Gamma(a + 1) * U^(1/a), in logs so tiny alphas do not underflow. It is a pure function of the
+uniforms, written with numpy's elementary functions only: unlike numpy's Generator.beta (whose stream numpy may
+change between versions) or scipy's beta.ppf (scipy is not a fastload dependency), nothing outside fastload decides
+the numbers.
+
+Targets come out as float [B, num_classes] soft labels (one-hot mixed with the same weights). Label smoothing is the
+loss's job (``torch.nn.CrossEntropyLoss(label_smoothing=...)`` takes these soft targets), not the loader's.
+"""
+import math
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from .. import rng
+from .erasing import derived_stream
+
+__all__ = ["MixUp", "CutMix", "RandomChoice", "MixParams", "beta_from_uniforms"]
+
+_GAMMA_ATTEMPTS = 12
+_GAMMA_COLUMNS = 3 * _GAMMA_ATTEMPTS + 1  # (normal u1, normal u2, acceptance u) per attempt, then the boost's U
+_COLUMNS = 2 * _GAMMA_COLUMNS + 2  # per element: two gammas, then CutMix's box centre (row, column)
+_MODES = ("batch", "pair", "elem")
+
+
+def _log_gamma(alpha, u):
+    """log of Gamma(alpha, 1) draws from uniforms u [..., _GAMMA_COLUMNS] (Marsaglia & Tsang)."""
+    a = alpha + 1.0 if alpha < 1.0 else alpha
+    d = a - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    u1, u2, u3 = (u[..., k:3 * _GAMMA_ATTEMPTS:3] for k in range(3))
+    z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2)  # 1 - u in (0, 1]: finite logs
+    v = (1.0 + c * z) ** 3
+    with np.errstate(invalid="ignore", divide="ignore"):  # log(v) of a rejected v <= 0
+        accept = (v > 0) & (np.log1p(-u3) < 0.5 * z * z + d - d * v + d * np.log(v))
+    first = accept.argmax(axis=-1)[..., None]
+    v = np.where(accept.any(axis=-1), np.take_along_axis(v, first, axis=-1)[..., 0], 1.0)
+    log_g = math.log(d) + np.log(v)
+    if alpha < 1.0:
+        log_g = log_g + np.log1p(-u[..., -1]) / alpha
+    return log_g
+
+
+def beta_from_uniforms(alpha, u):
+    """float64 [...]: Beta(alpha, alpha) draws from uniforms u [..., 2 * _GAMMA_COLUMNS] (X / (X + Y))."""
+    log_x = _log_gamma(alpha, u[..., :_GAMMA_COLUMNS])
+    log_y = _log_gamma(alpha, u[..., _GAMMA_COLUMNS:2 * _GAMMA_COLUMNS])
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(log_y - log_x))
+
+
+class MixParams(NamedTuple):
+    """What a batch op does to a batch: sample i becomes lam[i] of itself and 1 - lam[i] of sample partner[i]
+    (image and target); for CutMix the partner's pixels fill box[i] = (y1, y2, x1, x2) (rows y1..y2-1, columns
+    x1..x2-1) and lam[i] is the share of i's own pixels."""
+    lam: np.ndarray  # float64 [B]
+    partner: np.ndarray  # int64 [B]
+    box: Optional[np.ndarray]  # int64 [B, 4], CutMix only
+
+
+def _labels_getter(labels_getter):
+    # torchvision's _parse_labels_getter checks; FastLoader passes the labels explicitly, so it is not called
+    if labels_getter == "default" or callable(labels_getter) or labels_getter is None:
+        return labels_getter
+    raise ValueError(f"labels_getter should either be 'default', a callable, or None, but got {labels_getter}.")
+
+
+class _Mix:
+    """What MixUp and CutMix share: arguments, draws, checks, targets. Each defines ``params(seed, epoch,
+    batch_index, size, height, width) -> MixParams`` and ``_mix_images(x, weights)``."""
+
+    kind = "batch"
+
+    def __init__(self, *, alpha=1.0, num_classes=None, labels_getter="default", mode="batch"):
+        self.alpha = float(alpha)
+        if not self.alpha > 0:  # torch's Beta refuses it with a ValueError in torchvision's constructor
+            raise ValueError(f"alpha must be > 0 (the Beta(alpha, alpha) concentration), got {alpha}")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES} (timm's meanings), got {mode!r}")
+        self.num_classes = num_classes
+        self.labels_getter = _labels_getter(labels_getter)
+        self.mode = mode
+        self.stream = 0  # set by Compose
+
+    def __repr__(self):
+        return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes}, mode={self.mode!r})"
+
+    # --- planning (host) --------------------------------------------------------------------------------------
+    def _draws(self, seed, epoch, batch_index, size):
+        """(lam float64 [size], centre uniforms [size, 2], partner int64 [size]) per the mode."""
+        n = 1 if self.mode == "batch" else size
+        u = rng.uniforms(seed, epoch, [batch_index], n * _COLUMNS, stream=self.stream).reshape(n, _COLUMNS)
+        lam = beta_from_uniforms(self.alpha, u)
+        centre = u[:, -2:]
+        i = np.arange(size)
+        if self.mode == "batch":
+            return np.repeat(lam, size), np.repeat(centre, size, axis=0), (i - 1) % size
+        flip = size - 1 - i
+        if self.mode == "pair":  # both members of a pair use the first member's draws
+            first = np.minimum(i, flip)
+            lam, centre = lam[first], centre[first]
+        return lam, centre, flip
+
+    # --- execution (the batch's device) -----------------------------------------------------------------------
+    def _check(self, x, y):
+        """torchvision's checks (messages and types) on the batch and the labels."""
+        if not isinstance(y, torch.Tensor):
+            raise ValueError(f"The labels must be a tensor, but got {type(y)} instead.")
+        if y.ndim not in (1, 2):
+            raise ValueError(f"labels should be index based with shape (batch_size,) or probability based with "
+                             f"shape (batch_size, num_classes), but got a tensor of shape {y.shape} instead.")
+        if y.ndim == 2 and self.num_classes is not None and y.shape[-1] != self.num_classes:
+            raise ValueError(f"When passing 2D labels, the number of elements in last dimension must match "
+                             f"num_classes: {y.shape[-1]} != {self.num_classes}. You can Leave num_classes to None.")
+        if y.ndim == 1 and self.num_classes is None:
+            raise ValueError("num_classes must be passed if the labels are index-based (1D)")
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            raise ValueError(f"Expected a batched input with 4 dims, but got {getattr(x, 'ndim', type(x))} "
+                             f"dimensions instead.")
+        if not x.is_floating_point():
+            raise TypeError(f"{type(self).__name__} needs a float batch (after ToDtype), got {x.dtype}")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"The batch size of the image or video does not match the batch size of the labels: "
+                             f"{x.shape[0]} != {y.shape[0]}.")
+        if y.ndim == 1:
+            if y.is_floating_point() or y.dtype == torch.bool:
+                raise TypeError(f"1D labels must be integer class indices, got {y.dtype}")
+            if y.device.type == "cpu":  # a check of device labels would stall the stream: CPU labels only
+                bad = (y < 0) | (y >= self.num_classes)
+                if bad.any():
+                    s = int(bad.nonzero()[0, 0])
+                    raise ValueError(f"label {int(y[s])} of sample {s} of the batch is outside [0, num_classes="
+                                     f"{self.num_classes})")
+
+    def apply(self, x, y, seed, epoch, batch_index):
+        """(x float [B, C, H, W] on any device, y int64 [B] or soft [B, num_classes]) -> (mixed x, soft targets
+        float [B, num_classes] on x's device). x is not modified."""
+        self._check(x, y)
+        b, _, height, width = x.shape
+        p = self.params(seed, epoch, batch_index, b, height, width)
+        # torchvision multiplies by the Python floats lam and 1.0 - lam: the same float32 weights here
+        host = np.zeros((b, 6), dtype=np.float32)
+        host[:, 0] = p.lam
+        host[:, 1] = 1.0 - p.lam
+        if p.box is not None:
+            host[:, 2:] = p.box
+        w = torch.from_numpy(host).to(x.device, non_blocking=True)
+        x = self._mix_images(x, w)
+        if y.ndim == 1:
+            y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=x.device).scatter_(
+                1, y.to(x.device, torch.int64)[:, None], 1.0)
+        else:
+            y = y.to(x.device)
+            y = y if y.is_floating_point() else y.float()
+        own, other = w[:, 0:1].to(y.dtype), w[:, 1:2].to(y.dtype)
+        y_soft = self._partner(y).mul_(other).add_(y.mul(own))  # torchvision's _mixup_label, per sample
+        return x, y_soft
+
+    def _partner(self, t):
+        """t's rows in partner order: row i of the result is row partner[i] (a new tensor)."""
+        return t.roll(1, 0) if self.mode == "batch" else t.flip(0)
+
+
+class MixUp(_Mix):
+    """torchvision.transforms.v2.MixUp (``alpha``, ``num_classes``, ``labels_getter``) with timm's ``mode``: each
+    image becomes lam * itself + (1 - lam) * its partner, lam ~ Beta(alpha, alpha); targets mix the same way.
+    See the module docstring for the modes and partners. Label smoothing is the loss's job, not MixUp's."""
+
+    def params(self, seed, epoch, batch_index, size, height, width):
+        lam, _, partner = self._draws(seed, epoch, batch_index, size)
+        return MixParams(lam, partner, None)
+
+    def _mix_images(self, x, w):
+        own, other = (w[:, k, None, None, None].to(x.dtype) for k in (0, 1))
+        return self._partner(x).mul_(other).add_(x.mul(own))  # torchvision's order of operations
+
+
+class CutMix(_Mix):
+    """torchvision.transforms.v2.CutMix (``alpha``, ``num_classes``, ``labels_getter``) with timm's ``mode``: a box
+    of each image is replaced by the same box of its partner. The box is torchvision's: centre uniform over the
+    pixels, half sides int(0.5 * sqrt(1 - lam) * W) and int(0.5 * sqrt(1 - lam) * H), clipped at the border; lam
+    is then corrected to the share of the image's own pixels, which weighs the targets. Label smoothing is the
+    loss's job, not CutMix's."""
+
+    def params(self, seed, epoch, batch_index, size, height, width):
+        lam, centre, partner = self._draws(seed, epoch, batch_index, size)
+        r_x = np.minimum(np.floor(centre[:, 1] * width), width - 1)  # torch.randint(W)
+        r_y = np.minimum(np.floor(centre[:, 0] * height), height - 1)
+        r = 0.5 * np.sqrt(1.0 - lam)
+        r_w_half = np.floor(r * width)
+        r_h_half = np.floor(r * height)
+        x1 = np.maximum(r_x - r_w_half, 0)
+        y1 = np.maximum(r_y - r_h_half, 0)
+        x2 = np.minimum(r_x + r_w_half, width)
+        y2 = np.minimum(r_y + r_h_half, height)
+        box = np.stack([y1, y2, x1, x2], axis=1).astype(np.int64)
+        lam = 1.0 - (x2 - x1) * (y2 - y1) / (width * height)
+        return MixParams(lam, partner, box)
+
+    def _mix_images(self, x, w):
+        _, _, height, width = x.shape
+        y1, y2, x1, x2 = w[:, 2:, None, None, None].unbind(1)  # each [B, 1, 1, 1]
+        rows = torch.arange(height, device=x.device, dtype=torch.float32)[:, None]
+        cols = torch.arange(width, device=x.device, dtype=torch.float32)
+        inside = (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)  # [B, 1, H, W]
+        return torch.where(inside, self._partner(x), x)
+
+
+class RandomChoice:
+    """torchvision.transforms.v2.RandomChoice of batch ops (MixUp, CutMix): one of ``transforms`` per batch, picked
+    with probabilities ``p`` (normalised; equal when None) by a draw keyed by (seed, epoch, batch index). Child k
+    draws from its own stream derived from this one's."""
+
+    kind = "batch"
+
+    def __init__(self, transforms, p=None):
+        if not isinstance(transforms, Sequence):
+            raise TypeError("Argument transforms should be a sequence of callables")
+        elif not transforms:
+            raise ValueError("Pass at least one transform")
+        if p is None:
+            p = [1] * len(transforms)
+        elif len(p) != len(transforms):
+            raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
+        for t in transforms:
+            if getattr(t, "kind", None) != "batch":
+                raise TypeError(f"fastload's RandomChoice picks among batch ops (MixUp, CutMix); {t!r} is not one")
+        self.transforms = list(transforms)
+        total = sum(p)
+        self.p = [prob / total for prob in p]
+        self.stream = 0  # set by Compose
+
+    @property
+    def stream(self):
+        return self._stream
+
+    @stream.setter
+    def stream(self, value):
+        self._stream = int(value)
+        for k, t in enumerate(self.transforms):
+            t.stream = derived_stream(value, k)
+
+    def __repr__(self):
+        return f"RandomChoice({self.transforms!r}, p={self.p})"
+
+    def choose(self, seed, epoch, batch_index):
+        """Index of the transform batch ``batch_index`` uses."""
+        u = rng.uniforms(seed, epoch, [batch_index], 1, stream=self.stream)[0, 0]
+        return min(int(np.searchsorted(np.cumsum(self.p), u, side="right")), len(self.transforms) - 1)
+
+    def apply(self, x, y, seed, epoch, batch_index):
+        return self.transforms[self.choose(seed, epoch, batch_index)].apply(x, y, seed, epoch, batch_index)
