@@ -1,0 +1,581 @@
+"""Batched photometric ops with per-sample parameters: torchvision.transforms.v2.functional, one call per batch.
+
+Every op takes ``x`` [B, C, H, W], uint8 (0-255) or floating (0-1), on any device, and a parameter that is a number
+(shared by the batch) or a tensor [B] (one value per sample). The result equals torchvision's op applied to each
+sample with that sample's parameter; the ops replay torchvision's float operations in its order, so on uint8 they
+round and truncate the same way (see ``tests/test_functional.py`` for what is exact and what is bounded):
+
+- torchvision's ``t.add_(u, alpha=python_float)`` is a fused multiply-add in ATen (``vec::fmadd`` on CPU, contracted
+  by nvcc on CUDA). With a per-sample alpha it becomes ``torch.addcmul(t, u, alpha)``, which ATen also computes as
+  one fused multiply-add (test_fma_matches_torch_add checks it on the running build).
+- Python-float parameters are cast to the computation dtype where torchvision's scalar would be; ``1 - factor``
+  is computed in float64 first, as Python does. Parameter tensors therefore travel as float64.
+
+Each op is a torch custom op (``torch.ops.fastload.<name>``) with a fake kernel, so torch.compile traces through
+it; the public function validates, turns a number into a tensor and moves the parameters to ``x``'s device
+(non-blocking; values are checked on the host only when they are there already: a parameter tensor on the GPU is
+trusted, since checking it would synchronise).
+
+``apply_table`` executes a ``PhotometricTable`` (CONTRACT.md): per slot, samples grouped by op code on the host.
+"""
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch.nn.functional import conv2d, pad
+
+__all__ = [
+    "OPS", "PhotometricTable", "apply_table",
+    "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_sharpness",
+    "posterize", "solarize", "autocontrast", "equalize", "invert", "rgb_to_grayscale", "gaussian_blur",
+]
+
+OPS = {"identity": 0, "brightness": 1, "contrast": 2, "saturation": 3, "hue": 4, "sharpness": 5, "posterize": 6,
+       "solarize": 7, "autocontrast": 8, "equalize": 9, "invert": 10, "grayscale": 11, "gaussian_blur": 12}
+
+
+class PhotometricTable(NamedTuple):
+    ops: Tensor  # int64 [B, S], host: op code of slot s for each sample (OPS)
+    params: Tensor  # float32 [B, S, 3], host: the op's parameters p0, p1, p2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers shared by the kernels
+
+def _bound(x):
+    return 1.0 if x.is_floating_point() else 255.0
+
+
+def _cdtype(x):
+    """The dtype torchvision computes in: the image's own float dtype, float32 for uint8."""
+    return x.dtype if x.is_floating_point() else torch.float32
+
+
+def _col(t):
+    return t.view(-1, 1, 1, 1)
+
+
+def _fma(a, b, alpha):
+    """a + alpha * b rounded once: torchvision's ``a.add_(b, alpha=...)`` with a per-sample alpha [B]."""
+    return torch.addcmul(a, b, _col(alpha))
+
+
+def _gray(x):
+    """torchvision's luma in the computation dtype (unrounded), [B, 1, H, W]."""
+    r, g, b = x.unbind(dim=-3)
+    return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3)
+
+
+def _blend(x, other, ratio):
+    """torchvision's _blend: x * ratio + other * (1 - ratio), clamped, truncated to uint8 for uint8 images."""
+    dt = _cdtype(x)
+    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, (1.0 - ratio).to(dt)).clamp_(0, _bound(x))
+    return out.to(x.dtype)
+
+
+def _invert(x):
+    return 1.0 - x if x.is_floating_point() else x.bitwise_not()
+
+
+def _to_uint8(x):
+    """torchvision's float -> uint8 scaling (to_dtype_image): x * 255.999, truncated."""
+    return x if x.dtype == torch.uint8 else x.mul(255.0 + 1.0 - 1e-3).to(torch.uint8)
+
+
+def _from_uint8(x, dtype):
+    return x if dtype == torch.uint8 else x.to(dtype).mul_(1.0 / 255)
+
+
+def _same(x, *args):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _op(name, fake=_same):
+    """Register ``fn`` as the custom op fastload::<name> (one implementation for every device) with a fake kernel."""
+    def wrap(fn):
+        op = torch.library.custom_op(f"fastload::{name}", mutates_args=())(fn)
+        op.register_fake(fake)
+        return op
+    return wrap
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the kernels (custom ops): x [B, C, H, W]; per-sample parameters already on x's device. Outputs never alias x.
+
+@_op("adjust_brightness")
+def _brightness(x: Tensor, factor: Tensor) -> Tensor:
+    dt = _cdtype(x)
+    return (x.to(dt) * _col(factor.to(dt))).clamp_(0, _bound(x)).to(x.dtype)
+
+
+@_op("adjust_contrast")
+def _contrast(x: Tensor, factor: Tensor) -> Tensor:
+    fp = x.is_floating_point()
+    if x.shape[-3] == 3:
+        gray = _gray(x)
+        if not fp:
+            gray = gray.floor_()
+    else:
+        gray = x.to(_cdtype(x))
+    return _blend(x, gray.mean(dim=(-3, -2, -1), keepdim=True), factor)
+
+
+@_op("adjust_saturation")
+def _saturation(x: Tensor, factor: Tensor) -> Tensor:
+    if x.shape[-3] == 1:  # torchvision (and PIL): a grayscale image is returned as is
+        return x.clone()
+    gray = _gray(x)
+    if not x.is_floating_point():
+        gray = gray.floor_()
+    return _blend(x, gray, factor)
+
+
+@_op("adjust_sharpness")
+def _sharpness(x: Tensor, factor: Tensor) -> Tensor:
+    c, h, w = x.shape[-3:]
+    if x.numel() == 0 or h <= 2 or w <= 2:
+        return x.clone()
+    fp = x.is_floating_point()
+    dt = _cdtype(x)
+    out = x.to(dt, copy=True).contiguous()
+    if fp:  # torchvision's normalised kernel: 1/13 around, 5/13 in the middle
+        k = torch.full((3, 3), 1.0 / 13.0, dtype=dt, device=x.device)
+        k[1, 1] = 5.0 / 13.0
+        blurred = conv2d(out, k.expand(c, 1, 3, 3), groups=c)
+    else:
+        # torchvision rounds conv(x, kernel / 13) to an integer. Its exact value is k / 13 with k an integer, never
+        # closer than 1/26 to a rounding tie, so round(k / 13) with k from an integer kernel (exact in float32 on
+        # any conv algorithm, TF32 included) is what torchvision's float conv rounds to, on every device.
+        k = torch.ones((3, 3), dtype=dt, device=x.device)
+        k[1, 1] = 5.0
+        blurred = conv2d(out, k.expand(c, 1, 3, 3), groups=c).div_(13.0).round_()
+    inner = out[..., 1:-1, 1:-1]
+    inner.copy_(_fma(inner, blurred.sub_(inner), (1.0 - factor).to(dt)))
+    return out.clamp_(0, _bound(x)).to(x.dtype)
+
+
+def _rgb_to_hsv(image):
+    """torchvision's _rgb_to_hsv, op for op (float32 [B, 3, H, W] -> h, s, v)."""
+    r, g, _ = image.unbind(dim=-3)
+    minc, maxc = torch.aminmax(image, dim=-3)
+    eqc = maxc == minc
+    channels_range = maxc - minc
+    ones = torch.ones_like(maxc)
+    s = channels_range / torch.where(eqc, ones, maxc)
+    channels_range_divisor = torch.where(eqc, ones, channels_range).unsqueeze_(dim=-3)
+    rc, gc, bc = ((maxc.unsqueeze(dim=-3) - image) / channels_range_divisor).unbind(dim=-3)
+    mask_maxc_neq_r = maxc != r
+    mask_maxc_eq_g = maxc == g
+    hg = rc.add(2.0).sub_(bc).mul_(mask_maxc_eq_g & mask_maxc_neq_r)
+    hr = bc.sub_(gc).mul_(~mask_maxc_neq_r)
+    hb = gc.add_(4.0).sub_(rc).mul_(mask_maxc_neq_r.logical_and_(mask_maxc_eq_g.logical_not_()))
+    h = hr.add_(hg).add_(hb)
+    h = h.mul_(1.0 / 6.0).add_(1.0).fmod_(1.0)
+    return h, s, maxc
+
+
+# For sector i = floor(6 h) mod 6, which of (v, p, q, t) each of r, g, b takes (torchvision's table).
+_HSV_SELECT = ((0, 2, 1, 1, 3, 0), (3, 0, 0, 2, 1, 1), (1, 1, 3, 0, 0, 2))
+
+
+def _hsv_to_rgb(h, s, v):
+    """torchvision's _hsv_to_rgb, op for op."""
+    h6 = h.mul(6)
+    i = torch.floor(h6)
+    f = h6.sub_(i)
+    i = i.to(dtype=torch.int32)
+    sxf = s * f
+    one_minus_s = 1.0 - s
+    q = (1.0 - sxf).mul_(v).clamp_(0.0, 1.0)
+    t = sxf.add_(one_minus_s).mul_(v).clamp_(0.0, 1.0)
+    p = one_minus_s.mul_(v).clamp_(0.0, 1.0)
+    i.remainder_(6)
+    vpqt = torch.stack((v, p, q, t), dim=-3)
+    select = torch.tensor(_HSV_SELECT, dtype=torch.long).to(device=h.device, non_blocking=True)
+    select = select[:, i].moveaxis(0, -3)
+    return vpqt.gather(-3, select)
+
+
+@_op("adjust_hue")
+def _hue(x: Tensor, factor: Tensor) -> Tensor:
+    if x.shape[-3] == 1 or x.numel() == 0:
+        return x.clone()
+    image = x.to(torch.float32).mul_(1.0 / 255) if x.dtype == torch.uint8 else x.to(torch.float32)
+    h, s, v = _rgb_to_hsv(image)
+    h = h.add_(factor.to(torch.float32).view(-1, 1, 1)).remainder_(1.0)
+    rgb = _hsv_to_rgb(h, s, v)
+    return _to_uint8(rgb) if x.dtype == torch.uint8 else rgb.to(x.dtype)
+
+
+@_op("posterize")
+def _posterize(x: Tensor, bits: Tensor) -> Tensor:
+    bits = _col(bits.long())
+    if x.is_floating_point():
+        levels = (1 << bits).to(x.dtype)
+        return torch.minimum(x.mul(levels).floor_().clamp_(min=0), levels - 1).mul_(1.0 / levels)
+    mask = ((1 << bits) - 1) << (8 - bits)  # bits = 8: 255, bits = 0: 0
+    return x & mask.to(torch.uint8)
+
+
+@_op("solarize")
+def _solarize(x: Tensor, threshold: Tensor) -> Tensor:
+    return torch.where(x >= _col(threshold.to(_cdtype(x))), _invert(x), x)
+
+
+@_op("autocontrast")
+def _autocontrast(x: Tensor) -> Tensor:
+    bound = _bound(x)
+    image = x.to(_cdtype(x))
+    minimum = image.amin(dim=(-2, -1), keepdim=True)
+    maximum = image.amax(dim=(-2, -1), keepdim=True)
+    flat = maximum == minimum  # a constant channel is left as it is
+    inv_scale = torch.where(flat, 1.0, (maximum - minimum).mul_(1.0 / bound))
+    minimum = torch.where(flat, 0.0, minimum)
+    return (image - minimum).div_(inv_scale).clamp_(0, bound).to(x.dtype)
+
+
+@_op("equalize")
+def _equalize(x: Tensor) -> Tensor:
+    """torchvision's (PIL's) histogram equalisation, per sample and channel: histograms [B, C, 256] by scatter_add."""
+    image = _to_uint8(x)
+    flat = image.flatten(start_dim=-2).long()  # [B, C, H*W]
+    hist = torch.zeros(image.shape[:-2] + (256,), dtype=torch.int32, device=x.device)
+    hist.scatter_add_(-1, flat, torch.ones(1, dtype=torch.int32, device=x.device).expand_as(flat))
+    cum = hist.cumsum(dim=-1)
+    # PIL's step: pixels that are not of the channel's largest value (first maximum of the cumulative histogram), / 255
+    top = cum.argmax(dim=-1, keepdim=True)
+    step = (flat.shape[-1] - hist.gather(-1, top)).div(255, rounding_mode="floor")
+    lut = (cum[..., :-1] + step // 2).div(step.clamp(min=1), rounding_mode="floor").clamp_(0, 255).to(torch.uint8)
+    lut = torch.cat([lut.new_zeros(lut.shape[:-1] + (1,)), lut], dim=-1)
+    equalized = lut.gather(-1, flat).view_as(image)
+    keep = (step == 0).unsqueeze(-1)  # [B, C, 1, 1]: a channel with step 0 is left as it is
+    return _from_uint8(torch.where(keep, image, equalized), x.dtype)
+
+
+@_op("invert")
+def _invert_op(x: Tensor) -> Tensor:
+    return _invert(x)
+
+
+def _grayscale_fake(x, num_output_channels):
+    return x.new_empty((x.shape[0], num_output_channels) + x.shape[2:])
+
+
+@_op("rgb_to_grayscale", fake=_grayscale_fake)
+def _grayscale(x: Tensor, num_output_channels: int) -> Tensor:
+    if x.shape[-3] == 1:
+        return x.repeat(1, num_output_channels, 1, 1)
+    gray = _gray(x).to(x.dtype)
+    return gray.expand(-1, num_output_channels, -1, -1).contiguous()
+
+
+def _kernel1d(size, sigma, dtype):
+    """torchvision's _get_gaussian_kernel1d for each sample's sigma [B] -> [B, size]."""
+    lim = (size - 1) / (2.0 * math.sqrt(2.0))
+    t = torch.linspace(-lim, lim, steps=size, dtype=dtype, device=sigma.device)
+    return torch.softmax(t.div(sigma.to(dtype).unsqueeze(-1)).pow(2).neg(), dim=-1)
+
+
+@_op("gaussian_blur")
+def _gaussian_blur(x: Tensor, kx: int, ky: int, sigma: Tensor) -> Tensor:
+    """Reflect padding as torchvision, then the separable blur: one grouped conv per axis, a (sample, channel)
+    pair per group, each with its sample's 1-D kernel (torchvision convolves with their outer product)."""
+    b, c, h, w = x.shape
+    if x.numel() == 0:
+        return x.clone()
+    dt = _cdtype(x)
+    wx = _kernel1d(kx, sigma[:, 0], dt).repeat_interleave(c, dim=0)  # [B*C, kx]
+    wy = _kernel1d(ky, sigma[:, 1], dt).repeat_interleave(c, dim=0)
+    out = pad(x.to(dt), [kx // 2, kx // 2, ky // 2, ky // 2], mode="reflect")
+    out = out.reshape(1, b * c, h + ky - 1, w + kx - 1)
+    out = conv2d(out, wx.view(b * c, 1, 1, kx), groups=b * c)
+    out = conv2d(out, wy.view(b * c, 1, ky, 1), groups=b * c).view(b, c, h, w)
+    return out if x.is_floating_point() else out.round_().to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public functions: validation (torchvision's messages and exception types, naming the sample) and parameters
+
+def _check_image(x, name, channels=(1, 3)):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: x must be a tensor [B, C, H, W], got {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"{name}: x must be a batch [B, C, H, W], got shape {tuple(x.shape)}")
+    if not (x.dtype == torch.uint8 or x.is_floating_point()):
+        raise TypeError(f"{name}: x must be uint8 (0-255) or floating (0-1), got {x.dtype}")
+    if channels is not None and x.shape[1] not in channels:
+        raise TypeError(f"Input image tensor permitted channel values are {list(channels)}, but found {x.shape[1]}")
+
+
+def _param(x, value, name, check=None, dtype=torch.float64):
+    """A number or a tensor [B] -> a tensor [B] of ``dtype`` on x's device. ``check(values) -> bool mask of the bad
+    ones, message(i, v)`` runs on host values (numbers, CPU tensors); a tensor on x's device is trusted."""
+    b = x.shape[0]
+    if isinstance(value, Tensor):
+        if value.shape not in ((b,), ()):
+            raise ValueError(f"{name} must be a number or a tensor [B] = [{b}], got shape {tuple(value.shape)}")
+        host = value.device.type == "cpu" and not torch.compiler.is_compiling()
+        values = value.expand(b) if host else None
+        out = value.to(device=x.device, dtype=dtype, non_blocking=True).expand(b)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        values = torch.tensor([value], dtype=torch.float64).expand(b)
+        out = torch.full((b,), value, dtype=dtype, device=x.device)
+    else:
+        raise TypeError(f"{name} must be a number or a tensor [B], got {type(value).__name__}")
+    if check is not None and values is not None and b > 0:
+        bad, message = check(values.double())
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            where = f"{name}[{i}]" if isinstance(value, Tensor) and value.ndim else name
+            raise message[0](message[1].format(name=where, v=float(values[i])))
+    return out.contiguous()
+
+
+def _non_negative(v):
+    return v < 0, (ValueError, "{name} ({v}) is not non-negative.")
+
+
+def _factor_op(op, name, x, factor):
+    _check_image(x, name.split("_factor")[0])
+    return op(x, _param(x, factor, name, _non_negative))
+
+
+def adjust_brightness(x, brightness_factor):
+    """x * factor, clamped (torchvision's adjust_brightness per sample)."""
+    return _factor_op(_brightness, "brightness_factor", x, brightness_factor)
+
+
+def adjust_contrast(x, contrast_factor):
+    """Blend with the sample's mean luma (torchvision's adjust_contrast per sample)."""
+    return _factor_op(_contrast, "contrast_factor", x, contrast_factor)
+
+
+def adjust_saturation(x, saturation_factor):
+    """Blend with the sample's luma image (torchvision's adjust_saturation per sample)."""
+    return _factor_op(_saturation, "saturation_factor", x, saturation_factor)
+
+
+def adjust_sharpness(x, sharpness_factor):
+    """Blend with a 3x3 smoothing of the inside, borders kept (torchvision's adjust_sharpness per sample)."""
+    return _factor_op(_sharpness, "sharpness_factor", x, sharpness_factor)
+
+
+def adjust_hue(x, hue_factor):
+    """Rotate the hue by hue_factor turns in [-0.5, 0.5] through HSV in float32 (torchvision's adjust_hue)."""
+    _check_image(x, "adjust_hue")
+    check = lambda v: (~((v >= -0.5) & (v <= 0.5)), (ValueError, "{name} ({v}) is not in [-0.5, 0.5]."))
+    return _hue(x, _param(x, hue_factor, "hue_factor", check))
+
+
+def posterize(x, bits):
+    """Keep the top ``bits`` (0-8) bits of each value (torchvision's posterize per sample)."""
+    _check_image(x, "posterize", channels=None)
+    check = lambda v: (~((v >= 0) & (v <= 8) & (v == v.floor())),
+                       (TypeError, "{name} must be a positive integer in the range [0, 8], got {v} instead."))
+    if isinstance(bits, Tensor) and bits.is_floating_point() and bits.device != torch.device("cpu"):
+        raise TypeError("posterize: bits must be an integer tensor (or a CPU tensor, checked to hold integers)")
+    return _posterize(x, _param(x, bits, "bits", check, dtype=torch.int64))
+
+
+def solarize(x, threshold):
+    """Invert the values >= threshold, on the image's scale: 0-255 for uint8, 0-1 for float (torchvision's)."""
+    _check_image(x, "solarize", channels=None)
+    bound = _bound(x)
+    check = lambda v: (v > bound, (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
+                                              "but got {v} ({name})"))
+    return _solarize(x, _param(x, threshold, "threshold", check))
+
+
+def autocontrast(x):
+    """Stretch each sample's channels to the full range (torchvision's autocontrast)."""
+    _check_image(x, "autocontrast")
+    return _autocontrast(x)
+
+
+def equalize(x):
+    """Histogram equalisation of each sample's channels (torchvision's equalize, PIL's lookup table)."""
+    _check_image(x, "equalize", channels=None)
+    return _equalize(x)
+
+
+def invert(x):
+    """255 - x for uint8, 1 - x for float."""
+    _check_image(x, "invert", channels=None)
+    return _invert_op(x)
+
+
+def rgb_to_grayscale(x, num_output_channels=1):
+    """Luma 0.2989 R + 0.587 G + 0.114 B, truncated to uint8, in 1 or 3 channels (torchvision's rgb_to_grayscale)."""
+    _check_image(x, "rgb_to_grayscale")
+    if num_output_channels not in (1, 3):
+        raise ValueError(f"num_output_channels must be 1 or 3, got {num_output_channels}.")
+    return _grayscale(x, num_output_channels)
+
+
+def _kernel_size(kernel_size):
+    if isinstance(kernel_size, numbers.Integral):
+        kernel_size = (kernel_size, kernel_size)
+    elif len(kernel_size) != 2:
+        raise ValueError(f"If kernel_size is a sequence its length should be 2. Got {len(kernel_size)}")
+    for k in kernel_size:
+        if k % 2 == 0 or k < 0:
+            raise ValueError(f"kernel_size should have odd and positive integers. Got {kernel_size}")
+    return int(kernel_size[0]), int(kernel_size[1])
+
+
+def gaussian_blur(x, kernel_size, sigma=None):
+    """torchvision's gaussian_blur with a kernel size (kx, ky) shared by the batch and a sigma per sample:
+    a number, (sx, sy), a tensor [B] or [B, 2]; None: 0.15 * k + 0.35 per axis, as torchvision."""
+    _check_image(x, "gaussian_blur", channels=None)
+    kx, ky = _kernel_size(kernel_size)
+    if sigma is None:
+        sigma = (kx * 0.15 + 0.35, ky * 0.15 + 0.35)
+    if isinstance(sigma, (list, tuple)):
+        if len(sigma) == 1:
+            sigma = (sigma[0], sigma[0])
+        elif len(sigma) != 2:
+            raise ValueError(f"If sigma is a sequence, its length should be 2. Got {len(sigma)}")
+        sigma = torch.tensor([float(s) for s in sigma], dtype=torch.float64).expand(x.shape[0], 2)
+    elif isinstance(sigma, numbers.Real) and not isinstance(sigma, bool):
+        sigma = torch.tensor(float(sigma), dtype=torch.float64).expand(x.shape[0], 2)
+    elif isinstance(sigma, Tensor):
+        if sigma.shape == (x.shape[0],) or sigma.ndim == 0:
+            sigma = sigma.unsqueeze(-1).expand(x.shape[0], 2)
+        elif sigma.shape != (x.shape[0], 2):
+            raise ValueError(f"sigma must be a number, (sx, sy), or a tensor [B] or [B, 2] with B = {x.shape[0]}, "
+                             f"got shape {tuple(sigma.shape)}")
+    else:
+        raise TypeError(f"sigma should be either float or sequence of floats. Got {type(sigma)}")
+    if sigma.device.type == "cpu" and not torch.compiler.is_compiling() and sigma.numel():
+        bad = (sigma <= 0).any(dim=1)
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"sigma should have positive values. Got {sigma[i].tolist()} (sample {i})")
+    sigma = sigma.to(device=x.device, dtype=torch.float64, non_blocking=True).contiguous()
+    return _gaussian_blur(x, kx, ky, sigma)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the table executor
+
+def _table_op(code, x, p):
+    """Apply op ``code`` to the samples x [n, C, H, W] with their parameter rows p [n, 3] (on x's device)."""
+    if code == 1:
+        return _brightness(x, p[:, 0].double())
+    if code == 2:
+        return _contrast(x, p[:, 0].double())
+    if code == 3:
+        return _saturation(x, p[:, 0].double())
+    if code == 4:
+        return _hue(x, p[:, 0].double())
+    if code == 5:
+        return _sharpness(x, p[:, 0].double())
+    if code == 6:
+        return _posterize(x, p[:, 0].round().long())
+    if code == 7:
+        return _solarize(x, p[:, 0].double())
+    if code == 8:
+        return _autocontrast(x)
+    if code == 9:
+        return _equalize(x)
+    if code == 10:
+        return _invert_op(x)
+    if code == 11:
+        return _grayscale(x, x.shape[1])
+    raise AssertionError(code)  # 12 (gaussian_blur) is applied by apply_table, which groups by kernel size too
+
+
+def apply_table(x, ops, params):
+    """Run a PhotometricTable on the batch x [B, C, H, W]: slot s = 0..S-1 in order, each sample its own op.
+
+    The table is on the host, so the samples are grouped by op code (and blur kernel size) there, without a
+    device sync; each group is gathered with index_select, transformed and put back with index_copy_. The
+    parameters are validated on the host as the public functions do. Returns a new tensor (x is not modified).
+    """
+    table = PhotometricTable(ops, params)
+    b = x.shape[0]
+    _check_image(x, "apply_table")
+    if table.ops.device.type != "cpu" or table.params.device.type != "cpu":
+        raise ValueError("apply_table: the PhotometricTable must be on the host (CPU tensors)")
+    if table.ops.ndim != 2 or table.ops.shape[0] != b or table.params.shape != table.ops.shape + (3,):
+        raise ValueError(f"apply_table: expected ops [B, S] and params [B, S, 3] with B = {b}, got "
+                         f"{tuple(table.ops.shape)} and {tuple(table.params.shape)}")
+    bad = (table.ops < 0) | (table.ops >= len(OPS))
+    if bad.any():
+        i, s = bad.nonzero()[0].tolist()
+        raise ValueError(f"apply_table: sample {i}, slot {s}: unknown op code {int(table.ops[i, s])}")
+    _check_table_params(table, x)
+
+    groups = []  # (slot, code, kernel size or None, host sample indices)
+    for s in range(table.ops.shape[1]):
+        codes = table.ops[:, s]
+        for code in codes.unique().tolist():
+            if code == 0:
+                continue
+            idx = (codes == code).nonzero().squeeze(1)
+            if code == 12:
+                sizes = table.params[idx, s, :2].long()
+                for size in sizes.unique(dim=0).tolist():
+                    groups.append((s, code, _kernel_size(size), idx[(sizes == torch.tensor(size)).all(dim=1)]))
+            else:
+                groups.append((s, code, None, idx))
+    if not groups:
+        return x.clone()
+
+    # One host -> device copy for all the indices and one for all the parameter rows.
+    idx_all = torch.cat([g[3] for g in groups])
+    rows_all = torch.cat([table.params[g[3], g[0]] for g in groups])
+    if x.is_cuda:
+        idx_all, rows_all = idx_all.pin_memory(), rows_all.pin_memory()
+    idx_dev = idx_all.to(x.device, non_blocking=True).split([len(g[3]) for g in groups])
+    rows_dev = rows_all.to(x.device, non_blocking=True).split([len(g[3]) for g in groups])
+
+    out = x.clone()
+    for (s, code, size, idx), i, p in zip(groups, idx_dev, rows_dev):
+        whole = len(idx) == b
+        sub = out if whole else out.index_select(0, i)
+        if code == 12:
+            y = _gaussian_blur(sub, size[0], size[1], p[:, 2:3].double().expand(-1, 2).contiguous())
+        else:
+            y = _table_op(code, sub, p)
+        if whole:
+            out = y
+        else:
+            out.index_copy_(0, i, y)
+    return out
+
+
+def _check_table_params(table, x):
+    """The public functions' checks, on the whole table at once, naming sample and slot."""
+    p0, ops = table.params[..., 0].double(), table.ops
+    checks = {
+        1: _non_negative, 2: _non_negative, 3: _non_negative, 5: _non_negative,
+        4: lambda v: (~((v >= -0.5) & (v <= 0.5)), (ValueError, "hue_factor ({v}) is not in [-0.5, 0.5].")),
+        6: lambda v: (~((v >= 0) & (v <= 8) & (v == v.floor())),
+                      (TypeError, "bits must be a positive integer in the range [0, 8], got {v} instead.")),
+        7: lambda v: (v > _bound(x), (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
+                                                 "but got {v}")),
+    }
+    for code, check in checks.items():
+        bad, (exc, message) = check(p0)
+        bad &= ops == code
+        if bad.any():
+            i, s = bad.nonzero()[0].tolist()
+            name = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
+            raise exc(f"apply_table: sample {i}, slot {s}: "
+                      + message.format(name=name.get(code, ""), v=float(p0[i, s])))
+    blur = ops == 12
+    if blur.any():
+        size, sigma = table.params[..., :2], table.params[..., 2]
+        bad = blur & ((size < 1) | (size % 2 != 1)).any(dim=-1)
+        if bad.any():
+            i, s = bad.nonzero()[0].tolist()
+            raise ValueError(f"apply_table: sample {i}, slot {s}: kernel_size should have odd and positive "
+                             f"integers. Got {table.params[i, s, :2].tolist()}")
+        bad = blur & ~(sigma > 0)
+        if bad.any():
+            i, s = bad.nonzero()[0].tolist()
+            raise ValueError(f"apply_table: sample {i}, slot {s}: sigma should have positive values. "
+                             f"Got {float(sigma[i, s])}")
