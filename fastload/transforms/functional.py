@@ -311,20 +311,20 @@ def _check_image(x, name, channels=(1, 3)):
 
 def _param(x, value, name, check=None, dtype=torch.float64):
     """A number or a tensor [B] -> a tensor [B] of ``dtype`` on x's device. ``check(values) -> bool mask of the bad
-    ones, message(i, v)`` runs on host values (numbers, CPU tensors); a tensor on x's device is trusted."""
+    ones, (exception, message))`` runs on host values (numbers, CPU tensors) outside torch.compile; a tensor on
+    the GPU is trusted (checking it would synchronise)."""
     b = x.shape[0]
     if isinstance(value, Tensor):
         if value.shape not in ((b,), ()):
             raise ValueError(f"{name} must be a number or a tensor [B] = [{b}], got shape {tuple(value.shape)}")
-        host = value.device.type == "cpu" and not torch.compiler.is_compiling()
-        values = value.expand(b) if host else None
+        values = value.expand(b) if value.device.type == "cpu" else None
         out = value.to(device=x.device, dtype=dtype, non_blocking=True).expand(b)
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
         values = torch.tensor([value], dtype=torch.float64).expand(b)
         out = torch.full((b,), value, dtype=dtype, device=x.device)
     else:
         raise TypeError(f"{name} must be a number or a tensor [B], got {type(value).__name__}")
-    if check is not None and values is not None and b > 0:
+    if check is not None and values is not None and b > 0 and not torch.compiler.is_compiling():
         bad, message = check(values.double())
         if bad.any():
             i = int(bad.nonzero()[0])
