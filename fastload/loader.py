@@ -8,6 +8,8 @@ producers are on their last round, the next epoch's producers start (its batches
 epoch), so the training loop meets no empty pipeline between epochs.
 """
 import atexit
+import copy
+import numbers
 import os
 import queue
 import threading
@@ -45,8 +47,12 @@ class FastLoader:
         batch_size, shuffle, seed, drop_last: as in DataLoader; per-sample randomness is a pure function of
             (seed, epoch, sample index), so the same seed gives the same batches whatever the thread count.
         crop: a planner, ``RandomResizedCrop(224)`` (default) or ``CenterCrop(224)`` for evaluation.
-        mean, std: per-channel, applied as ``(x / 255 - mean) / std``; ``None`` for both gives x / 255.
-        dtype: float32, float16 or bfloat16 (uint8 gives raw resized pixels); channels_last: output memory format.
+        flip: horizontal flip probability; replaces the crop's own (on a copy: the crop passed is not changed).
+        mean, std: per-channel, on the 0-1 scale, applied as ``(x / 255 - mean) / std``; ``None`` for both gives
+            x / 255. Values over 1 (a 0-255 scale, e.g. mean=(123.7, 116.3, 103.5)) are refused.
+        dtype: torch.float32, torch.float16 or torch.bfloat16 (normalised), or torch.uint8: the resized pixels as
+            they are, 0-255, not normalised (mean/std must then be left at their defaults or None).
+        channels_last: output memory format.
         device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
@@ -83,6 +89,8 @@ class FastLoader:
                  strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu"):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        dtype = _check_dtype(dtype)
+        self.mean, self.std, self._in_scale = _normalisation(mean, std, dtype)
         self.device = _resolve_device(device)
         self.decoder = _resolve_decoder(decoder, self.device)
         # Under torchrun the processes of one machine share its cores.
@@ -101,17 +109,14 @@ class FastLoader:
         shared = self.device.type == "cuda" and self.decoder == "cpu"
         own = max(1, cores - 2) if self.decoder == "hybrid" else cores
         self.threads = threads or (max(1, cores // max(1, workers)) if shared else own)
-        if batch_size < 1 or prefetch < 1 or workers < 1:
-            raise ValueError("batch_size, prefetch and workers must be at least 1")
+        for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
+            _check_positive_int(name, value)
         dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
         if len(dataset) == 0:
             raise ValueError("the dataset is empty")
         self.dataset = dataset
         self.batch_size = batch_size
-        self.crop = crop if crop is not None else RandomResizedCrop(224)
-        if flip is not None:
-            self.crop.flip = float(flip)
-        self.mean, self.std = mean, std
+        self.crop = _with_flip(crop if crop is not None else RandomResizedCrop(224), flip)
         self.dtype = dtype
         self.channels_last = channels_last
         self.prefetch = prefetch
@@ -161,6 +166,10 @@ class FastLoader:
                 "sampler": sampler}
 
     def load_state_dict(self, state):
+        missing = [k for k in ("epoch", "batches_done", "seed", "batch_size", "sampler") if k not in state]
+        if missing:
+            raise ValueError(f"not a FastLoader state_dict: it lacks {', '.join(map(repr, missing))} (pass what "
+                             f"FastLoader.state_dict() returned)")
         if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
             raise ValueError(f"state is for seed={state['seed']}, batch_size={state['batch_size']}; this loader has "
                              f"seed={self.seed}, batch_size={self.batch_size}")
@@ -224,13 +233,13 @@ class FastLoader:
     def _stage_cpu(self):
         """The CPU stage as a function of the batch alone: producer threads hold it, and must not hold the loader
         (a loader that is dropped stops its threads, including those of an epoch started ahead)."""
-        size, mean, std, dtype, channels_last, stats = (self.crop.size, self.mean, self.std, self.dtype,
-                                                        self.channels_last, self._stats)
+        size, mean, std, in_scale, dtype, channels_last, stats = (self.crop.size, self.mean, self.std, self._in_scale,
+                                                                  self.dtype, self.channels_last, self._stats)
 
         def stage(batch):
             t = time.perf_counter()
             x = ops.warp_ragged(batch.data, batch.offsets, batch.shapes, batch.matrices, size, mean=mean, std=std,
-                                out_dtype=dtype, channels_last=channels_last)
+                                in_scale=in_scale, out_dtype=dtype, channels_last=channels_last)
             stats.add(stage=time.perf_counter() - t)
             return x
         return stage
@@ -238,12 +247,78 @@ class FastLoader:
     def _device_pipe(self):
         if self._pipe is None:  # one persistent side stream per loader
             from .prefetch.pipe import DevicePipe
-            self._pipe = DevicePipe(self.device, self.crop.size, self.mean, self.std, self.dtype, self.channels_last)
+            self._pipe = DevicePipe(self.device, self.crop.size, self.mean, self.std, self.dtype, self.channels_last,
+                                    in_scale=self._in_scale)
         return self._pipe
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+
+
+def _check_dtype(dtype):
+    if isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        raise TypeError(f"dtype must be a torch dtype: pass torch.{name}, not the string {dtype!r}")
+    if not isinstance(dtype, torch.dtype) or dtype not in _DTYPES:
+        raise ValueError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or torch.uint8, got {dtype!r}")
+    return dtype
+
+
+def _per_channel(name, values):
+    """A tuple of floats (1 or 3 of them) or None."""
+    if values is None:
+        return None
+    values = (values,) if isinstance(values, (int, float)) else values
+    try:
+        values = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number or 3 numbers (per channel), got {values!r}") from None
+    if len(values) not in (1, 3):
+        raise ValueError(f"{name} needs 1 or 3 values (per channel), got {len(values)}: {values}")
+    return values
+
+
+def _normalisation(mean, std, dtype):
+    """(mean, std, in_scale) for the stage: ``(x * in_scale - mean) / std``. uint8 output is the resized pixels
+    as they are (0-255): normalising and then rounding to integers would leave values -2..3."""
+    mean, std = _per_channel("mean", mean), _per_channel("std", std)
+    if dtype == torch.uint8:
+        if (mean, std) not in ((IMAGENET_MEAN, IMAGENET_STD), (None, None)):
+            raise ValueError(f"dtype=torch.uint8 gives the resized pixels as they are (0-255), not normalised: "
+                             f"mean/std are not applied (got mean={mean}, std={std}); leave them at their defaults "
+                             f"or pass None")
+        return None, None, 1.0
+    if std is not None and min(std) <= 0:
+        raise ValueError(f"std must be positive, got {std}")
+    if (mean is not None and max(mean) > 1) or (std is not None and max(std) > 1):
+        raise ValueError(f"mean/std are on the 0-1 scale, applied as (x / 255 - mean) / std; got mean={mean}, "
+                         f"std={std}: divide 0-255 values by 255 (ImageNet: mean={IMAGENET_MEAN}, std={IMAGENET_STD})")
+    return mean, std, 1.0 / 255
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _with_flip(crop, flip):
+    """The crop with flip probability ``flip``: a copy, so a crop shared with other loaders keeps its own."""
+    if flip is None:
+        return crop
+    if isinstance(flip, bool) or not isinstance(flip, numbers.Real) or not 0.0 <= flip <= 1.0:
+        raise ValueError(f"flip must be a probability between 0 and 1, got {flip!r}")
+    crop = copy.copy(crop)
+    crop.flip = float(flip)
+    return crop
+
+
 def _resolve_device(device):
-    device = torch.device(device)
+    if isinstance(device, str) and device.split(":")[0].strip().lower() == "gpu":
+        raise ValueError(f"device={device!r} is not a torch device: use 'cuda' (or 'cuda:N')")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but CUDA is not available; use device='cpu'")

@@ -41,7 +41,7 @@ class RaggedBatch:
     offsets: torch.Tensor    # int64 [B]
     shapes: torch.Tensor     # int64 [B, 3]
     matrices: torch.Tensor   # float32 [B, 2, 3]
-    labels: torch.Tensor     # int64 [B]
+    labels: torch.Tensor     # int64 [B], or the dataset's float / multi-dimensional targets [B, ...]
     nbytes: int              # bytes of data in use (what a GPU copy must move)
     slot: "Slot"
     # Sample counts for loader.stats() (skipped, fallback, gpu_decoded): added when the batch is handed out, so a
@@ -97,6 +97,18 @@ def full_resolution(windows, matrices):
     w = windows.clone()
     w[:, 4] = 1
     return w, m
+
+
+def targets(labels):
+    """The dataset's labels as the batches' y: integers as int64 [B]; float (regression, soft labels) and
+    multi-dimensional targets (y [B, ...]) kept as they are; anything else refused."""
+    array = np.asarray(labels)  # one entry per sample: datasets.source.as_source checked that
+    if array.dtype.kind in "iub":  # bool stays bool: a multi-label mask is not a class index
+        return array if array.dtype.kind == "b" else array.astype(np.int64, copy=False)
+    if array.dtype.kind == "f":
+        return array
+    raise TypeError(f"labels must be numbers (int or float, one value or an array per sample), got dtype "
+                    f"{array.dtype}")
 
 
 # read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these samplings.
@@ -170,7 +182,7 @@ class BatchMaker:
         self.stats = stats
         self.heights = np.asarray(dataset.heights, dtype=np.int64)
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
-        self.labels = np.asarray(dataset.labels, dtype=np.int64)
+        self.labels = targets(dataset.labels)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
         self.device = device
         self.hardware = decoder in ("nvjpeg", "hybrid")

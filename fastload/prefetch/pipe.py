@@ -57,19 +57,25 @@ class Handle:
 
 
 class DevicePipe:
-    def __init__(self, device, size, mean, std, dtype, channels_last):
+    def __init__(self, device, size, mean, std, dtype, channels_last, *, in_scale=1.0 / 255):
         self.device = torch.device(device)
         self.size = size
-        self.mean, self.std = mean, std
+        self.mean, self.std, self.in_scale = mean, std, in_scale
         self.dtype = dtype
         self.channels_last = channels_last
         # High priority: inside a training loop the copy and the kernel go ahead of the model's queued kernels.
         self.stream = torch.cuda.Stream(self.device, priority=-1)
 
-    def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=1.0 / 255, size=None):
-        """Queues copy + stage on the side stream; returns at once. data must be pinned for a real overlap."""
+    def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=None, size=None):
+        """Queues copy + stage on the side stream; returns at once. data must be pinned for a real overlap.
+        labels: any dtype and shape [B, ...] (class indices, float or multi-dimensional targets), kept as they are.
+        in_scale: the pipe's own unless given."""
+        in_scale = self.in_scale if in_scale is None else in_scale
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            meta = torch.cat([offsets.reshape(-1), shapes.reshape(-1), labels.reshape(-1).to(torch.int64)])
+            # One copy for offsets, shapes and labels: their bytes side by side (labels start 8-byte aligned).
+            labels = labels.contiguous()
+            head = torch.cat([offsets.reshape(-1).to(torch.int64), shapes.reshape(-1).to(torch.int64)])
+            meta = torch.cat([head.view(torch.uint8), labels.reshape(-1).view(torch.uint8)])
             meta = meta.pin_memory().to(self.device, non_blocking=True)
             mats = matrices.to(torch.float32).contiguous().pin_memory().to(self.device, non_blocking=True)
             pixels = data[:nbytes].to(self.device, non_blocking=True)
@@ -78,12 +84,14 @@ class DevicePipe:
             copied = torch.cuda.Event()
             copied.record(self.stream)
             b = offsets.numel()
-            x = ops.warp_ragged(pixels, meta[:b], meta[b:4 * b].view(b, 3), mats.view(b, 2, 3), size or self.size,
+            head = meta[:head.numel() * 8].view(torch.int64)
+            y = meta[head.numel() * 8:].view(labels.dtype).view(labels.shape)
+            x = ops.warp_ragged(pixels, head[:b], head[b:4 * b].view(b, 3), mats.view(b, 2, 3), size or self.size,
                                 mean=self.mean, std=self.std, in_scale=in_scale, out_dtype=self.dtype,
                                 channels_last=self.channels_last, hwc=hwc, channels=int(shapes[0, 2]))
             ready = torch.cuda.Event()
             ready.record(self.stream)
-            return Handle(x, meta[4 * b:], ready, copied)
+            return Handle(x, y, ready, copied)
 
     def receive(self, handle):
         """The batch, usable on the current stream."""

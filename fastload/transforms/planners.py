@@ -7,6 +7,7 @@ maps an output pixel index (u, v) to a pixel index of the decoded crop (pixel ce
 ceil((top+h)/d) and columns left//d .. ceil((left+w)/d) of the 1/d-scaled image (``ops.decoded_shape``).
 """
 import math
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -24,13 +25,34 @@ class CropPlan(NamedTuple):
     flipped: np.ndarray  # bool [B]
 
 
+def _whole(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v).is_integer()
+
+
 def _pair(size, name):
-    if isinstance(size, (int, np.integer)):
-        size = (int(size), int(size))
-    size = tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) <= 0:
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size}")
-    return size
+    """torchvision's size argument: a number (224, or 224.0 as torchvision takes it; 224.5 is refused rather
+    than truncated) or a sequence of one or two -> (height, width) ints."""
+    values = (size,) if isinstance(size, numbers.Number) else size
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence (height, width), got {size!r}") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or not all(_whole(v) and v > 0 for v in values):
+        raise ValueError(f"{name} must be a positive int or (height, width) of positive ints, got {size!r}")
+    return tuple(int(v) for v in values)
+
+
+def _range(values, name):
+    """A (min, max) pair of numbers."""
+    try:
+        lo, hi = (float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (min, max) pair of numbers, got {values!r}") from None
+    if lo > hi:
+        raise ValueError(f"{name} must be (min, max), got {values!r}")
+    return lo, hi
 
 
 class _Planner:
@@ -40,8 +62,8 @@ class _Planner:
 
     def __init__(self, size, flip, dct_downscale):
         self.size = _pair(size, "size")
-        if not 0.0 <= flip <= 1.0:
-            raise ValueError(f"flip must be a probability, got {flip}")
+        if isinstance(flip, bool) or not isinstance(flip, numbers.Real) or not 0.0 <= flip <= 1.0:
+            raise ValueError(f"flip must be a probability between 0 and 1, got {flip!r}")
         self.flip = float(flip)
         self.dct_downscale = bool(dct_downscale)
 
@@ -95,10 +117,8 @@ class RandomResizedCrop(_Planner):
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), *, flip=0.5, dct_downscale=True):
         super().__init__(size, flip, dct_downscale)
-        if scale[0] > scale[1] or ratio[0] > ratio[1]:
-            raise ValueError(f"scale and ratio must be (min, max), got {scale} and {ratio}")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = _range(scale, "scale")
+        self.ratio = _range(ratio, "ratio")
 
     def get_params(self, height, width, generator=None):
         """(top, left, h, w) for one image, drawing from torch's RNG exactly as torchvision's get_params does."""
@@ -176,7 +196,10 @@ class CenterCrop(_Planner):
         super().__init__(size, flip, dct_downscale)
         if resize is None:
             resize = int(max(self.size) / 0.875)
-        self.resize = int(resize) if isinstance(resize, (int, np.integer)) else _pair(resize, "resize")
+        if isinstance(resize, numbers.Number) or len(resize) == 1:  # the short side (256.0, [256]: torchvision's)
+            self.resize = _pair(resize, "resize")[0]
+        else:
+            self.resize = _pair(resize, "resize")
 
     def resized_size(self, heights, widths):
         """torchvision's Resize output size (new_h, new_w) for each image."""

@@ -1,0 +1,182 @@
+"""What a new user gets wrong, refused when the loader is built with a message that says what to pass; and the
+outputs the docs promise for the options that used to go wrong silently: dtype=torch.uint8 (raw 0-255 pixels),
+float and multi-dimensional targets, DataPrefetcher on the CPU (issue 19, items 2, 3, 12, 13)."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from skimage import data as photos
+
+import fastload as fl
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture()
+def ds(imagenet_dir):
+    return fl.FolderDataset(imagenet_dir)
+
+
+# ---- dtype=torch.uint8: the resized pixels, 0-255 ---------------------------------------------------------------
+
+def test_uint8_output_is_the_resized_pixels(ds):
+    common = dict(batch_size=len(ds), shuffle=False, crop=fl.CenterCrop(56, resize=64, dct_downscale=False))
+    (x8, y8), = list(fl.FastLoader(ds, dtype=torch.uint8, **common))
+    (xf, yf), = list(fl.FastLoader(ds, mean=None, std=None, **common))  # the same stage, x / 255 in float
+    assert x8.dtype == torch.uint8 and torch.equal(y8, yf)
+    # uint8 is the float stage's value rounded: never more than half a level from 255 * (x / 255).
+    assert (x8.float() - xf * 255).abs().max().item() <= 0.5 + 1e-3
+    for i in range(0, len(ds), 7):  # and torchvision's uint8 pipeline: both round, so within one level
+        img = TF.pil_to_tensor(Image.open(ds.paths[i]).convert("RGB"))
+        ref = TF.center_crop(TF.resize(img, 64, antialias=True), 56)
+        assert (x8[i].int() - ref.int()).abs().max().item() <= 1, ds.paths[i]
+
+
+def test_uint8_refuses_a_normalisation_it_would_not_apply(ds):
+    fl.FastLoader(ds, dtype=torch.uint8, mean=None, std=None)  # both fine: nothing to apply
+    fl.FastLoader(ds, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"dtype=torch.uint8 gives the resized pixels as they are \(0-255\)"):
+        fl.FastLoader(ds, dtype=torch.uint8, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+# ---- arguments checked when the loader is built -----------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(dtype="float16"), TypeError, r"pass torch.float16, not the string 'float16'"),
+    (dict(dtype="torch.bfloat16"), TypeError, r"pass torch.bfloat16"),
+    (dict(dtype=torch.float64), ValueError, r"dtype must be torch.float32, torch.float16, torch.bfloat16 or "
+                                            r"torch.uint8, got torch.float64"),
+    (dict(dtype=np.float16), ValueError, r"dtype must be torch.float32"),
+    (dict(device="gpu"), ValueError, r"device='gpu' is not a torch device: use 'cuda'"),
+    (dict(device="GPU:1"), ValueError, r"use 'cuda'"),
+    (dict(device="tpu"), ValueError, r"device must be 'cpu' or 'cuda\[:n\]', got 'tpu'"),
+    (dict(mean=(123.7, 116.3, 103.5)), ValueError, r"mean/std are on the 0-1 scale"),
+    (dict(mean=MEAN, std=(58.4, 57.1, 57.4)), ValueError, r"mean/std are on the 0-1 scale"),
+    (dict(std=(0.2, 0.0, 0.2)), ValueError, r"std must be positive"),
+    (dict(mean=(0.5, 0.5)), ValueError, r"mean needs 1 or 3 values"),
+    (dict(flip=7), ValueError, r"flip must be a probability between 0 and 1, got 7"),
+    (dict(flip=True), ValueError, r"flip must be a probability"),
+    (dict(batch_size=0), ValueError, r"batch_size must be a positive int, got 0"),
+    (dict(batch_size=2.5), ValueError, r"batch_size must be a positive int, got 2.5"),
+    (dict(prefetch=0), ValueError, r"prefetch must be a positive int, got 0"),
+    (dict(workers=0), ValueError, r"workers must be a positive int, got 0"),
+])
+def test_bad_arguments_are_refused_when_built(ds, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        fl.FastLoader(ds, **kwargs)
+
+
+def test_good_arguments_still_build(ds):
+    for kwargs in (dict(dtype=torch.float16), dict(dtype=torch.bfloat16), dict(mean=0.5, std=0.5),
+                   dict(mean=None, std=None), dict(flip=0), dict(flip=np.float32(0.25)), dict(batch_size=np.int64(4))):
+        fl.FastLoader(ds, **kwargs)
+
+
+def test_flip_does_not_change_a_crop_shared_with_other_loaders(ds):
+    shared = fl.RandomResizedCrop(32)
+    flipped = fl.FastLoader(ds, crop=shared, flip=1.0, shuffle=False, batch_size=8)
+    plain = fl.FastLoader(ds, crop=shared, shuffle=False, batch_size=8)
+    assert shared.flip == 0.5 and flipped.crop.flip == 1.0 and plain.crop is shared
+    (xf, _), (xp, _) = next(iter(flipped)), next(iter(plain))
+    (xr, _) = next(iter(fl.FastLoader(ds, crop=fl.RandomResizedCrop(32, flip=1.0), shuffle=False, batch_size=8)))
+    assert torch.equal(xf, xr)  # flip=1.0 is RandomResizedCrop(flip=1.0)'s output
+    (xo, _) = next(iter(fl.FastLoader(ds, crop=fl.RandomResizedCrop(32), shuffle=False, batch_size=8)))
+    assert torch.equal(xp, xo)  # and the other loader keeps the crop's own probability
+
+
+def test_load_state_dict_names_what_is_missing(ds):
+    loader = fl.FastLoader(ds, batch_size=8)
+    with pytest.raises(ValueError, match=r"not a FastLoader state_dict: it lacks 'epoch', 'batches_done', 'seed'"):
+        loader.load_state_dict({})
+    state = loader.state_dict()
+    del state["sampler"]
+    with pytest.raises(ValueError, match=r"lacks 'sampler'"):
+        loader.load_state_dict(state)
+
+
+def test_crop_sizes_as_torchvision_takes_them():
+    heights, widths, idx = np.array([375, 500]), np.array([500, 333]), np.array([3, 4])
+    reference = fl.RandomResizedCrop(224).plan(heights, widths, 0, 0, idx)
+    for size in (224.0, [224], (224, 224), np.int64(224)):
+        plan = fl.RandomResizedCrop(size).plan(heights, widths, 0, 0, idx)
+        assert torch.equal(plan.windows, reference.windows) and torch.equal(plan.matrices, reference.matrices)
+    assert fl.CenterCrop(224, resize=256.0).resize == fl.CenterCrop(224, resize=[256]).resize == 256  # short side
+    for size in (224.5, 0, -3, (224, 224, 3), True):
+        with pytest.raises(ValueError, match=r"size must be a positive int or \(height, width\)"):
+            fl.RandomResizedCrop(size)
+    with pytest.raises(TypeError, match=r"size must be an int or a sequence"):
+        fl.CenterCrop(None)
+    with pytest.raises(TypeError, match=r"scale must be a \(min, max\) pair of numbers, got 0.5"):
+        fl.RandomResizedCrop(224, scale=0.5)
+    with pytest.raises(ValueError, match=r"ratio must be \(min, max\)"):
+        fl.RandomResizedCrop(224, ratio=(4 / 3, 3 / 4))
+
+
+# ---- targets: kept as the dataset has them ----------------------------------------------------------------------
+
+def test_float_and_multidimensional_targets_are_kept(ds):
+    common = dict(batch_size=8, shuffle=False, crop=fl.RandomResizedCrop(32))
+    ds.labels = np.linspace(0, 1, len(ds))
+    ys = [y for _, y in fl.FastLoader(ds, **common)]
+    assert all(y.dtype == torch.float64 for y in ys)
+    assert torch.equal(torch.cat(ys), torch.from_numpy(ds.labels))
+    ds.labels = np.stack([np.linspace(0, 1, len(ds)), np.linspace(1, 0, len(ds))], axis=1).astype(np.float32)
+    shuffled = fl.FastLoader(ds, batch_size=8, shuffle=True, seed=2, crop=fl.RandomResizedCrop(32))
+    order = shuffled.sampler.epoch_indices(0)
+    ys = [y for _, y in shuffled]
+    assert ys[0].shape == (8, 2) and ys[0].dtype == torch.float32
+    assert torch.equal(torch.cat(ys), torch.from_numpy(ds.labels[order]))
+
+
+def test_skipped_samples_keep_float_targets(ds, tmp_path, imagenet_dir):
+    root = tmp_path / "tree"
+    for f in sorted(imagenet_dir.rglob("*.jpg")):
+        (root / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (root / f.parent.name / f.name).write_bytes(f.read_bytes())
+    broken = fl.FolderDataset(root)
+    broken.labels = np.arange(len(broken)) / 100.0
+    victim = root / broken.paths[3]
+    victim.write_bytes(victim.read_bytes()[:2000])  # truncated after the scan
+    loader = fl.FastLoader(broken, batch_size=len(broken), shuffle=False, on_error="skip",
+                           crop=fl.RandomResizedCrop(32))
+    (_, y), = list(loader)
+    assert y.dtype == torch.float64 and loader.stats()["skipped"] == 1
+    # The replacement brings its own target: some other sample's value, never a cast or a zero.
+    assert y[3].item() != broken.labels[3] and y[3].item() in set(broken.labels.tolist())
+    assert torch.equal(torch.cat([y[:3], y[4:]]), torch.from_numpy(np.delete(broken.labels, 3)))
+
+
+def test_targets_that_are_not_numbers_are_refused(ds):
+    ds.labels = np.array([f"class {i}" for i in range(len(ds))])
+    with pytest.raises(TypeError, match=r"labels must be numbers \(int or float.*got dtype <U"):
+        fl.FastLoader(ds)
+
+
+# ---- DataPrefetcher on the CPU ----------------------------------------------------------------------------------
+
+def _photo_loader(layout="NCHW"):
+    imgs = torch.stack([torch.from_numpy(photos.astronaut()[:200, :200]), torch.from_numpy(photos.coffee()[:200, :200])])
+    images = imgs.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else imgs
+    dataset = torch.utils.data.TensorDataset(images.repeat(4, 1, 1, 1), torch.arange(8) / 8.0)
+    return imgs.permute(0, 3, 1, 2), torch.utils.data.DataLoader(dataset, batch_size=4)
+
+
+def test_data_prefetcher_normalises_on_the_cpu_too():
+    chw, loader = _photo_loader()
+    mean, std = torch.tensor(MEAN)[:, None, None], torch.tensor(STD)[:, None, None]
+    seen = []
+    for x, y in fl.DataPrefetcher(loader, device="cpu"):
+        assert x.device.type == "cpu" and x.shape == (4, 3, 200, 200) and x.dtype == torch.float32
+        expected = (chw[torch.arange(len(seen), len(seen) + 4) % 2].float() / 255 - mean) / std
+        # identity matrices: the kernel's bilinear weights are exactly 1 and 0, so only float rounding differs
+        assert (x - expected).abs().max() <= 1e-5
+        seen.extend(y.tolist())
+    assert seen == (torch.arange(8) / 8.0).tolist()  # float labels as they came
+    # Resizing in the same pass, channels-last input: torchvision's antialiased resize.
+    _, nhwc = _photo_loader("NHWC")
+    x, _ = next(iter(fl.DataPrefetcher(nhwc, device="cpu", size=112)))
+    ref = (TF.resize(chw.float(), [112, 112], antialias=True) / 255 - mean) / std
+    assert (x[:2] - ref).abs().max() <= 1e-3 / 0.225  # the loader's torchvision tolerance (test_loader.py)
+    x8, _ = next(iter(fl.DataPrefetcher(loader, device="cpu", dtype=torch.uint8)))
+    assert torch.equal(x8[:2], chw)  # uint8: the pixels as they are
