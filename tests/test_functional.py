@@ -263,14 +263,15 @@ def test_apply_table_refuses_bad_tables(photos):
         F.apply_table(photos, ops[:5], params[:5])
 
 
-def test_fma_matches_torch_add(photos):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fma_matches_torch_add(photos, device):
     """What makes the blends exact: torchvision's ``a.add_(b, alpha=s)`` rounds a + s * b once (a fused
     multiply-add), and torch.addcmul with a per-sample alpha tensor, which the blends use, must do the same on this
     build. (Rounding twice differs from torchvision in about 0.2% of uint8 outputs.)"""
-    a = photos.float().mul(0.8137)
-    b = TF.rgb_to_grayscale(photos).float().expand_as(a)
+    a = photos.to(device).float().mul(0.8137)
+    b = TF.rgb_to_grayscale(photos.to(device)).float().expand_as(a)
     for ratio in (0.3, 0.8137, 1.37, 1.9):
-        alpha = torch.tensor(1.0 - ratio).float()
+        alpha = torch.tensor(1.0 - ratio, device=device).float()
         assert torch.equal(torch.addcmul(a, b, alpha.expand(6).view(-1, 1, 1, 1)), a.clone().add_(b, alpha=1 - ratio))
 
 
