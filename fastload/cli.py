@@ -12,7 +12,7 @@ import sys
 EXIT_OK, EXIT_DATA, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = """exit codes:
   0  success
-  1  data problems: files or records that fail to read or decode (verify; pack --strict), or the command
+  1  data problems: files or records that fail to read or decode (verify; pack --on-error raise), or the command
      could not complete (an I/O error, a full disk)
   2  usage errors: bad arguments, a missing path, not a dataset, a destination in the way
   130 interrupted (Ctrl-C); an interrupted pack continues with --resume"""
@@ -50,15 +50,21 @@ def _err(msg):
     print(f"fastload: error: {msg}", file=sys.stderr)
 
 
-def _open_dataset(path, threads=None):
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """warnings.showwarning for the command line: the message itself, not `cli.py:60: UserWarning:` and a source
+    line that mean nothing to someone running a command."""
+    print(f"fastload: warning: {message}", file=file or sys.stderr)
+
+
+def _open_dataset(path, threads=None, strict=True):
     """An LMDBDataset for a store, a FolderDataset for an image folder."""
     from .datasets import FolderDataset, LMDBDataset
 
     path = os.path.abspath(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")) and \
             not path.endswith(".partial"):
-        return FolderDataset(path, threads=threads)
-    return LMDBDataset(path)
+        return FolderDataset(path, threads=threads, strict=strict)
+    return LMDBDataset(path, strict=strict)
 
 
 # ---------------------------------------------------------------------------------------------------- pack
@@ -71,7 +77,7 @@ def add_pack(sub):
         "checked: JPEGs (recognised by their bytes, not their name) by their header and marker structure,\n"
         "which finds empty, garbage and truncated files at a few microseconds each; other formats by a Pillow\n"
         "decode. Unreadable or broken files are skipped and listed, with reasons, in the summary, in\n"
-        "DST/report.txt and in the store's metadata (--strict stops at the first one).\n\n"
+        "DST/report.txt and in the store's metadata (--on-error raise stops at the first one).\n\n"
         "Writes DST.partial and renames it to DST only when complete. An interrupted pack (Ctrl-C, a kill,\n"
         "a crash) keeps every committed batch: run the same command with --resume to continue it.")
     p.add_argument("src", metavar="SRC", help="image folder (ImageFolder layout) or, with --file-list, its root")
@@ -98,7 +104,13 @@ def add_pack(sub):
     p.add_argument("--convert-to-jpeg", action="store_true",
                    help="convert non-JPEG images (PNG, BMP, ...) to JPEG; by default they are stored as they are "
                    "and flagged, and decoded by Pillow when loading (slower)")
-    p.add_argument("--strict", action="store_true", help="a broken or unreadable file is fatal (exit code 1)")
+    p.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                   help="skip (default): leave a broken or unreadable file out and list it; raise: it is fatal "
+                   "(exit code 1)")
+    p.add_argument("--no-strict", dest="strict", action="store_false",
+                   help="keep JPEGs whose header libjpeg warns about in a way that may mean wrong pixels (as "
+                   "FastLoader(strict=False) decodes them); by default they are skipped. Harmless warnings (junk "
+                   "between markers, an odd JFIF revision) never skip a file")
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing DST (removed only once the new store is complete) and discard a "
@@ -109,33 +121,59 @@ def add_pack(sub):
                    help="files per transaction, what an interruption can cost (default 512)")
     p.add_argument("--file-list", metavar="FILE",
                    help="pack exactly the files listed, one 'relative/path label' per line (paths relative to "
-                   "SRC; labels integers or class names)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+                   "SRC; labels integers or class names), or a CSV file whose header names path and label columns")
+    p.add_argument("--classes-from", metavar="PATH",
+                   help="take the class names and their label numbers from PATH: a store made by `fastload pack` "
+                   "(e.g. the training set's, so a validation set missing a class keeps its numbers) or a text file "
+                   "of class names, one per line (label k is line k)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only problems (skipped files, warnings, errors): no progress, no summary")
     p.set_defaults(func=cmd_pack)
 
 
 def cmd_pack(args):
     from .datasets.pack import pack
 
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
     result = pack(args.src, args.dst, workers=args.workers, max_side=args.max_side, quality=args.quality,
                   convert_to_jpeg=args.convert_to_jpeg, verify_decode=args.verify_decode, seekable=args.seekable,
-                  strict=args.strict,
+                  strict=args.strict, on_error=args.on_error,
                   resume=args.resume, force=args.force, map_size=args.map_size, commit_every=args.commit_every,
-                  file_list=args.file_list, progress=not args.quiet,
-                  log=lambda m: print(m, file=sys.stderr))
-    rate = result.files / result.seconds if result.seconds > 0 else 0.0
-    print(f"packed {result.records} images from {result.files} files into {result.path} in {result.seconds:.1f} s "
-          f"({rate:,.0f} files/s), {_human(result.image_bytes)} of image data"
-          + (f", {result.reencoded} re-encoded" if result.reencoded else "")
-          + (f", {result.converted} converted to JPEG" if result.converted else "")
-          + (f", {result.seekable} made seekable" if result.seekable else ""))
-    if result.skipped:
+                  file_list=args.file_list, classes=_classes_from(args.classes_from), progress=not args.quiet,
+                  log=say)
+    # The rate of what this run read: after --resume, the files an earlier run packed are not in it.
+    done, seconds = result.files_this_run, result.seconds
+    rate = f"{done / seconds:,.0f} files/s" if done and seconds > 0 else "nothing left to pack"
+    resumed = f"; this run packed {done} of them" if done != result.files else ""
+    if not args.quiet:
+        print(f"packed {result.records} images from {result.files} files into {result.path} in {seconds:.1f} s "
+              f"({rate}{resumed}), {_human(result.image_bytes)} of image data"
+              + (f", {result.reencoded} re-encoded" if result.reencoded else "")
+              + (f", {result.converted} converted to JPEG" if result.converted else "")
+              + (f", {result.seekable} made seekable" if result.seekable else ""))
+    if result.skipped:  # problems: printed even with --quiet
         print(f"skipped {len(result.skipped)} files (all listed in {os.path.join(result.path, 'report.txt')}):")
         for path, reason in result.skipped[:20]:
             print(f"  {path}: {reason}")
         if len(result.skipped) > 20:
             print(f"  ... and {len(result.skipped) - 20} more")
     return EXIT_OK
+
+
+def _classes_from(path):
+    """The class names of --classes-from: a store's, or a text file's lines (blank lines and # comments skipped)."""
+    if path is None:
+        return None
+    from .datasets.base import DatasetError
+    from .datasets.lmdb import read_meta
+
+    if os.path.isfile(path) and not path.endswith(".mdb"):
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        if not names:
+            raise DatasetError(f"--classes-from {path}: no class names in the file")
+        return names
+    return list(read_meta(path)[0]["classes"])
 
 
 # ------------------------------------------------------------------------------------------------- inspect
@@ -218,6 +256,9 @@ def add_verify(sub):
                        "record's checksum and header against the index. Exit code 1 if anything fails.")
     p.add_argument("path", metavar="DST|SRC", help="a store made by `fastload pack`, or an image folder")
     p.add_argument("--threads", type=_positive, default=None, metavar="N", help="decode threads (default: one per core)")
+    p.add_argument("--no-strict", dest="strict", action="store_false",
+                   help="accept what decodes with libjpeg warnings that may mean wrong pixels (as "
+                   "FastLoader(strict=False) does); by default those files fail")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_verify)
 
@@ -229,9 +270,9 @@ def cmd_verify(args):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a folder's unreadable files are reported below, as failures
-        ds = _open_dataset(args.path, threads=args.threads)
+        ds = _open_dataset(args.path, threads=args.threads, strict=args.strict)
     failures = [(p, f"cannot be read: {r}") for p, r in ds.skipped] if not hasattr(ds, "meta") else []
-    failures += verify(ds, threads=args.threads, progress=not args.quiet)
+    failures += verify(ds, threads=args.threads, progress=not args.quiet, strict=args.strict)
     for name, reason in failures:
         print(f"FAILED {name}: {reason}")
     total = len(ds) + (len(ds.skipped) if not hasattr(ds, "meta") else 0)
@@ -368,10 +409,14 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_OK
+    import warnings
+
     from .datasets.base import DataError, DatasetError
 
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except DatasetError as e:
         _err(e)
         return EXIT_USAGE

@@ -93,9 +93,9 @@ def test_scan_cache_lives_outside_the_data_and_is_reused(imagenet_dir, tmp_path,
     scanned = []
     real = folder_mod._scan_chunk
 
-    def spy(root, paths, sizes):
+    def spy(root, paths, sizes, strict):
         scanned.extend(paths)
-        return real(root, paths, sizes)
+        return real(root, paths, sizes, strict)
 
     monkeypatch.setattr(folder_mod, "_scan_chunk", spy)
     second = FolderDataset(tree)
@@ -151,7 +151,7 @@ def test_broken_files_are_left_out_and_reported(imagenet_dir, tmp_path):
         assert fragment.lower() in got[rel].lower(), (rel, got[rel])
     assert not any(p.endswith(tuple(expected)) for p in ds.paths)
     with pytest.raises(DataError, match="empty.jpg: empty file"):
-        FolderDataset(tree, strict=True)
+        FolderDataset(tree, on_error="raise")
 
 
 def test_unreadable_file_is_reported(imagenet_dir, tmp_path, monkeypatch):
@@ -295,7 +295,7 @@ def test_lmdb_equals_folder_byte_for_byte(ds_tree, ds_store):
         assert torch.equal(img, folder[i][0]) and label == folder.labels[i]
     png = int(np.flatnonzero(store.formats == 1)[0])
     assert torch.equal(store[png][0], pillow_rgb(folder.paths[png]))
-    assert store.sample_name(7) == f"{ds_store}[7]"
+    assert store.sample_name(7) == f"{ds_store}[7] (from {folder.paths[7]})"  # names the file packed
     assert store.skipped == [] and store.meta["count"] == 49 and store.meta["class_counts"] == [12, 13, 12, 12]
 
 
@@ -366,9 +366,14 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
         txn.delete(record_key(3))
     env.close()
     ds = LMDBDataset(damaged)
-    with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[2\]: .*damaged store"):
+    folder = FolderDataset(ds.meta["source"])  # the store's record i was packed from the folder's file i
+    with pytest.raises(fastload.DecodeError) as e:
         ds[2]
-    with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[3\]: record missing"):
+    assert str(e.value).startswith(f"{damaged}[2] (from {folder.paths[2]}): ") and "damaged store" in str(e.value)
+    assert e.value.sample == f"{damaged}[2] (from {folder.paths[2]})"
+    with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[3\] \(from .*img_0003.jpg\): record missing"):
         ds[3]
+    with ds.reader() as r, pytest.raises(fastload.DecodeError, match=r"img_0003.jpg\): record missing"):
+        r.sources([1, 3])  # the loader's path
     assert ds[4][0].shape[0] == 3
     assert HEADER_SIZE == 24

@@ -60,7 +60,7 @@ def records(items):
 
 def test_cli_pack_inspect_verify(pack_tree, tmp_path, capsys):
     dst = tmp_path / "photos.lmdb"
-    assert main(["pack", str(pack_tree), str(dst), "-q"]) == 0
+    assert main(["pack", str(pack_tree), str(dst)]) == 0  # not -q: it prints the summary
     out = capsys.readouterr().out
     assert f"packed 49 images from 49 files into {dst}" in out
     assert sorted(os.listdir(dst)) == ["data.mdb", "report.txt"]
@@ -137,16 +137,16 @@ def test_broken_files_are_skipped_reported_and_never_packed(broken_tree, tmp_pat
     assert f"{len(expected)} failed" in out
 
 
-def test_strict_stops_at_the_first_broken_file(broken_tree, tmp_path, capsys):
+def test_on_error_raise_stops_at_the_first_broken_file(broken_tree, tmp_path, capsys):
     root, expected = broken_tree
     dst = tmp_path / "strict.lmdb"
-    assert main(["pack", str(root), str(dst), "--strict", "-q"]) == 1
+    assert main(["pack", str(root), str(dst), "--on-error", "raise", "-q"]) == 1
     err = capsys.readouterr().err
-    assert "(--strict)" in err and str(root / "class_02") in err and "Traceback" not in err
+    assert "(--on-error raise)" in err and str(root / "class_02") in err and "Traceback" not in err
     assert not dst.exists() and Path(f"{dst}.partial").is_dir()
     with pytest.raises(DataError):
-        pack(root, dst, **quiet(strict=True, resume=True))
-    # Resuming with other settings is refused; without --strict it finishes, skipping the broken files.
+        pack(root, dst, **quiet(on_error="raise", resume=True))
+    # Resuming with other settings is refused; with --on-error skip it finishes, skipping the broken files.
     assert main(["pack", str(root), str(dst), "--resume", "--max-side", "300", "-q"]) == 2
     assert "other settings" in capsys.readouterr().err
     assert main(["pack", str(root), str(dst), "--resume", "-q"]) == 0
@@ -167,7 +167,7 @@ def test_refusals(pack_tree, tmp_path, capsys):
 
     fails(["pack", str(pack_tree), str(dst)], "already exists; pass --force")
     fails(["pack", str(pack_tree), str(dst), "--resume", "--max-side", "300"], "with other settings")
-    assert main(["pack", str(pack_tree), str(dst), "--resume", "-q"]) == 0  # the same pack: already complete
+    assert main(["pack", str(pack_tree), str(dst), "--resume"]) == 0  # the same pack: already complete
     assert "already complete" in capsys.readouterr().err
     fails(["pack", str(pack_tree), str(dst), "--resume", "--force"], "pass one of them")
     fails(["pack", str(pack_tree), str(pack_tree / "inside.lmdb")], "must not be inside the source")
@@ -239,7 +239,8 @@ def test_verify_finds_a_damaged_record(pack_tree, tmp_path, capsys):
     rewrite_record(dst, 5, flip_middle_byte)
     assert main(["verify", str(dst), "-q"]) == 1
     out = capsys.readouterr().out
-    assert f"FAILED {dst}[5]: checksum mismatch" in out and "1 failed" in out
+    source = sorted(Path(pack_tree).glob("class_00/*"))[5]  # record 5: the sixth file of the first class
+    assert f"FAILED {dst}[5] (from {source}): checksum mismatch" in out and "1 failed" in out
 
 
 def test_every_jpeg_kind_round_trips(kinds, tmp_path):
@@ -294,8 +295,7 @@ def test_sigkill_at_random_points_then_resume(broken_tree, tmp_path):
     dst = tmp_path / "killed.lmdb"
     partial = Path(f"{dst}.partial")
     env = {**os.environ, "FASTLOAD_PACK_SLOWDOWN": "0.03", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "fastload", "pack", str(root), str(dst), "--commit-every", "2", "--workers", "2",
-           "-q"]
+    cmd = [sys.executable, "-m", "fastload", "pack", str(root), str(dst), "--commit-every", "2", "--workers", "2"]
     rng = random.Random(int(os.environ.get("FASTLOAD_TEST_KILL_SEED", "20261122")))
     progress = []
     for attempt in range(4):

@@ -71,7 +71,7 @@ def test_random_split_and_nested_subsets_of_a_store(store, folder, tmp_path):
     want = [val.indices[-1], val.indices[0], val.indices[2]]
     view = as_source(nested)
     assert view.base is store and view.indices.tolist() == want
-    assert view.sample_name(0) == f"{store.path}[{want[0]}]"
+    assert view.sample_name(0) == store.sample_name(want[0]) == f"{store.path}[{want[0]}] (from {folder.paths[want[0]]})"
     for part in (train, val, nested):
         indices = part.indices if part is not nested else want
         x, y = epoch(part)

@@ -29,11 +29,12 @@ class DataError(ValueError):
     """The data has problems: files that cannot be read or decoded (CLI exit code 1)."""
 
 
-def decode_image(data, fmt, sample=None):
-    """Full decode of one sample's bytes to a uint8 tensor [3, H, W] (RGB). Raises DecodeError naming ``sample``."""
+def decode_image(data, fmt, sample=None, strict=True):
+    """Full decode of one sample's bytes to a uint8 tensor [3, H, W] (RGB). Raises DecodeError naming ``sample``;
+    ``strict`` as in ops.decode_crop."""
     if fmt == JPEG:
-        info = ops.read_header(data, sample=sample)
-        hwc = ops.decode_crop(data, 0, 0, info.height, info.width, sample=sample)
+        info = ops.read_header(data, sample=sample, strict=strict)
+        hwc = ops.decode_crop(data, 0, 0, info.height, info.width, sample=sample, strict=strict)
     else:
         from PIL import Image
 
@@ -57,7 +58,8 @@ class ImageDataset(torch.utils.data.Dataset, abc.ABC):
     labels: np.ndarray
     formats: np.ndarray
 
-    def __init__(self, transform=None, target_transform=None):
+    def __init__(self, transform=None, target_transform=None, strict=True):
+        self.strict = strict  # for ds[i]'s decode, as in ops.decode_crop
         self.transform = transform
         self.target_transform = target_transform
         self.skipped = []
@@ -98,7 +100,7 @@ class ImageDataset(torch.utils.data.Dataset, abc.ABC):
         """(uint8 tensor [3, H, W], int label), by a full decode; then ``transform`` / ``target_transform``."""
         i = self._index(i)
         with self.reader() as r:
-            image = decode_image(r.get(i), int(self.formats[i]), sample=self.sample_name(i))
+            image = decode_image(r.get(i), int(self.formats[i]), sample=self.sample_name(i), strict=self.strict)
         label = int(self.labels[i])
         if self.transform is not None:
             image = self.transform(image)

@@ -250,18 +250,18 @@ def _read_head_tail(path, size):
         return head + f.read(_TAIL_BYTES), False
 
 
-def _scan_one_slow(path):
+def _scan_one_slow(path, strict):
     """Fallback for odd files: read it whole, parse and check it. Returns (h, w, fmt) or raises ValueError."""
     with open(path, "rb") as f:
         data = f.read()
-    return _check_whole(data)
+    return _check_whole(data, strict)
 
 
-def _check_whole(data):
+def _check_whole(data, strict):
     if not data:
         raise ValueError("empty file")
     if is_jpeg(data):
-        sizes, status, messages = ops.read_headers([data], 1)
+        sizes, status, messages = ops.read_headers([data], 1, strict=strict)
         if int(status[0]) != 0:
             raise ValueError(header_failure(data, messages[0]))
         problem = jpeg_structure_problem(data)
@@ -272,8 +272,9 @@ def _check_whole(data):
         return im.height, im.width, OTHER
 
 
-def _scan_chunk(root, paths, sizes):
-    """Sizes and formats of some files: [(h, w, fmt) or reason str]. JPEG headers parsed natively (no GIL)."""
+def _scan_chunk(root, paths, sizes, strict):
+    """Sizes and formats of some files: [(h, w, fmt) or reason str]. JPEG headers parsed natively (no GIL),
+    ``strict`` as in ops.read_headers."""
     results = [None] * len(paths)
     jpeg_idx, jpeg_bufs = [], []
     for k, (rel, size) in enumerate(zip(paths, sizes)):
@@ -294,11 +295,11 @@ def _scan_chunk(root, paths, sizes):
             jpeg_bufs.append(data)
             continue
         try:
-            results[k] = _check_whole(data) if whole else _scan_one_slow(path)
+            results[k] = _check_whole(data, strict) if whole else _scan_one_slow(path, strict)
         except (OSError, ValueError) as e:
             results[k] = str(e)
     if jpeg_bufs:
-        hw, status, messages = ops.read_headers(jpeg_bufs, 1)
+        hw, status, messages = ops.read_headers(jpeg_bufs, 1, strict=strict)
         for j, (k, whole) in enumerate(jpeg_idx):
             data = jpeg_bufs[j]
             try:
@@ -314,7 +315,7 @@ def _scan_chunk(root, paths, sizes):
                     results[k] = header_failure(data, messages[j])
                     continue
                 # The head/tail did not settle it (huge metadata, trailing data): read the whole file.
-                results[k] = _scan_one_slow(os.path.join(root, paths[k]))
+                results[k] = _scan_one_slow(os.path.join(root, paths[k]), strict)
             except (OSError, ValueError) as e:
                 results[k] = str(e)
     return results
@@ -340,8 +341,10 @@ def cache_dir():
     return os.path.join(base, "fastload")
 
 
-def _cache_path(root, file_list, extensions):
-    ident = json.dumps([os.path.realpath(root), file_list and os.path.realpath(file_list), sorted(extensions)])
+def _cache_path(root, file_list, extensions, strict=True):
+    # strict is part of the key: a file a strict=False scan accepted must be checked again by a strict one.
+    ident = json.dumps([os.path.realpath(root), file_list and os.path.realpath(file_list), sorted(extensions)]
+                       + ([] if strict else ["not strict"]))
     return os.path.join(cache_dir(), "scan-" + hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
 
 
@@ -369,7 +372,7 @@ def _save_cache(path, root, files):
             os.unlink(tmp)
 
 
-def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128):
+def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128, strict=True):
     """Heights, widths, formats of a Listing's files and the ones that failed: (h, w, fmt arrays, {i: reason}).
 
     Reuses cached results of files whose (path, size, mtime) are unchanged; scans the rest on ``threads``
@@ -392,7 +395,7 @@ def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128):
         chunks = [todo[s:s + chunk] for s in range(0, len(todo), chunk)]
         with ThreadPoolExecutor(max(1, threads or default_threads())) as pool:
             futures = [pool.submit(_scan_chunk, listing.root, [listing.paths[i] for i in c],
-                                   [listing.sizes[i] for i in c]) for c in chunks]
+                                   [listing.sizes[i] for i in c], strict) for c in chunks]
             for c, fut in zip(chunks, futures):
                 for i, res in zip(c, fut.result()):
                     if isinstance(res, str):
@@ -436,18 +439,26 @@ class FolderDataset(ImageDataset):
 
     Sizes come from a parallel header scan, cached under ``cache_dir()`` (never in ``root``) keyed by the files'
     path, size and mtime. Files that cannot be read or are not valid images are left out and listed in
-    ``skipped`` as (path, reason), with a warning; ``strict=True`` raises DataError instead. The scan checks
-    headers and JPEG structure (truncation); `fastload verify` decodes every file.
+    ``skipped`` as (path, reason), with a warning; ``on_error="raise"`` raises DataError instead. The scan checks
+    headers and JPEG structure (truncation); `fastload verify` decodes every file. ``strict`` is ops.read_header's:
+    False keeps the JPEGs whose header libjpeg warns about (use it with ``FastLoader(strict=False)``).
+
+    ``file_list``: exactly the files listed (``read_file_list``: text or CSV); ``classes``: the class names that
+    fix the label numbers (e.g. ``classes=train.classes`` for a validation set missing a class).
+    ``transform`` / ``target_transform`` apply to ``ds[i]`` only; FastLoader refuses a dataset that has them (it
+    would not apply them): give it ``FastLoader(transform=...)``.
     """
 
     def __init__(self, root, *, file_list=None, classes=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
-                 strict=False, transform=None, target_transform=None):
-        super().__init__(transform, target_transform)
+                 on_error="skip", strict=True, transform=None, target_transform=None):
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        super().__init__(transform, target_transform, strict=strict)
         listing = list_images(root, file_list=file_list, extensions=extensions, classes=classes)
         self.root = listing.root
         self.classes = list(listing.classes)
-        key = _cache_path(self.root, file_list and os.fspath(file_list), extensions)
-        h, w, fmt, failed = scan(listing, threads=threads, cache=cache, cache_key=key)
+        key = _cache_path(self.root, file_list and os.fspath(file_list), extensions, strict)
+        h, w, fmt, failed = scan(listing, threads=threads, cache=cache, cache_key=key, strict=strict)
         keep = np.array([i not in failed for i in range(len(listing.paths))], dtype=bool)
         self.skipped = sorted(listing.skipped + [(listing.paths[i], r) for i, r in failed.items()])
         self.skipped = [(os.path.join(self.root, p), r) for p, r in self.skipped]
@@ -459,7 +470,7 @@ class FolderDataset(ImageDataset):
             msg = (f"{self.root}: {len(self.skipped)} of {len(listing.paths) + len(listing.skipped)} files "
                    f"cannot be used: " + "; ".join(f"{p}: {r}" for p, r in self.skipped[:3])
                    + (" ..." if len(self.skipped) > 3 else ""))
-            if strict:
+            if on_error == "raise":
                 raise DataError(msg)
             warnings.warn(msg + " (left out; see .skipped)", stacklevel=2)
         if not self.paths:

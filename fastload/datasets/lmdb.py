@@ -1,14 +1,15 @@
 """LMDBDataset: a store written by `fastload pack`, read zero-copy, safe to use from forked DataLoader workers."""
 import contextlib
 import os
+import struct
 import threading
 
 import lmdb
 
 from ..errors import DecodeError
 from .base import DatasetError, ImageDataset, Record
-from .record import (FORMAT_NAME, HEADER_SIZE, META_KEY, PLAN_KEY, VERSION, decode_index, loads, parse_header,
-                     record_key)
+from .record import (FORMAT_NAME, HEADER_SIZE, META_KEY, PLAN_KEY, SOURCES_KEY, VERSION, decode_index, loads,
+                     parse_header, record_key, source_at)
 
 def _resume_hint(path):
     return f"finish it with `fastload pack SRC {path} --resume`"
@@ -136,10 +137,14 @@ class _LMDBReader:
         if not 0 <= i < self._n:
             raise IndexError(f"record {i} is out of range for a store of {self._n} records")
         value = self._txn.get(record_key(i))
-        name = self._ds.sample_name(i)
         if value is None:
+            name = self._ds.sample_name(i, self._txn)
             raise DecodeError(f"{name}: record missing (damaged store)", sample=name, reason="missing record")
-        return parse_header(value, name), value[HEADER_SIZE:]
+        try:
+            return parse_header(value, ""), value[HEADER_SIZE:]
+        except DecodeError as e:  # named only now: the name costs a lookup of the record's source file
+            name = self._ds.sample_name(i, self._txn)
+            raise DecodeError(f"{name}{e}", sample=name, reason=e.reason) from None
 
     def get(self, i):
         return self.raw(i)[1]
@@ -165,10 +170,11 @@ class LMDBDataset(ImageDataset):
 
     ``with ds.reader() as r: r.get(i)`` gives memoryviews into the memory map, valid until the ``with`` ends.
     The index (heights, widths, labels, formats) and classes come from the metadata, no record is read for them.
+    ``strict`` applies to ``ds[i]``'s decode (as in ops.decode_crop; the loader has its own).
     """
 
-    def __init__(self, path, *, transform=None, target_transform=None):
-        super().__init__(transform, target_transform)
+    def __init__(self, path, *, strict=True, transform=None, target_transform=None):
+        super().__init__(transform, target_transform, strict=strict)
         self.path = os.path.abspath(os.fspath(path))
         meta, self._key = read_meta(self.path)
         self._where, self._subdir = _locate(self.path)
@@ -192,8 +198,23 @@ class LMDBDataset(ImageDataset):
         finally:
             txn.abort()
 
-    def sample_name(self, i):
-        return f"{self.path}[{i}]"
+    def sample_name(self, i, txn=None):
+        """``store[i]``, and the file it was packed from where the store records it: ``store[i] (from path)``."""
+        source = self.source_path(i, txn)
+        return f"{self.path}[{i}]" + (f" (from {source})" if source else "")
+
+    def source_path(self, i, txn=None):
+        """The path of the file record i was packed from, or None (a store packed before fastload kept it)."""
+        try:
+            if txn is None:
+                env, _ = shared_env(self._where, self._subdir, self._key)
+                with env.begin(buffers=True) as txn:
+                    return self.source_path(i, txn)
+            value = txn.get(SOURCES_KEY)
+            rel = source_at(value, int(i)) if value is not None else None
+        except (DatasetError, lmdb.Error, ValueError, struct.error):
+            return None  # only for a message: never fail the error being reported
+        return os.path.join(self.meta.get("source") or "", rel) if rel is not None else None
 
     def __repr__(self):
         return f"LMDBDataset({self.path!r}, {len(self)} samples, {len(self.classes)} classes)"

@@ -33,11 +33,15 @@ from ..errors import DecodeError
 from .base import DataError, DatasetError
 from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
+from .progress import progress as progress_bar
 from .record import (FLAG_CONVERTED, FLAG_REENCODED, FLAG_SEEKABLE, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
-                     PROGRESS_KEY, SKIP_PREFIX, VERSION, dumps, encode_index, key_index, loads, parse_header,
+                     PROGRESS_KEY, SKIP_PREFIX, SOURCES_KEY, VERSION, dumps, encode_index, encode_sources, key_index, loads, parse_header,
                      record_key, skip_key, write_header)
 
-PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted seekable")
+#: ``files``: every file of the source; ``files_this_run``: those this call read (fewer after --resume), and
+#: ``seconds`` the time it took, so their ratio is this run's rate.
+PackResult = namedtuple("PackResult", "path records files skipped seconds image_bytes reencoded converted seekable "
+                                      "files_this_run")
 
 DEFAULT_QUALITY = 90
 TURBOJPEG_FALLBACK = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
@@ -91,11 +95,11 @@ def _resize(rgb, nh, nw):
     return np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.Resampling.LANCZOS))
 
 
-def _shrink_jpeg(data, h, w, max_side, quality):
+def _shrink_jpeg(data, h, w, max_side, quality, strict):
     """Re-encodes a JPEG whose longer side exceeds max_side: DCT-domain downscale in the decoder, then Pillow."""
     nh, nw = _target_size(h, w, max_side)
     d = next(d for d in (8, 4, 2, 1) if -(-h // d) >= nh and -(-w // d) >= nw)
-    rgb = ops.decode_crop(data, 0, 0, h, w, downscale=d).numpy()
+    rgb = ops.decode_crop(data, 0, 0, h, w, downscale=d, strict=strict).numpy()
     return _encode_jpeg(_resize(rgb, nh, nw), quality), nh, nw
 
 
@@ -132,7 +136,8 @@ def _read(path):
     return buf
 
 
-_Options = namedtuple("_Options", "max_side quality convert_to_jpeg verify_decode seekable")
+#: What a pack does to each file; --resume requires the same. ``strict``: ops.read_header's (and the decodes').
+_Options = namedtuple("_Options", "max_side quality convert_to_jpeg verify_decode seekable strict")
 
 
 def _with_payload(payload, fmt, flags, h, w, label):
@@ -171,7 +176,8 @@ def _process(src, items, opt):
         else:
             out.append((file_index, _other(buf, label, opt)))
     if jpegs:
-        sizes, status, messages = ops.read_headers([memoryview(j[3])[HEADER_SIZE:] for j in jpegs], 1)
+        sizes, status, messages = ops.read_headers([memoryview(j[3])[HEADER_SIZE:] for j in jpegs], 1,
+                                                   strict=opt.strict)
         for k, (slot, file_index, label, buf) in enumerate(jpegs):
             if int(status[k]) != 0:
                 value = header_failure(buf, messages[k], HEADER_SIZE)
@@ -188,13 +194,13 @@ def _jpeg(buf, h, w, label, opt):
     data = memoryview(buf)[HEADER_SIZE:]
     try:
         if opt.verify_decode:
-            ops.decode_crop(data, 0, 0, h, w)
+            ops.decode_crop(data, 0, 0, h, w, strict=opt.strict)
         flags, payload = 0, None
         if opt.max_side and max(h, w) > opt.max_side:
-            payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality)
+            payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality, opt.strict)
             flags = FLAG_REENCODED
         if opt.seekable:
-            seekable = ops.add_restart_markers(data if payload is None else payload)
+            seekable = ops.add_restart_markers(data if payload is None else payload, strict=opt.strict)
             if seekable is not None:  # None: a colour space it leaves alone (CMYK, RGB): stored as it is
                 payload, flags = seekable, flags | FLAG_SEEKABLE
         if payload is not None:
@@ -293,12 +299,14 @@ def _read_state(env):
 
 
 def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg=False, verify_decode=False,
-         seekable=False, strict=False, resume=False, force=False, map_size=None, commit_every=512, file_list=None,
-         progress=True, log=None):
+         seekable=False, strict=True, on_error="skip", resume=False, force=False, map_size=None, commit_every=512, file_list=None,
+         classes=None, progress=True, log=None):
     """Packs the image folder ``src`` into the store ``dst``; returns a PackResult. See `fastload pack --help`.
 
     Raises DatasetError for what cannot be done as asked (existing destination, bad options, empty source) and
-    DataError for a broken file under ``strict``. Interrupted packs leave ``dst.partial`` for ``resume=True``.
+    DataError for a broken file with ``on_error="raise"``. Interrupted packs leave ``dst.partial`` for
+    ``resume=True``. ``strict`` is ops.read_header's: False keeps the JPEGs libjpeg warns about (--no-strict).
+    ``classes`` fixes the label numbers (see ``list_images``), e.g. a validation set's to the training store's.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     t0 = time.perf_counter()
@@ -315,16 +323,18 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         raise DatasetError(f"--quality must be within 1..100, got {quality}")
     if quality is not None and not (max_side or convert_to_jpeg):
         raise DatasetError("--quality applies to re-encoded images: use it with --max-side or --convert-to-jpeg")
+    if on_error not in ("skip", "raise"):
+        raise DatasetError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     if workers < 1 or commit_every < 1:
         raise DatasetError("--workers and --commit-every must be at least 1")
     opt = _Options(max_side, (quality or DEFAULT_QUALITY) if (max_side or convert_to_jpeg) else None,
-                   bool(convert_to_jpeg), bool(verify_decode), bool(seekable))
+                   bool(convert_to_jpeg), bool(verify_decode), bool(seekable), bool(strict))
     if not os.path.isdir(src):
         raise DatasetError(f"{src}: no such folder" if not os.path.exists(src) else f"{src}: not a folder")
     if (dst + os.sep).startswith(src + os.sep):
         raise DatasetError(f"{dst}: the store must not be inside the source folder {src}")
     if resume and os.path.lexists(dst) and not os.path.lexists(partial):
-        return _already_done(src, dst, file_list, opt, log, t0)
+        return _already_done(src, dst, file_list, opt, log, t0, classes)
     if os.path.lexists(dst):
         if not force:
             raise DatasetError(f"{dst} already exists; pass --force to replace it (the old store is removed only "
@@ -344,7 +354,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
 
     listing = None
     if not os.path.isdir(partial):
-        listing = _listing(src, file_list)  # errors before anything is created
+        listing = _listing(src, file_list, classes)  # errors before anything is created
         os.makedirs(partial)
     lock_fd = _lock(partial)
     env = None
@@ -352,9 +362,10 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         env = lmdb.open(partial, subdir=True, map_size=map_size or (64 << 20), lock=False,
                         readahead=False, meminit=False, metasync=True, sync=True)
         complete, plan, prog = _read_state(env)
+        this_run = 0
         if not complete:
             if plan is None:
-                listing = listing or _listing(src, file_list)
+                listing = listing or _listing(src, file_list, classes)
                 plan = _plan(src, file_list, listing, opt)
                 prog = {"next_file": 0, "next_record": 0}
                 _grow(env, plan, map_size)
@@ -362,11 +373,13 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                 log(f"packing {len(plan['files'])} files ({plan['source_bytes'] / 1e6:.1f} MB) from {src} "
                     f"into {partial}")
             else:
-                _check_same(plan, src, file_list, opt, partial)
+                _check_same(plan, src, file_list, opt, partial, classes)
                 _grow(env, plan, map_size)
                 log(f"resuming {partial}: {prog['next_file']} of {len(plan['files'])} files done, "
                     f"{prog['next_record']} records")
-            _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, partial)
+            this_run = len(plan["files"]) - prog["next_file"]  # files_seen counts the listing's skipped too
+            this_run += len(plan["listing_skipped"]) if prog["next_file"] == 0 else 0
+            _pack_files(env, plan, prog, opt, workers, commit_every, on_error, progress, partial)
             try:
                 _finalize(env, plan)
             except DataError:
@@ -379,7 +392,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         env = None
         meta = read_meta_from(partial)
         if complete:  # killed after its final transaction, before the rename
-            _check_same(meta, src, file_list, opt, partial)
+            _check_same(meta, src, file_list, opt, partial, classes)
         _write_report(partial, meta, dst)
     finally:
         if env is not None:
@@ -390,19 +403,19 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     _swap_into_place(partial, dst)
     skipped = [tuple(s) for s in meta["skipped"]]
     return PackResult(dst, meta["count"], meta["files_seen"], skipped, time.perf_counter() - t0,
-                      meta["image_bytes"], meta["reencoded"], meta["converted"], meta.get("seekable", 0))
+                      meta["image_bytes"], meta["reencoded"], meta["converted"], meta.get("seekable", 0), this_run)
 
 
-def _already_done(src, dst, file_list, opt, log, t0):
+def _already_done(src, dst, file_list, opt, log, t0, classes):
     """--resume of a pack that completed (a kill after the rename, a rerun script): fine if it is the same pack."""
     from .lmdb import read_meta
 
     meta, _ = read_meta(dst)
-    _check_same(meta, src, file_list, opt, dst)
+    _check_same(meta, src, file_list, opt, dst, classes)
     log(f"{dst} is already complete: nothing to resume")
     return PackResult(dst, meta["count"], meta["files_seen"], [tuple(s) for s in meta["skipped"]],
                       time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"],
-                      meta.get("seekable", 0))
+                      meta.get("seekable", 0), 0)
 
 
 def _committed_records(env):
@@ -418,30 +431,30 @@ def _grow(env, plan, map_size):
         env.set_mapsize(need)
 
 
-def _listing(src, file_list):
-    listing = list_images(src, file_list=file_list)
+def _listing(src, file_list, classes):
+    listing = list_images(src, file_list=file_list, classes=classes)
     if not listing.paths:
         raise DatasetError(f"{src}: none of its image files can be read "
                            f"(e.g. {listing.skipped[0][0]}: {listing.skipped[0][1]})")
     return listing
 
 
-def _check_same(started, src, file_list, opt, where):
+def _check_same(started, src, file_list, opt, where, classes=None):
     """--resume must continue the same pack: same source, file list and image options as the plan (or metadata)."""
     if started.get("version", 0) > VERSION:
         raise DatasetError(f"{where} was made by a newer fastload; finish it with that version or use --force")
-    was = {"source": started.get("source"), "file_list": started.get("file_list"), "seekable": False,
-           **started.get("options", {})}  # stores from before --seekable existed were packed without it
+    was = {"source": started.get("source"), "file_list": started.get("file_list"), "seekable": False, "strict": True,
+           **started.get("options", {})}  # stores from before --seekable / --no-strict were packed without them
     now = {"source": src, "file_list": file_list, **opt._asdict()}
+    if classes is not None:  # without classes=, the plan's own (sorted folder names) stand
+        was["classes"], now["classes"] = started.get("classes"), list(classes)
     if was != now:
         diff = ", ".join(f"{k}: {was.get(k)!r} then, {now.get(k)!r} now" for k in now if was.get(k) != now[k])
         raise DatasetError(f"{where} was started with other settings ({diff}); resume with the same ones, "
                            f"or start over with --force")
 
 
-def _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, partial):
-    from tqdm import tqdm
-
+def _pack_files(env, plan, prog, opt, workers, commit_every, on_error, progress, partial):
     src, files = plan["source"], plan["files"]
     n = len(files)
     start, next_record = prog["next_file"], prog["next_record"]
@@ -450,8 +463,7 @@ def _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, p
     tasks = ((s, min(n, s + chunk)) for s in range(start, n, chunk))
     puts, batch_bytes, batch_start = [], 0, start
     skipped_now = 0
-    bar = tqdm(total=n, initial=start, unit="file", desc="pack", file=sys.stderr, disable=not progress,
-               mininterval=0.5, dynamic_ncols=True)
+    bar = progress_bar(n, initial=start, desc="pack", unit="file", enabled=progress)
     pool = ThreadPoolExecutor(workers)
     pending = deque()
     try:
@@ -470,10 +482,10 @@ def _pack_files(env, plan, prog, opt, workers, commit_every, strict, progress, p
             for file_index, value in results:
                 if isinstance(value, str):
                     rel = files[file_index][0]
-                    if strict:
-                        raise DataError(f"{os.path.join(src, rel)}: {value} (--strict). {partial} keeps the "
-                                        f"records packed so far: fix the file and run again with --resume, or "
-                                        f"run without --strict to skip broken files")
+                    if on_error == "raise":
+                        raise DataError(f"{os.path.join(src, rel)}: {value} (--on-error raise). {partial} keeps "
+                                        f"the records packed so far: fix the file and run again with --resume, or "
+                                        f"run with --on-error skip to skip broken files")
                     puts.append((skip_key(file_index), dumps([rel, value])))
                     skipped_now += 1
                 else:
@@ -498,7 +510,7 @@ def _finalize(env, plan):
     """Builds the index from the committed records and writes the metadata: the pack's last transaction."""
     heights, widths, labels, formats = [], [], [], []
     image_bytes = reencoded = converted = seekable = 0
-    skipped, deletes = [], [PLAN_KEY, PROGRESS_KEY]
+    skipped, deletes, skipped_files = [], [PLAN_KEY, PROGRESS_KEY], set()
     with env.begin(buffers=True) as txn:
         prog = loads(txn.get(PROGRESS_KEY))
         cursor = txn.cursor()
@@ -525,6 +537,7 @@ def _finalize(env, plan):
                 if not key.startswith(SKIP_PREFIX):
                     break
                 skipped.append(tuple(loads(value)))
+                skipped_files.add(int.from_bytes(key[len(SKIP_PREFIX):], "big"))
                 deletes.append(key)
     if expected != prog["next_record"]:
         raise DataError(f"internal error: {expected} records stored, progress says {prog['next_record']}")
@@ -548,7 +561,11 @@ def _finalize(env, plan):
         "seekable": seekable,
         "index": encode_index(heights=heights, widths=widths, labels=labels_a, formats=formats_a),
     }
-    _write(env, [(META_KEY, dumps(meta))], deletes)
+    # Records are the plan's files in order, less the skipped ones: each record's source, for error messages.
+    sources = [f[0] for j, f in enumerate(plan["files"]) if j not in skipped_files]
+    if len(sources) != expected:
+        raise DataError(f"internal error: {expected} records stored for {len(sources)} files packed")
+    _write(env, [(META_KEY, dumps(meta)), (SOURCES_KEY, encode_sources(sources))], deletes)
     env.sync(True)
 
 

@@ -8,7 +8,9 @@ An LMDB environment (a directory holding data.mdb) with one unnamed database:
   u8 flags (1 re-encoded, 2 converted to JPEG, 4 restart markers added losslessly), u32 height, u32 width, i32 label, u32 CRC-32 of the image bytes``.
 * every other key is longer than 8 bytes and starts with ``__fastload_``, so it can never be taken for a record:
   ``META_KEY`` (JSON, written last, in the pack's final transaction: a store without it is not finished),
-  and, only while a pack is in progress, ``PLAN_KEY``, ``PROGRESS_KEY`` and ``SKIP_PREFIX`` + file index.
+  ``SOURCES_KEY`` (written with it: each record's source file, so error messages can name it; stores packed
+  before it existed lack it), and, only while a pack is in progress, ``PLAN_KEY``, ``PROGRESS_KEY`` and
+  ``SKIP_PREFIX`` + file index.
 
 The metadata JSON holds the format version, count, classes, per-class counts, source, skipped files with reasons
 and the index (heights, widths, labels, formats as base64 of little-endian arrays), so a reader plans crops
@@ -37,6 +39,7 @@ META_KEY = b"__fastload_meta__"
 PLAN_KEY = b"__fastload_plan__"
 PROGRESS_KEY = b"__fastload_progress__"
 SKIP_PREFIX = b"__fastload_skip__"
+SOURCES_KEY = b"__fastload_sources__"
 KEY_SIZE = 8
 
 # Index arrays in the metadata: name -> little-endian dtype on disk.
@@ -103,3 +106,22 @@ def dumps(obj):
 
 def loads(data):
     return json.loads(bytes(data).decode("utf-8"))
+
+
+def encode_sources(paths):
+    """SOURCES_KEY's value: u64 count, count + 1 u64 offsets, then the UTF-8 paths back to back (one lookup reads
+    two offsets and one path, so a store of millions of records never parses them all)."""
+    data = [p.encode("utf-8") for p in paths]
+    offsets = np.zeros(len(data) + 1, dtype="<u8")
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return struct.pack("<Q", len(data)) + offsets.tobytes() + b"".join(data)
+
+
+def source_at(value, i):
+    """Record i's source path from SOURCES_KEY's value, or None when it has no entry i."""
+    (count,) = struct.unpack_from("<Q", value, 0)
+    if not 0 <= i < count:
+        return None
+    start, end = struct.unpack_from("<QQ", value, 8 + 8 * i)
+    base = 8 + 8 * (count + 1)
+    return bytes(value[base + start:base + end]).decode("utf-8", "replace")

@@ -1,12 +1,12 @@
 """`fastload verify`: decode every sample of a dataset (native batch decode on threads), list what fails."""
 import os
-import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import ops
 from ..errors import DecodeError
 from .base import decode_image
+from .progress import progress as progress_bar
 from .record import JPEG
 
 _BATCH = 128
@@ -38,17 +38,15 @@ def _read(reader, i, check_crc):
     return data
 
 
-def verify(ds, *, threads=None, progress=True):
-    """Fully decodes every sample of ``ds``; returns [(sample name, reason)] for those that fail."""
-    from tqdm import tqdm
-
+def verify(ds, *, threads=None, progress=True, strict=True):
+    """Fully decodes every sample of ``ds``; returns [(sample name, reason)] for those that fail (``strict`` as in
+    ops.decode_crops)."""
     threads = threads or os.cpu_count() or 1
     check_crc = hasattr(ds, "meta")  # an LMDBDataset: records carry a header and a CRC
     failures = []
     n = len(ds)
     pool = ThreadPoolExecutor(threads)
-    bar = tqdm(total=n, unit="img", desc="verify", file=sys.stderr, disable=not progress, mininterval=0.5,
-               dynamic_ncols=True)
+    bar = progress_bar(n, desc="verify", unit="image", enabled=progress)
     try:
         i = 0
         while i < n:
@@ -71,7 +69,7 @@ def verify(ds, *, threads=None, progress=True):
                         others.append((k, pool.submit(_pillow, ds, data, k)))
                 if bufs:
                     windows = [[0, 0, int(ds.heights[k]), int(ds.widths[k]), 1] for k in idx]
-                    _, _, _, status, messages = ops.decode_crops(bufs, windows, threads=threads)
+                    _, _, _, status, messages = ops.decode_crops(bufs, windows, threads=threads, strict=strict)
                     for k, st, msg in zip(idx, status.tolist(), messages):
                         if st != ops.OK:
                             failures.append((ds.sample_name(k), f"{ops._REASONS.get(st, 'error')}: {msg}"))
