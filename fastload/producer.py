@@ -219,24 +219,35 @@ class BatchMaker:
         windows, matrices, other = self.plan(indices, epoch)
         nbytes = decoded_nbytes(windows)
         buffer = slot.reserve(int(nbytes.sum()))
+        n = len(indices)
+        other_np = other.numpy()
+        jpeg, others = np.flatnonzero(~other_np), np.flatnonzero(other_np)
+        offsets = torch.zeros(n, dtype=torch.int64)
+        shapes = torch.zeros(n, 3, dtype=torch.int64)
+        status = torch.full((n,), ops.NOT_DECODED, dtype=torch.int32)
+        messages = [""] * n
         with self.ds.reader() as reader:
-            # Non-JPEG samples get an empty buffer: the decoder answers NOT_JPEG at once and Pillow fills them.
             unreadable = {}
-            buffers, crcs = self._sources(reader, indices, unreadable)
-            for k in np.flatnonzero(other.numpy()):
-                buffers[k] = b""
-                if crcs is not None:
-                    crcs[k] = -1
+            buffers, crcs = self._sources(reader, indices[jpeg], unreadable)
             t1 = time.perf_counter()
-            _, offsets, shapes, status, messages = ops.decode_crops(
-                buffers, windows, buffer, threads=self.threads, strict=self.strict, max_pixels=self.max_pixels,
-                crcs=crcs)
-        t2 = time.perf_counter()
+            if len(jpeg):  # the JPEGs first, laid out by the native decoder
+                j = torch.from_numpy(jpeg)
+                _, offsets[j], shapes[j], status[j], decoded = ops.decode_crops(
+                    buffers, windows[j], buffer, threads=self.threads, strict=self.strict,
+                    max_pixels=self.max_pixels, crcs=crcs)
+                for k, message in zip(jpeg.tolist(), decoded):
+                    messages[k] = message
         for k, message in unreadable.items():  # decoded as empty buffers: report them as what they are
-            status[k] = ops.CORRUPT
-            messages[k] = message
-        for k in np.flatnonzero(other.numpy()):
-            self._pillow_fill(int(indices[k]), windows[k], buffer, offsets[k], shapes[k], status, messages, k)
+            status[jpeg[k]] = ops.CORRUPT
+            messages[jpeg[k]] = message
+        # Then the other formats, laid out here: the native layout gives no room to a window no JPEG can have (a
+        # side over 65535), and Pillow's would overwrite the samples after it.
+        start = int(nbytes[jpeg].sum())
+        for k in others.tolist():
+            room = int(nbytes[k])
+            offsets[k], shapes[k] = start, torch.tensor([int(windows[k, 2]), int(windows[k, 3]), 3])
+            self._pillow_fill(int(indices[k]), windows[k], buffer[start:start + room], status, messages, k)
+            start += room
         used = int(nbytes.sum())
         counts = {"fallback": int(other.sum()), "skipped": 0}
         bad = np.flatnonzero(status.numpy() != ops.OK)
@@ -358,18 +369,22 @@ class BatchMaker:
                     unreadable[k] = str(e).removeprefix(f"{e.sample}: ")
         return buffers, crcs
 
-    def _pillow_fill(self, index, window, buffer, offset, shape, status, messages, k):
-        """Decodes a non-JPEG sample with Pillow and writes its window where the decoder would have."""
+    def _pillow_fill(self, index, window, room, status, messages, k):
+        """Decodes a non-JPEG sample with Pillow and writes its window, HWC, at the start of ``room`` (a uint8
+        view that must hold it: nothing is written past it)."""
         top, left, h, w, _ = (int(v) for v in window)
         try:
+            if h * w * 3 > room.numel():
+                raise ValueError(f"its {w}x{h} window needs {h * w * 3} bytes, the batch gave it {room.numel()}")
             with self.ds.reader() as reader:
                 data = bytes(reader.get(index))
             with Image.open(io.BytesIO(data)) as im:
+                if im.width * im.height > self.max_pixels:
+                    raise ValueError(f"{im.width}x{im.height} is over the pixel limit ({self.max_pixels})")
                 rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
             if rgb.shape[0] < top + h or rgb.shape[1] < left + w:
                 raise ValueError(f"image is {rgb.shape[1]}x{rgb.shape[0]}, the index says otherwise")
-            start = int(offset)
-            buffer[start:start + h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
+            room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
             status[k] = ops.OK
         except Exception as e:  # any Pillow failure is this sample's decode error
             status[k] = ops.CORRUPT
@@ -401,7 +416,7 @@ class BatchMaker:
                 if bool(other[0]):
                     st, msg = torch.tensor([ops.NOT_JPEG], dtype=torch.int32), [""]
                     off, shp = torch.tensor([0]), torch.tensor([[int(w[0, 2]), int(w[0, 3]), 3]])
-                    self._pillow_fill(int(pick[0]), w[0], buffer[used:], off[0], shp[0], st, msg, 0)
+                    self._pillow_fill(int(pick[0]), w[0], buffer[used:used + need], st, msg, 0)
                 else:
                     with self.ds.reader() as reader:
                         picked, crc = self._sources(reader, pick)

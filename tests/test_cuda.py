@@ -182,6 +182,7 @@ def test_data_prefetcher_over_a_dataloader():
     assert (x.cpu() - ref).abs().max() <= 1e-3
 
 
+@pytest.mark.cuda
 def test_uint8_output_and_float_targets_on_cuda_equal_the_cpu_path(imagenet_dir):
     """dtype=torch.uint8 is the resized pixels (0-255) on CUDA as on the CPU, and float / multi-dimensional
     targets travel to the GPU as they are (issue 19, items 2 and 3)."""
@@ -200,6 +201,7 @@ def test_uint8_output_and_float_targets_on_cuda_equal_the_cpu_path(imagenet_dir)
     assert max(int(x.max()) for x, _ in cpu) > 200  # 0-255 pixels, not normalised values cast to uint8
 
 
+@pytest.mark.cuda
 def test_data_prefetcher_keeps_float_labels_on_cuda():
     imgs = torch.from_numpy(photos.coffee()[:120, :160]).permute(2, 0, 1).contiguous()
     dataset = torch.utils.data.TensorDataset(imgs.expand(6, 3, 120, 160).contiguous(), torch.linspace(0, 1, 6))

@@ -430,3 +430,27 @@ def test_default_threads_share_the_cores(coded_dir, monkeypatch):
 def test_bad_arguments():
     with pytest.raises(ValueError, match="on_error"):
         fl.FastLoader([], on_error="ignore")
+
+
+def test_an_image_wider_than_any_jpeg_does_not_overwrite_its_neighbours(imagenet_dir, tmp_path):
+    """A non-JPEG image with a side over 65535 (JPEG's limit): its window gets room of its own, and the JPEGs laid
+    out after it in the batch keep their pixels (it used to be written over them)."""
+    root = tmp_path / "wide"
+    (root / "a").mkdir(parents=True)
+    for i, f in enumerate(sorted(imagenet_dir.rglob("*.jpg"))[:5]):
+        (root / "a" / f"{i}.jpg").write_bytes(f.read_bytes())
+    strip = photos.astronaut()[200:208]  # 8 rows of a real photo, tiled to 66000 columns
+    wide = np.ascontiguousarray(np.tile(strip, (1, -(-66000 // strip.shape[1]), 1))[:, :66000])
+    Image.fromarray(wide).save(root / "a" / "2_wide.png")  # sorts after 2.jpg: two JPEGs follow it
+    common = dict(shuffle=False, crop=fl.CenterCrop(16, resize=(16, 16), dct_downscale=False))
+    ds = fl.FolderDataset(root, cache=False)
+    assert ds.sample_name(3).endswith("2_wide.png") and (ds.heights[3], ds.widths[3]) == (8, 66000)
+    (x, _), = list(fl.FastLoader(ds, batch_size=len(ds), **common))
+    (jpegs := root / "jpegs").mkdir()
+    (root / "a").rename(jpegs / "a")
+    (jpegs / "a" / "2_wide.png").unlink()
+    (xj, _), = list(fl.FastLoader(fl.FolderDataset(jpegs, cache=False), batch_size=5, **common))
+    assert torch.equal(torch.cat([x[:3], x[4:]]), xj)  # every JPEG exactly as without the wide image
+    ref = TF.resize(torch.from_numpy(wide).permute(2, 0, 1).float(), [16, 16], antialias=True) / 255
+    ref = TF.normalize(ref, MEAN, STD)
+    assert (x[3] - ref).abs().max().item() <= 1e-3 / 0.225  # and the wide image is itself
