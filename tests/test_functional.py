@@ -75,6 +75,8 @@ def test_factor_ops_match_torchvision(photos, flat_photos, ops, dtype, device):
         x = _as(images, dtype, device)
         _assert_matches(op(x, FACTORS), _reference(tv_op, x, FACTORS), dtype)
         _assert_matches(op(x, FACTORS.to(device)), _reference(tv_op, x, FACTORS), dtype)  # already on x's device
+    gray = _as(TF.rgb_to_grayscale(photos), dtype, device)  # one channel, where torchvision takes it too
+    _assert_matches(op(gray, FACTORS), _reference(tv_op, gray, FACTORS), dtype)
     # a number is shared by the batch
     x = _as(photos, dtype, device)
     _assert_matches(op(x, 1.37), _reference(tv_op, x, [1.37] * len(x)), dtype)

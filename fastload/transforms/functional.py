@@ -460,31 +460,21 @@ def gaussian_blur(x, kernel_size, sigma=None):
 # ---------------------------------------------------------------------------------------------------------------
 # the table executor
 
-def _table_op(code, x, p):
-    """Apply op ``code`` to the samples x [n, C, H, W] with their parameter rows p [n, 3] (on x's device)."""
-    if code == 1:
-        return _brightness(x, p[:, 0].double())
-    if code == 2:
-        return _contrast(x, p[:, 0].double())
-    if code == 3:
-        return _saturation(x, p[:, 0].double())
-    if code == 4:
-        return _hue(x, p[:, 0].double())
-    if code == 5:
-        return _sharpness(x, p[:, 0].double())
-    if code == 6:
-        return _posterize(x, p[:, 0].round().long())
-    if code == 7:
-        return _solarize(x, p[:, 0].double())
-    if code == 8:
-        return _autocontrast(x)
-    if code == 9:
-        return _equalize(x)
-    if code == 10:
-        return _invert_op(x)
-    if code == 11:
-        return _grayscale(x, x.shape[1])
-    raise AssertionError(code)  # 12 (gaussian_blur) is applied by apply_table, which groups by kernel size too
+# op code -> kernel(x [n, C, H, W], parameter rows p [n, 3] on x's device); 12 (gaussian_blur) is applied by
+# apply_table itself, which also groups its samples by kernel size.
+_TABLE_OPS = {
+    1: lambda x, p: _brightness(x, p[:, 0].double()),
+    2: lambda x, p: _contrast(x, p[:, 0].double()),
+    3: lambda x, p: _saturation(x, p[:, 0].double()),
+    4: lambda x, p: _hue(x, p[:, 0].double()),
+    5: lambda x, p: _sharpness(x, p[:, 0].double()),
+    6: lambda x, p: _posterize(x, p[:, 0].round().long()),
+    7: lambda x, p: _solarize(x, p[:, 0].double()),
+    8: lambda x, p: _autocontrast(x),
+    9: lambda x, p: _equalize(x),
+    10: lambda x, p: _invert_op(x),
+    11: lambda x, p: _grayscale(x, x.shape[1]),  # keeps the batch's channel count
+}
 
 
 def apply_table(x, ops, params):
@@ -536,10 +526,8 @@ def apply_table(x, ops, params):
     for (s, code, size, idx), i, p in zip(groups, idx_dev, rows_dev):
         whole = len(idx) == b
         sub = out if whole else out.index_select(0, i)
-        if code == 12:
-            y = _gaussian_blur(sub, size[0], size[1], p[:, 2:3].double().expand(-1, 2).contiguous())
-        else:
-            y = _table_op(code, sub, p)
+        y = _gaussian_blur(sub, *size, p[:, 2:3].double().expand(-1, 2).contiguous()) if code == 12 \
+            else _TABLE_OPS[code](sub, p)
         if whole:
             out = y
         else:
