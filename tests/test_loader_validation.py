@@ -156,7 +156,7 @@ def test_targets_that_are_not_numbers_are_refused(ds):
 # ---- DataPrefetcher on the CPU ----------------------------------------------------------------------------------
 
 def _photo_loader(layout="NCHW"):
-    imgs = torch.stack([torch.from_numpy(photos.astronaut()[:200, :200]), torch.from_numpy(photos.coffee()[:200, :200])])
+    imgs = torch.stack([torch.from_numpy(p()[:200, :200]) for p in (photos.astronaut, photos.coffee)])
     images = imgs.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else imgs
     dataset = torch.utils.data.TensorDataset(images.repeat(4, 1, 1, 1), torch.arange(8) / 8.0)
     return imgs.permute(0, 3, 1, 2), torch.utils.data.DataLoader(dataset, batch_size=4)
