@@ -36,7 +36,17 @@ def _key(name, magnitude):
     return f"{name}:{round(magnitude, 4) + 0.0:g}"  # + 0.0: -0.0 (a negated zero bin) is the zero bin
 
 
+_TV_CACHE = {}
+
+
 def _torchvision_draws(tv, n):
+    key = (repr(tv), n)
+    if key not in _TV_CACHE:
+        _TV_CACHE[key] = _torchvision_draws_uncached(tv, n)
+    return _TV_CACHE[key]
+
+
+def _torchvision_draws_uncached(tv, n):
     """One category per call: the ordered (op, magnitude) list that _apply_image_or_video_transform received."""
     calls, current = [], []
     tv = copy.copy(tv)  # the recording method is set on a copy: the shared instance stays torchvision's
@@ -58,7 +68,11 @@ def _torchvision_draws(tv, n):
 def _fastload_draws(policy, n, seed=0, epoch=0):
     op, magnitude, applied = policy.draws(seed, epoch, np.arange(n), H, W)
     names = policy.op_names
-    return ["|".join(_key(names[o], m) for o, m, a in zip(op[i], magnitude[i], applied[i]) if a) for i in range(n)]
+    pairs, inverse = np.unique(np.stack([op.ravel(), np.round(magnitude.ravel(), 4) + 0.0]), axis=1,
+                               return_inverse=True)
+    labels = np.array([_key(names[int(o)], m) for o, m in pairs.T] + [""], dtype=object)
+    slots = np.where(applied.ravel(), inverse.ravel(), len(labels) - 1).reshape(op.shape)
+    return ["|".join(x for x in row if x) for row in zip(*(labels[slots[:, s]] for s in range(op.shape[1])))]
 
 
 def _two_sample_chi2(a, b):
