@@ -528,7 +528,8 @@ class GeometryPlanner:
         if extra is not None:
             extra = np.asarray(extra, np.float64).reshape(b, 3, 3)
             # pixel-index -> edge coordinates: T(.5) . extra . T(-.5)
-            a = a @ _scale_shift(1.0, 0.5, 1.0, 0.5) @ extra @ _scale_shift(1.0, -0.5, 1.0, -0.5)
+            one = np.ones(b)
+            a = a @ _scale_shift(one, 0.5, one, 0.5) @ extra @ _scale_shift(one, -0.5, one, -0.5)
         x0, x1, y0, y1 = self._box(a, np.full(b, out_h), np.full(b, out_w))
         rx, ry = _reach(a[:, 0, 0], a[:, 0, 1]), _reach(a[:, 1, 0], a[:, 1, 1])
         left = np.clip(np.floor(np.maximum(x0 - rx, clip[:, 0])), 0, widths - 1).astype(np.int64)
