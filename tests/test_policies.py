@@ -14,7 +14,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import _auto_augment
 
-from fastload.transforms import color, policies as P
+from fastload.transforms import policies as P
+from fastload.transforms.functional import OPS
 
 N = 100_000  # fastload's draws per policy, as issue 16 asks
 # torchvision's draws: 100k calls cost 10-30 s per policy on the 2-core machine, so 10k; test_chi2_has_power shows
@@ -166,7 +167,7 @@ def test_table_holds_what_torchvision_passes_to_each_op(pair, monkeypatch):
             name, kwargs = recorder.calls[0] if recorder.calls else ("identity", {})
             fl_op, key = _TV_FUNCTIONAL.get(name, ("identity", None))
             seen.add(name)
-            assert code == color.OPS[fl_op], (i, s, name)
+            assert code == OPS[fl_op], (i, s, name)
             expected = float(np.float32(kwargs[key])) if key else 0.0
             assert param == [expected, 0.0, 0.0], (i, s, name, kwargs)
     assert len(seen) >= 5 and seen & {"rotate", "affine"}

@@ -14,18 +14,7 @@ import numpy as np
 import torch
 
 from .. import rng
-
-# TEMPORARY: functional.py (OPS, PhotometricTable) is being written; these copy CONTRACT.md until it lands.
-from typing import NamedTuple
-
-
-class PhotometricTable(NamedTuple):
-    ops: torch.Tensor  # int64 [B, S]
-    params: torch.Tensor  # float32 [B, S, 3]
-
-
-OPS = {"identity": 0, "brightness": 1, "contrast": 2, "saturation": 3, "hue": 4, "sharpness": 5, "posterize": 6,
-       "solarize": 7, "autocontrast": 8, "equalize": 9, "invert": 10, "grayscale": 11, "gaussian_blur": 12}
+from .functional import OPS, PhotometricTable
 
 __all__ = ["ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert", "RandomPosterize",
            "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize"]

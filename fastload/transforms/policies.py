@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from .. import rng
-from .color import OPS, _table
+from .color import _table
+from .functional import OPS
 
 __all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide"]
 
@@ -305,7 +306,7 @@ class _Policy:
         return np.where(self._signed[op] & (u < 0.5), -1.0, 1.0)
 
     def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "stream")
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k not in ("stream", "slots", "columns"))
         return f"{type(self).__name__}({args})"
 
 
