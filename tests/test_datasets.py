@@ -377,3 +377,37 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
         r.sources([1, 3])  # the loader's path
     assert ds[4][0].shape[0] == 3
     assert HEADER_SIZE == 24
+
+
+def _strict_cases(good):
+    """(junk.jpg: harmless junk bytes between two header markers, which libjpeg warns about; cut.jpg: its scan cut
+    at half with the end-of-image marker put back, which passes the scan's structure check but decodes wrong)."""
+    data = good.read_bytes()
+    second = 4 + ((data[4] << 8) | data[5])  # past SOI and the first segment
+    junk = data[:second] + b"\x00\x11\x22" + data[second:]
+    sos = data.index(b"\xff\xda")
+    cut = data[:sos + (len(data) - sos) // 2] + b"\xff\xd9"
+    return junk, cut
+
+
+def test_strict_switch_of_the_scan_and_ds_getitem(ds_tree, tmp_path):
+    tree = photo_tree(ds_tree, tmp_path / "t", png=False)
+    good = jpeg_files(tree)[0]
+    junk, cut = _strict_cases(good)
+    (tree / "class_03" / "junk.jpg").write_bytes(junk)
+    (tree / "class_03" / "cut.jpg").write_bytes(cut)
+    ref = pillow_rgb(good)
+    for strict in (True, False):
+        ds = FolderDataset(tree, strict=strict)  # the scan keeps both: header warnings are harmless, cut needs a decode
+        assert ds.skipped == [] and len(ds) == 49 + 2
+        j, c = ds.paths.index(str(tree / "class_03" / "junk.jpg")), ds.paths.index(str(tree / "class_03" / "cut.jpg"))
+        with pytest.warns(fastload.ops.JpegWarning, match="extraneous bytes"):
+            assert torch.equal(ds[j][0], ref)  # the pixels Pillow gives, with the warning reported
+        if strict:
+            with pytest.raises(fastload.DecodeError, match=r"cut\.jpg: .*(premature end|Corrupt)"):
+                ds[c]
+        else:
+            with pytest.warns(fastload.ops.JpegWarning):
+                assert ds[c][0].shape == ref.shape  # decoded, libjpeg filling in the missing half
+    # A strict=False scan is cached apart: what it accepted is checked again by a strict scan.
+    assert folder_mod._cache_path(tree, None, (".jpg",), True) != folder_mod._cache_path(tree, None, (".jpg",), False)

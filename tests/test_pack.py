@@ -325,3 +325,39 @@ def test_sigkill_at_random_points_then_resume(broken_tree, tmp_path):
         assert meta[key] == ref_meta[key], key
     assert {p for p, _ in meta["skipped"]} == set(expected)
     assert set(got) == set(want)  # no leftover plan, progress or skip keys
+
+
+def test_no_strict_keeps_what_strict_skips_and_is_part_of_the_plan(pack_tree, tmp_path, capsys):
+    """--verify-decode decodes every file: strictly by default (a scan cut at half is skipped, named), and with
+    --no-strict as FastLoader(strict=False) would (kept). A harmless header warning is kept either way."""
+    from test_datasets import _strict_cases
+
+    src = photo_tree(pack_tree, tmp_path / "src", png=False)
+    junk, cut = _strict_cases(jpeg_files(src)[0])
+    (src / "class_03" / "junk.jpg").write_bytes(junk)
+    (src / "class_03" / "cut.jpg").write_bytes(cut)
+    strict = pack(src, tmp_path / "strict.lmdb", **quiet(verify_decode=True))
+    assert [p for p, _ in strict.skipped] == ["class_03/cut.jpg"] and "premature end" in strict.skipped[0][1]
+    assert strict.records == 49 + 1
+    assert main(["pack", str(src), str(tmp_path / "lenient.lmdb"), "--verify-decode", "--no-strict", "-q"]) == 0
+    lenient = LMDBDataset(tmp_path / "lenient.lmdb")
+    assert len(lenient) == 49 + 2 and lenient.skipped == [] and lenient.meta["options"]["strict"] is False
+    # Resuming with the other setting would mix the two in one store: refused.
+    partial = tmp_path / "mixed.lmdb.partial"
+    shutil.copytree(tmp_path / "lenient.lmdb", partial)  # a finished store under the .partial name: same plan
+    assert main(["pack", str(src), str(tmp_path / "mixed.lmdb"), "--resume", "--verify-decode", "-q"]) == 2
+    assert "strict: False then, True now" in capsys.readouterr().err
+
+
+def test_classes_from_a_store_keeps_label_numbers(pack_tree, tmp_path):
+    train = pack(pack_tree, tmp_path / "train.lmdb", **quiet())
+    val = tmp_path / "val"
+    for name in ("class_00", "class_03"):
+        shutil.copytree(pack_tree / name, val / name)
+    assert main(["pack", str(val), str(tmp_path / "val.lmdb"), "--classes-from", str(train.path), "-q"]) == 0
+    store = LMDBDataset(tmp_path / "val.lmdb")
+    assert store.classes == LMDBDataset(train.path).classes and set(store.labels.tolist()) == {0, 3}
+    names = tmp_path / "classes.txt"
+    names.write_text("class_03\nclass_00\n")
+    assert main(["pack", str(val), str(tmp_path / "val2.lmdb"), "--classes-from", str(names), "-q"]) == 0
+    assert LMDBDataset(tmp_path / "val2.lmdb").labels.tolist() == [1] * 12 + [0] * 12

@@ -30,8 +30,11 @@ def first_scan_offset(data, start=0):
     while True:
         if pos >= n:
             return -1
-        if data[pos] != 0xFF:
-            raise ValueError(f"no JPEG marker at byte {pos - start}")
+        if data[pos] != 0xFF:  # junk between segments: libjpeg skips it to the next marker, with a warning that
+            found = data.find(b"\xff", pos)  # ops lets through (the pixels are the encoder's): so does this walk
+            if found < 0:
+                raise ValueError(f"no JPEG marker at byte {pos - start}")
+            pos = found
         while pos < n and data[pos] == 0xFF:  # fill bytes
             pos += 1
         if pos >= n:

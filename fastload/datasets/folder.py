@@ -126,9 +126,9 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
             raise DatasetError(f"{root}: class folder(s) {', '.join(unknown[:5])} not among the {len(classes)} "
                                f"classes given (classes=): add them there, or remove the folders")
     paths, labels, sizes, mtimes, skipped = [], [], [], [], []
-    for label, name in enumerate(classes):
-        if name not in found:
-            continue  # a class this folder has no images of (warned about by FolderDataset)
+    index = {c: i for i, c in enumerate(classes)}
+    for name in found:  # sorted folder names, as ImageFolder: the order of samples does not depend on classes=
+        label = index[name]
         for rel, size, mtime in _walk_class(os.path.join(root, name), extensions, skipped, root):
             paths.append(rel)
             labels.append(label)
