@@ -24,6 +24,7 @@ from .datasets.source import as_source
 from .producer import HYBRID_PERIOD, BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
+from .transforms.pipeline import Pipeline
 from .transforms.planners import RandomResizedCrop
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -46,6 +47,14 @@ class FastLoader:
         dataset: FolderDataset, LMDBDataset, or anything with heights/widths/labels/formats, reader(), sample_name().
         batch_size, shuffle, seed, drop_last: as in DataLoader; per-sample randomness is a pure function of
             (seed, epoch, sample index), so the same seed gives the same batches whatever the thread count.
+        transform: a ``fastload.transforms.Compose([...])``, torchvision.transforms.v2's vocabulary: geometry
+            (RandomResizedCrop, Resize, CenterCrop, flips, RandomAffine, RandomRotation) planned before decoding and
+            folded into one warp, photometric ops and policies (ColorJitter, TrivialAugmentWide, RandAugment,
+            AutoAugment, ...) per sample in the stage, ToDtype + Normalize, RandomErasing, and MixUp/CutMix last
+            (then y is [B, num_classes] float). It replaces crop/flip/mean/std/dtype, a shorthand for
+            ``Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToDtype(torch.float32, scale=True),
+            Normalize(mean, std)])`` (same meaning; the shorthand keeps its own random draws). A transform fastload
+            cannot run is refused here, with the list of those it can.
         crop: a planner, ``RandomResizedCrop(224)`` (default) or ``CenterCrop(224)`` for evaluation.
         flip: horizontal flip probability; replaces the crop's own (on a copy: the crop passed is not changed).
         mean, std: per-channel, on the 0-1 scale, applied as ``(x / 255 - mean) / std``; ``None`` for both gives
@@ -86,7 +95,7 @@ class FastLoader:
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
                  prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True, timeout=None,
-                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu"):
+                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu", transform=None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         dtype = _check_dtype(dtype)
@@ -116,7 +125,14 @@ class FastLoader:
             raise ValueError("the dataset is empty")
         self.dataset = dataset
         self.batch_size = batch_size
-        self.crop = _with_flip(crop if crop is not None else RandomResizedCrop(224), flip)
+        if transform is None:
+            self.crop = _with_flip(crop if crop is not None else RandomResizedCrop(224), flip)
+            self.pipeline = Pipeline.shorthand(self.crop, self.mean, self.std, self._in_scale, dtype)
+        else:
+            _check_no_shorthand(crop, flip, mean, std, dtype)
+            self.crop = None
+            self.pipeline = Pipeline.build(transform)
+            dtype = self.pipeline.dtype
         self.dtype = dtype
         self.channels_last = channels_last
         self.prefetch = prefetch
@@ -130,7 +146,7 @@ class FastLoader:
                                       drop_last=drop_last, pad=pad)
         self.seed = seed
         self._stats = LoaderStats()
-        self._maker = BatchMaker(dataset, self.crop, seed, self.threads, on_error, strict, max_pixels, self._stats,
+        self._maker = BatchMaker(dataset, self.pipeline, seed, self.threads, on_error, strict, max_pixels, self._stats,
                                  device=self.device, decoder=self.decoder)
         self._epoch = 0
         self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
@@ -233,22 +249,21 @@ class FastLoader:
     def _stage_cpu(self):
         """The CPU stage as a function of the batch alone: producer threads hold it, and must not hold the loader
         (a loader that is dropped stops its threads, including those of an epoch started ahead)."""
-        size, mean, std, in_scale, dtype, channels_last, stats = (self.crop.size, self.mean, self.std, self._in_scale,
-                                                                  self.dtype, self.channels_last, self._stats)
+        pipeline, channels_last, stats = self.pipeline, self.channels_last, self._stats
 
         def stage(batch):
             t = time.perf_counter()
-            x = ops.warp_ragged(batch.data, batch.offsets, batch.shapes, batch.matrices, size, mean=mean, std=std,
-                                in_scale=in_scale, out_dtype=dtype, channels_last=channels_last)
+            x = pipeline.run(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.params,
+                             channels_last=channels_last)
             stats.add(stage=time.perf_counter() - t)
             return x
         return stage
 
     def _device_pipe(self):
-        if self._pipe is None:  # one persistent side stream per loader
+        if self._pipe is None:  # one persistent side stream per loader; the same stage as the CPU's
             from .prefetch.pipe import DevicePipe
-            self._pipe = DevicePipe(self.device, self.crop.size, self.mean, self.std, self.dtype, self.channels_last,
-                                    in_scale=self._in_scale)
+            self._pipe = DevicePipe(self.device, self.pipeline.out_size, self.mean, self.std, self.dtype,
+                                    self.channels_last, in_scale=self._in_scale, stage=self.pipeline.run)
         return self._pipe
 
 
@@ -299,6 +314,16 @@ def _normalisation(mean, std, dtype):
 def _check_positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_no_shorthand(crop, flip, mean, std, dtype):
+    """transform= says everything crop/flip/mean/std/dtype would: one way to say each thing."""
+    given = [name for name, value, default in (("crop", crop, None), ("flip", flip, None), ("mean", mean, IMAGENET_MEAN),
+                                               ("std", std, IMAGENET_STD), ("dtype", dtype, torch.float32))
+             if value is not default and value != default]
+    if given:
+        raise ValueError(f"transform= replaces {', '.join(given)}: put them in the pipeline (RandomResizedCrop/"
+                         f"CenterCrop, RandomHorizontalFlip, ToDtype, Normalize) instead of passing both")
 
 
 def _with_flip(crop, flip):
@@ -500,13 +525,16 @@ class _EpochIterator:
             if self.next_batch < len(self.batches):  # keep the GPU one batch ahead
                 self.pending = self._submit(pipe, self._next_item())
             x, y = pipe.receive(current)
+        if loader.pipeline.batch_ops:  # MixUp/CutMix on the finished batch, keyed by its index in the epoch
+            x, y = loader.pipeline.apply_batch_ops(x, y, loader.seed, self.epoch, loader._batches_done)
         loader._batches_done += 1
         loader._stats.add(images=len(y), batches=1, **counts)
         return x, y
 
     def _submit(self, pipe, batch):
         t = time.perf_counter()
-        handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes)
+        handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes,
+                             params=batch.params)
         # A host slot is free once copied; a device one (decoder="nvjpeg") once the kernel has read it.
         batch.slot.copied = handle.ready if batch.data.is_cuda else handle.copied
         p = self.producers

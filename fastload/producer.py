@@ -47,6 +47,8 @@ class RaggedBatch:
     # Sample counts for loader.stats() (skipped, fallback, gpu_decoded): added when the batch is handed out, so a
     # batch made ahead (the next epoch's first ones) is not counted before the training loop gets it.
     counts: dict = field(default_factory=dict)
+    indices: np.ndarray = None  # the samples it holds (after on_error="skip" replacements)
+    params: object = None       # transforms.pipeline.SampleParams: what the stage applies after the warp, or None
 
 
 class Slot:
@@ -170,10 +172,13 @@ os.register_at_fork(before=_hold_decoders, after_in_parent=_release_decoders, af
 
 
 class BatchMaker:
-    def __init__(self, dataset, crop, seed, threads, on_error, strict, max_pixels, stats, device=None,
+    """Makes a batch: ``pipeline`` (transforms.Pipeline) plans windows and matrices before decoding, and the
+    per-sample parameters of the stage once the batch's samples are final."""
+
+    def __init__(self, dataset, pipeline, seed, threads, on_error, strict, max_pixels, stats, device=None,
                  decoder="cpu"):
         self.ds = dataset
-        self.crop = crop
+        self.pipeline = pipeline
         self.seed = seed
         self.threads = threads
         self.on_error = on_error
@@ -196,7 +201,7 @@ class BatchMaker:
         _makers.add(self)
 
     def plan(self, indices, epoch):
-        plan = self.crop.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
+        plan = self.pipeline.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
         windows, matrices = plan.windows, plan.matrices
         other = torch.from_numpy(self.formats[indices] != _FORMAT_JPEG)
         if bool(other.any()):
@@ -208,11 +213,13 @@ class BatchMaker:
     def make(self, indices, epoch, slot, k=0):
         """Batch k of the epoch (k picks the decoder with decoder="hybrid")."""
         indices = np.asarray(indices, dtype=np.int64)
+        batch = None
         if self.hardware and not (self.hybrid and k % HYBRID_PERIOD == HYBRID_PERIOD - 1):
             batch = self._make_on_gpu(indices, epoch, slot)
-            if batch is not None:
-                return batch
-        return self._make_on_cpu(indices, epoch, slot)
+        if batch is None:
+            batch = self._make_on_cpu(indices, epoch, slot)
+        batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices)
+        return batch
 
     def _make_on_cpu(self, indices, epoch, slot):
         t0 = time.perf_counter()
@@ -258,7 +265,7 @@ class BatchMaker:
         labels = torch.from_numpy(self.labels[indices])
         t3 = time.perf_counter()
         self.stats.add(read=t1 - t0, decode=t3 - t1)
-        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts)
+        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts, indices)
 
     def _make_on_gpu(self, indices, epoch, slot):
         """decoder="nvjpeg": the hardware decoder takes every baseline YCbCr JPEG of the batch, the cores the rest
@@ -309,15 +316,17 @@ class BatchMaker:
         shapes = torch.empty(n, 3, dtype=torch.int64)
         all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
         labels = torch.from_numpy(self.labels[indices])
+        final = indices.copy()
         cpu = torch.from_numpy(rest)
         offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices
         if part is not None:
             offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices
             labels[cpu] = part.labels  # on_error="skip" may have replaced samples
+            final[rest] = part.indices
         self.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
         counts = dict(part.counts if part is not None else {}, gpu_decoded=len(chosen))
         return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot,
-                           counts)
+                           counts, final)
 
     def _hardware_handles(self, batch):
         if self._hardware is None:

@@ -57,7 +57,10 @@ class Handle:
 
 
 class DevicePipe:
-    def __init__(self, device, size, mean, std, dtype, channels_last, *, in_scale=1.0 / 255):
+    def __init__(self, device, size, mean, std, dtype, channels_last, *, in_scale=1.0 / 255, stage=None):
+        """stage: what runs after the copy, ``stage(pixels, offsets, shapes, matrices, params, channels_last=,
+        hwc=, channels=)`` (FastLoader's transforms.Pipeline.run); by default the fused warp + normalise."""
+        self.stage = stage
         self.device = torch.device(device)
         self.size = size
         self.mean, self.std, self.in_scale = mean, std, in_scale
@@ -66,7 +69,8 @@ class DevicePipe:
         # High priority: inside a training loop the copy and the kernel go ahead of the model's queued kernels.
         self.stream = torch.cuda.Stream(self.device, priority=-1)
 
-    def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=None, size=None):
+    def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=None, size=None,
+               params=None):
         """Queues copy + stage on the side stream; returns at once. data must be pinned for a real overlap.
         labels: any dtype and shape [B, ...] (class indices, float or multi-dimensional targets), kept as they are.
         in_scale: the pipe's own unless given."""
@@ -86,9 +90,14 @@ class DevicePipe:
             b = offsets.numel()
             head = meta[:head.numel() * 8].view(torch.int64)
             y = meta[head.numel() * 8:].view(labels.dtype).view(labels.shape)
-            x = ops.warp_ragged(pixels, head[:b], head[b:4 * b].view(b, 3), mats.view(b, 2, 3), size or self.size,
-                                mean=self.mean, std=self.std, in_scale=in_scale, out_dtype=self.dtype,
-                                channels_last=self.channels_last, hwc=hwc, channels=int(shapes[0, 2]))
+            offs, shps, mats = head[:b], head[b:4 * b].view(b, 3), mats.view(b, 2, 3)
+            if self.stage is not None:
+                x = self.stage(pixels, offs, shps, mats, params, channels_last=self.channels_last, hwc=hwc,
+                               channels=int(shapes[0, 2]))
+            else:
+                x = ops.warp_ragged(pixels, offs, shps, mats, size or self.size, mean=self.mean, std=self.std,
+                                    in_scale=in_scale, out_dtype=self.dtype, channels_last=self.channels_last,
+                                    hwc=hwc, channels=int(shapes[0, 2]))
             ready = torch.cuda.Event()
             ready.record(self.stream)
             return Handle(x, y, ready, copied)

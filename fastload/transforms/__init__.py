@@ -1,9 +1,31 @@
 """fastload.transforms: torchvision.transforms.v2's vocabulary, planned before decode and run in the loader's stage.
 
-``planners`` holds the crop planners behind FastLoader's ``crop=`` shorthand (``fastload.RandomResizedCrop``,
-``fastload.CenterCrop``): from image sizes and per-sample random numbers to decode windows, DCT scales and warp
-matrices.
-"""
-from .planners import CenterCrop, CropPlan, RandomResizedCrop
+    import fastload.transforms as T          # instead of: import torchvision.transforms.v2 as T
+    loader = fl.FastLoader(ds, transform=T.Compose([
+        T.RandomResizedCrop(176), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+        T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std), T.RandomErasing(0.1),
+        T.RandomChoice([T.MixUp(alpha=0.2, num_classes=1000), T.CutMix(alpha=1.0, num_classes=1000)])]))
 
-__all__ = ["CropPlan", "RandomResizedCrop", "CenterCrop"]
+Same class names, arguments and defaults as torchvision; every random parameter is drawn per sample from
+fastload's counter RNG (a pure function of seed, epoch and sample index). Where things run: CONTRACT.md.
+
+Modules: ``geometry`` (folded into one warp before decode), ``color`` and ``policies`` (per-sample photometric
+tables), ``functional`` (the batched ops that execute them, CPU and CUDA), ``erasing``, ``mixing`` (batch ops),
+``pipeline`` (Compose and what FastLoader runs), ``planners`` (the crop= shorthand's planners).
+"""
+from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
+                    RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
+from .erasing import RandomErasing
+from .geometry import (CenterCrop, RandomAffine, RandomHorizontalFlip, RandomResizedCrop, RandomRotation,
+                       RandomVerticalFlip, Resize)
+from .mixing import CutMix, MixUp, RandomChoice
+from .pipeline import Compose, Normalize, PILToTensor, Pipeline, ToDtype, ToImage
+from .policies import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
+
+__all__ = [
+    "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
+    "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
+    "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
+    "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "ToImage", "PILToTensor", "ToDtype",
+    "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "Pipeline",
+]

@@ -11,7 +11,9 @@ Every random number is a pure function of (seed, epoch, sample index) (batch ind
 make the same draws and a resumed loader the same batches.
 """
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .. import ops
@@ -126,12 +128,24 @@ def _check_transform(t):
     return kind
 
 
+class SampleParams(NamedTuple):
+    """What a batch carries to the stage besides pixels and matrices: its photometric table, its erasing boxes,
+    and the coordinates of its draws (for RandomErasing's value="random")."""
+    table: object  # functional.PhotometricTable or None
+    erase: list  # one float32 [B, 4] per RandomErasing
+    seed: int
+    epoch: int
+    indices: np.ndarray
+
+
 class Pipeline:
     """What FastLoader runs: a Compose split into geometry (planned before decode), photometric slots, the output
     dtype/normalisation, erasing, and batch ops. Built once per loader by ``Pipeline.build``."""
 
-    def __init__(self, geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, transforms):
+    def __init__(self, geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, transforms, *,
+                 in_scale=1.0 / 255):
         self.transforms = transforms
+        self.in_scale = in_scale
         self.photometric = photometric  # policies and photometric transforms, in order
         self.dtype, self.scale = dtype, scale
         self.mean, self.std = mean, std
@@ -139,10 +153,12 @@ class Pipeline:
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
         from .geometry import GeometryPlanner
-        self.geometry = GeometryPlanner(geometry)
-        self.out_size = self.geometry.out_size
+        # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
+        steps = [] if hasattr(geometry, "plan") else geometry
+        self.geometry = GeometryPlanner(steps) if steps else geometry
+        self.out_size = tuple(self.geometry.out_size if steps else geometry.size)
         # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
-        fills = {_fill_triple(t.fill) for t in geometry + self._policies if hasattr(t, "fill")}
+        fills = {_fill_triple(t.fill) for t in steps + self._policies if hasattr(t, "fill")}
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
@@ -202,6 +218,12 @@ class Pipeline:
                              f"supports scale=True (0-1), as torchvision's recipes use")
         return cls(geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, items)
 
+    @classmethod
+    def shorthand(cls, planner, mean, std, in_scale, dtype):
+        """The pipeline of FastLoader's crop=/flip=/mean=/std=/dtype= arguments: the planner's crop and flip,
+        then the fused normalisation (``(x * in_scale - mean) / std``; uint8: the pixels as they are)."""
+        return cls(planner, [], dtype, True, mean, std, [], [], [planner], in_scale=in_scale)
+
     # --- planning (host, per batch) -------------------------------------------------------------------------
     @property
     def photometric_slots(self):
@@ -210,6 +232,8 @@ class Pipeline:
     def plan(self, heights, widths, seed, epoch, indices):
         """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped), the policies' geometric ops
         composed after every geometric step."""
+        if not self._policies:
+            return self.geometry.plan(heights, widths, seed, epoch, indices)
         extra = None
         h, w = self.out_size
         for p in self._policies:
@@ -228,39 +252,44 @@ class Pipeline:
                  for t in self.photometric]
         return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
 
-    def erasing_tables(self, seed, epoch, indices):
+    def sample_params(self, seed, epoch, indices):
+        """SampleParams of a batch with these (final: after on_error="skip" replacements) sample indices, or None
+        when the pipeline has nothing per sample after the warp."""
+        if not self.photometric and not self.erasing:
+            return None
         h, w = self.out_size
-        return [e.table(seed, epoch, indices, h, w) for e in self.erasing]
-
-    @property
-    def needs_uint8_stage(self):
-        """Whether the warp must write uint8 first (photometric ops see uint8 images, as in torchvision), rather
-        than the single fused warp + normalise."""
-        return bool(self.photometric)
+        indices = np.asarray(indices, dtype=np.int64)
+        return SampleParams(self.table(seed, epoch, indices), [e.table(seed, epoch, indices, h, w) for e in self.erasing],
+                            seed, epoch, indices)
 
     # --- execution (the stage, on the batch's device) -------------------------------------------------------
     def normalise_params(self):
-        """(mean, std, in_scale) for ops.warp_ragged's fused normalisation of the final output."""
+        """(mean, std, in_scale) of the output: ``(x * in_scale - mean) / std``; uint8 output is not scaled."""
         if self.dtype == torch.uint8:
             return None, None, 1.0
-        if self.mean is None:
-            return None, None, 1.0 / 255
-        return self.mean, self.std, 1.0 / 255
+        return self.mean, self.std, self.in_scale
 
-    def finish(self, x, table, erase, seed, epoch, indices, channels_last):
-        """After the warp: photometric ops on uint8 x, then dtype + normalisation, then erasing. With no
-        photometric op, x comes from the fused warp already normalised and only erasing remains."""
-        if table is not None:
+    def run(self, data, offsets, shapes, matrices, params, *, channels_last=False, hwc=True, channels=3):
+        """The stage, on the batch's device (CPU or CUDA, same maths): the warp, then ``params`` (SampleParams or
+        None). Without photometric ops, one fused warp + normalise; with them, the warp writes uint8 (rounded, as
+        torchvision's uint8 resize does), the ops run on it, then ToDtype + Normalize, then RandomErasing."""
+        mean, std, in_scale = self.normalise_params()
+        photometric = params is not None and params.table is not None
+        x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size, mean=None if photometric else mean,
+                            std=None if photometric else std, in_scale=1.0 if photometric else in_scale,
+                            out_dtype=torch.uint8 if photometric else self.dtype,
+                            channels_last=channels_last and params is None, fill=self.fill[0], hwc=hwc,
+                            channels=channels)
+        if params is None:
+            return x
+        if photometric:
             from .functional import apply_table
-            x = apply_table(x, table.ops, table.params)
+            x = apply_table(x, params.table.ops, params.table.params)
             if self.dtype != torch.uint8:
-                mean, std, in_scale = self.normalise_params()
                 x = _normalise(x, mean, std, in_scale, self.dtype)
-        for e, t in zip(self.erasing, erase):
-            x = e.apply(x, t, seed, epoch, indices)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        for e, boxes in zip(self.erasing, params.erase):
+            x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
+        return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
     def apply_batch_ops(self, x, y, seed, epoch, batch_index):
         for op in self.batch_ops:
