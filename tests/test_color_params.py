@@ -96,7 +96,8 @@ RANDOM_APPLY = [  # (fastload, torchvision, op, parameter torchvision passes to 
     (C.RandomEqualize(0.9), v2.RandomEqualize(0.9), "equalize", 0.0),
     (C.RandomGrayscale(), v2.RandomGrayscale(), "grayscale", 0.0),
     (C.RandomPosterize(3, p=0.7), v2.RandomPosterize(3, p=0.7), "posterize", 3.0),
-    (C.RandomSolarize(191.5, p=0.2), v2.RandomSolarize(191.5, p=0.2), "solarize", 191.5),
+    # threshold 191.5 solarizes uint8 pixels >= 192: the table holds that integer (exact in float32)
+    (C.RandomSolarize(191.5, p=0.2), v2.RandomSolarize(191.5, p=0.2), "solarize", 192.0),
     (C.RandomAdjustSharpness(2.5), v2.RandomAdjustSharpness(2.5), "sharpness", 2.5),
 ]
 

@@ -8,6 +8,7 @@ loader's stage on the uint8 image (the canvas after the geometry), as torchvisio
 (``RandomSolarize``) are therefore on the 0-255 scale, which is what torchvision uses for uint8 images.
 """
 import collections.abc
+import math
 import numbers
 
 import numpy as np
@@ -116,7 +117,8 @@ class RandomSolarize(_RandomApply):
         self.threshold = threshold
 
     def _param(self):
-        return float(self.threshold)
+        # the uint8 threshold that decides the same pixels (x >= t <=> x >= ceil(t)), exact in the float32 table
+        return float(math.ceil(self.threshold))
 
 
 class RandomAdjustSharpness(_RandomApply):

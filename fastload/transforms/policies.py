@@ -9,7 +9,8 @@ probabilities. Unlike torchvision on a batch, every sample draws its own ops and
 - photometric ops take their slot in the table (slot k = the k-th op the sample draws; a geometric op or an op
   that was not applied leaves the identity in its slot), with the parameters torchvision's
   ``_apply_image_or_video_transform`` passes to the functional op (factor 1 + magnitude, posterize bits
-  int(magnitude), solarize threshold 255 * magnitude on the uint8 image);
+  int(magnitude), solarize threshold 255 * magnitude on the uint8
+  image, rounded up to the integer that makes the same decisions on uint8 pixels);
 - geometric ops (ShearX/Y, TranslateX/Y, Rotate) become ``extra``, float64 [B, 3, 3] mapping output pixel-index
   coordinates (pixel centres at integers) of the height x width canvas to input pixel-index coordinates: the
   mapping torchvision's ``affine_image``/``rotate_image`` sample with (the inverse affine matrix about the image
@@ -52,7 +53,9 @@ _PHOTOMETRIC = {
     "Contrast": ("contrast", lambda m: 1.0 + m),
     "Sharpness": ("sharpness", lambda m: 1.0 + m),
     "Posterize": ("posterize", np.trunc),  # int(magnitude)
-    "Solarize": ("solarize", lambda m: 255.0 * m),  # _max_value(uint8) * magnitude
+    # _max_value(uint8) * magnitude, as the uint8 threshold it decides: x >= t <=> x >= ceil(t) for integer x. In
+    # float32 255 * 2/3 = 170.0000051 would become 170.0 and solarize the pixels at 170, which torchvision does not.
+    "Solarize": ("solarize", lambda m: np.ceil(255.0 * m)),
     "AutoContrast": ("autocontrast", lambda m: 0.0 * m),
     "Equalize": ("equalize", lambda m: 0.0 * m),
     "Invert": ("invert", lambda m: 0.0 * m),
