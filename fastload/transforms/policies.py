@@ -365,7 +365,8 @@ class RandAugment(_Policy):
     def _draw(self, u, height, width):
         op = _randint(u[:, 0::2], len(self._names))
         bins = np.arange(self.num_magnitude_bins)[self.magnitude]  # a negative magnitude indexes from the end
-        magnitude = self._magnitudes(self.num_magnitude_bins, height, width)[:, bins][op] * self._signs(op, u[:, 1::2])
+        table = self._magnitudes(self.num_magnitude_bins, height, width)[:, bins]
+        magnitude = table[op] * self._signs(op, u[:, 1::2])
         return op, magnitude, np.ones(op.shape, bool)
 
 
