@@ -309,7 +309,8 @@ class _Policy:
         return np.where(self._signed[op] & (u < 0.5), -1.0, 1.0)
 
     def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k not in ("stream", "slots", "columns"))
+        hidden = ("stream", "slots", "columns")
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k not in hidden)
         return f"{type(self).__name__}({args})"
 
 
