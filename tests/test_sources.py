@@ -107,7 +107,7 @@ def test_bytes_dataset_is_refused_with_the_protocol(folder):
     with pytest.raises(TypeError) as e:
         fl.FastLoader(Encoded())
     msg = str(e.value)
-    assert "Encoded" in msg and "heights, widths, labels, formats, classes, reader, sample_name" in msg
+    assert "Encoded" in msg and "heights, widths, labels, formats, reader, sample_name" in msg
     assert "reader().get(i)" in msg and "read_header" in msg
     with pytest.raises(TypeError, match="FastLoader cannot read a list"):
         fl.FastLoader([b"\xff\xd8", b"\xff\xd8"])
@@ -115,9 +115,8 @@ def test_bytes_dataset_is_refused_with_the_protocol(folder):
 
 def test_a_protocol_object_loads(folder):
     """The protocol's minimum (no sources(): the loader reads bytes with get()) gives the dataset's own batches."""
-    class Minimal:
-        heights, widths, labels, formats, classes = (folder.heights, folder.widths, folder.labels, folder.formats,
-                                                      folder.classes)
+    class Minimal:  # no classes either: the loader does not need them
+        heights, widths, labels, formats = folder.heights, folder.widths, folder.labels, folder.formats
 
         def __len__(self):
             return len(folder)

@@ -8,7 +8,7 @@ datasets: the dataset protocol"):
 * ``heights``, ``widths``: integer arrays [N], each image's full size in pixels (what its header says).
 * ``labels``: array [N], the targets batches carry.
 * ``formats``: uint8 array [N]: 0 = JPEG (libjpeg-turbo crop decode), 1 = any other format (decoded by Pillow).
-* ``classes``: list of class names (label k is ``classes[k]``).
+* optionally ``classes``: list of class names (label k is ``classes[k]``), for summaries; the loader does not use it.
 * ``reader()``: a context manager giving ``r`` with ``r.get(i) -> bytes-like`` (the encoded file, valid until the
   ``with`` exits) and optionally ``r.sources(indices) -> (buffers or file paths, CRC-32s or None)`` for the
   native batch decoder (without it the loader uses ``get``).
@@ -22,12 +22,12 @@ import contextlib
 import numpy as np
 import torch
 
-PROTOCOL = ("__len__", "heights", "widths", "labels", "formats", "classes", "reader", "sample_name")
+PROTOCOL = ("__len__", "heights", "widths", "labels", "formats", "reader", "sample_name")
 _ARRAYS = ("heights", "widths", "labels", "formats")
 _DOCS = 'README.md, "Custom datasets: the dataset protocol"'
 _SUPPORTED = ("FastLoader reads fastload.FolderDataset, fastload.LMDBDataset, torch.utils.data.Subset and "
               "random_split of them, or any object implementing the dataset protocol (len, heights, widths, labels, "
-              f"formats, classes, reader(), sample_name(i); see {_DOCS})")
+              f"formats, reader(), sample_name(i); see {_DOCS})")
 
 
 def as_source(dataset):
@@ -66,7 +66,7 @@ class SubsetSource:
         self.widths = np.asarray(base.widths)[self.indices]
         self.labels = np.asarray(base.labels)[self.indices]
         self.formats = np.asarray(base.formats)[self.indices]
-        self.classes = base.classes
+        self.classes = getattr(base, "classes", None)
 
     def __len__(self):
         return len(self.indices)
