@@ -127,7 +127,8 @@ def add_pack(sub):
                    "(e.g. the training set's, so a validation set missing a class keeps its numbers) or a text file "
                    "of class names, one per line (label k is line k)")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="print only problems (skipped files, warnings, errors): no progress, no summary")
+                   help="nothing on stderr but warnings and errors (no progress bar or lines, no progress "
+                   "messages); the summary and the skipped files still go to stdout")
     p.set_defaults(func=cmd_pack)
 
 
@@ -144,14 +145,13 @@ def cmd_pack(args):
     # The rate of what this run read: after --resume, the files an earlier run packed are not in it.
     done, seconds = result.files_this_run, result.seconds
     rate = f"{done / seconds:,.0f} files/s" if done and seconds > 0 else "nothing left to pack"
-    resumed = f"; this run packed {done} of them" if done != result.files else ""
-    if not args.quiet:
-        print(f"packed {result.records} images from {result.files} files into {result.path} in {seconds:.1f} s "
-              f"({rate}{resumed}), {_human(result.image_bytes)} of image data"
-              + (f", {result.reencoded} re-encoded" if result.reencoded else "")
-              + (f", {result.converted} converted to JPEG" if result.converted else "")
-              + (f", {result.seekable} made seekable" if result.seekable else ""))
-    if result.skipped:  # problems: printed even with --quiet
+    resumed = f"; this run packed {done} of them" if 0 < done != result.files else ""
+    print(f"packed {result.records} images from {result.files} files into {result.path} in {seconds:.1f} s "
+          f"({rate}{resumed}), {_human(result.image_bytes)} of image data"
+          + (f", {result.reencoded} re-encoded" if result.reencoded else "")
+          + (f", {result.converted} converted to JPEG" if result.converted else "")
+          + (f", {result.seekable} made seekable" if result.seekable else ""))
+    if result.skipped:
         print(f"skipped {len(result.skipped)} files (all listed in {os.path.join(result.path, 'report.txt')}):")
         for path, reason in result.skipped[:20]:
             print(f"  {path}: {reason}")

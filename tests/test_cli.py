@@ -38,14 +38,17 @@ def test_warnings_are_readable_lines(tree, tmp_path):
     assert "UserWarning" not in r.stderr and ".py:" not in r.stderr  # no `cli.py:60: UserWarning:` and source line
 
 
-def test_pack_quiet_prints_only_problems(tree, tmp_path):
+def test_pack_quiet_leaves_stderr_to_problems(tree, tmp_path):
+    """-q: no progress and no progress messages on stderr; the summary (and skipped files) on stdout as always."""
+    loud = fastload("pack", tree, tmp_path / "loud.lmdb")
+    assert loud.returncode == 0 and loud.stderr.startswith("packing 48 files")
     r = fastload("pack", tree, tmp_path / "a.lmdb", "-q")
-    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("packed 48 images from 48 files")
     broken = photo_tree(tree, tmp_path / "b", png=False)
     add_broken(broken, jpeg_files(broken)[0])
     r = fastload("pack", broken, tmp_path / "b.lmdb", "-q")
     assert r.returncode == 0 and r.stderr == ""
-    assert r.stdout.startswith("skipped 8 files") and "empty.jpg: empty file" in r.stdout  # problems still shown
+    assert "skipped 8 files" in r.stdout and "empty.jpg: empty file" in r.stdout
 
 
 def test_resume_reports_the_rate_of_this_run(tree, tmp_path, monkeypatch):
