@@ -2,9 +2,10 @@
 ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing). FastLoader runs twice:
 on the folder itself and on the store `fastload pack --seekable` makes of it (packed once, kept in --data).
 
-    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--json out.json]
+    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--transform SPEC] [--json out.json]
 
-Same batch size, same transforms (RandomResizedCrop 224, flip, normalise), workers = threads = cores.
+Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
+loaders: fastload.benchmark.pipelines), workers = threads = cores.
 """
 import argparse
 import json
@@ -21,27 +22,34 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--cores", type=int, default=os.cpu_count(), help="fastload threads and torchvision workers")
+    p.add_argument("--transform", default=None, choices=benchmark.TRANSFORMS,
+                   help="the same torchvision v2 pipeline in both loaders (default: the crop= shorthand and "
+                        "torchvision's classic transforms)")
+    p.add_argument("--sets", default="ImageNet-like,1080p", help="which corpora, comma-separated")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    sets = {"ImageNet-like": corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"), classes=10,
-                                                       per_class=100),
-            "1080p": corpus.make_hd(os.path.join(args.data, "hd"), count=192)}
+    makers = {"ImageNet-like": lambda: corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"),
+                                                                 classes=10, per_class=100),
+              "1080p": lambda: corpus.make_hd(os.path.join(args.data, "hd"), count=192)}
+    sets = {name: makers[name]() for name in args.sets.split(",")}
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)
         rows = []
         for what, dataset in (("folder", ds), ("pack --seekable", LMDBDataset(corpus.seekable_store(root)))):
             rate, stats = benchmark.fastload_rate(dataset, batch_size=args.batch_size, threads=args.cores,
-                                                  epochs=args.epochs)
+                                                  epochs=args.epochs, transform=args.transform)
             rows.append({"pipeline": f"fastload FastLoader (cpu, {args.cores} threads, {what})",
                          "images_per_s": rate, "stats": stats})
-        tv = benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores, epochs=args.epochs)
+        tv = benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores, epochs=args.epochs,
+                                        transform=args.transform)
         results[name] = rows + [{"pipeline": f"torchvision DataLoader ({args.cores} workers, folder)",
                                  "images_per_s": tv}]
     for name, rows in results.items():
         print()
         print(benchmark.format_table(rows, f"{name}: {len(FolderDataset(sets[name]))} images, batch "
-                                           f"{args.batch_size}, {args.cores} cores"))
+                                           f"{args.batch_size}, {args.cores} cores, transforms: "
+                                           f"{args.transform or 'crop + flip + normalise'}"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -310,6 +310,10 @@ def add_bench(sub):
                    "hardware decoder; --device cuda), hybrid (both, on different batches; --device cuda), auto "
                    "(nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
+    p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment"], default=None,
+                   help="the same torchvision v2 pipeline in both loaders: RandomResizedCrop + RandomHorizontalFlip "
+                        "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment] + ToDtype + Normalize (default: "
+                        "fastload's crop= shorthand against torchvision's classic transforms)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, the table then "
@@ -366,7 +370,8 @@ def cmd_bench(args):
               f"and end of every epoch weigh on these numbers (more images measure steadier rates)", file=sys.stderr)
     result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
-                           model=args.model, progress=not args.quiet, decoder=args.decoder)
+                           model=args.model, progress=not args.quiet, decoder=args.decoder,
+                           transform=args.transform)
     title = "fastload bench: " + benchmark.describe(result)
     table = benchmark.format_table(result["rows"], title)
     if args.json == "-":

@@ -1,0 +1,100 @@
+"""Augmentation on the GPU, side by side in one run (needs CUDA):
+
+(a) the stage per batch: the plain fused warp + normalise against the same warp with a policy's per-sample
+    photometric ops (a TrivialAugmentWide / RandAugment table drawn for the batch) and the normalisation after
+    them; GPU time only (bench.gpu.cuda_time), batch of realistic RandomResizedCrop windows;
+(b) finished batches per second of FastLoader(device="cuda") with each --transform spec (fastload.benchmark.pipelines:
+    RandomResizedCrop + flip + [policy] + ToDtype + Normalize), against torchvision's DataLoader running the
+    identical torchvision v2 pipeline (``--workers`` processes, pinned, copied to the GPU).
+
+    python -m bench.augment --data DIR [--size 176] [--epochs 2] [--json out.json]
+"""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+import fastload as fl
+from bench.gpu import cuda_time, realistic_batch
+from fastload import benchmark
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment")
+
+
+def stage_bench(ds, size, batch):
+    """GPU ms per batch of the loader's stage (Pipeline.run) for each spec, on one decoded batch."""
+    data, offsets, shapes, mats = realistic_batch(ds, batch, size)
+    dev = [t.cuda() for t in (data, offsets, shapes, mats)]
+    idx = np.arange(batch)
+    rows = []
+    for spec in SPECS:
+        pipeline = fl.transforms.Pipeline.build(benchmark.pipelines(spec, size)[0])
+        params = pipeline.sample_params(0, 0, idx)
+
+        def run():
+            return pipeline.run(*dev, params, channels_last=True)
+        rows.append((spec, cuda_time(run)))
+    return rows
+
+
+def loader_rate(ds, spec, size, batch, epochs):
+    loader = fl.FastLoader(ds, batch_size=batch, device="cuda", channels_last=True, drop_last=True,
+                           transform=benchmark.pipelines(spec, size)[0])
+    for _ in loader:  # warm-up epoch
+        pass
+    torch.cuda.synchronize()
+    n, t = 0, time.perf_counter()
+    for _ in range(epochs):
+        for x, y in loader:
+            n += len(y)
+    torch.cuda.synchronize()
+    rate = n / (time.perf_counter() - t)
+    loader.close()
+    return rate
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="ImageFolder of JPEGs (e.g. from python -m bench.corpus imagenet)")
+    p.add_argument("--size", type=int, default=176)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="torchvision DataLoader workers")
+    p.add_argument("--specs", default="plain,trivialaugment,randaugment", help="--transform specs for (b)")
+    p.add_argument("--skip-torchvision", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    ds = fl.FolderDataset(args.data)
+    print(f"{torch.cuda.get_device_name()} | {os.cpu_count()} cores | {len(ds)} images | {args.size} px | "
+          f"batch {args.batch_size}", flush=True)
+    stage = stage_bench(ds, args.size, args.batch_size)
+    specs = args.specs.split(",")
+    rates = {spec: loader_rate(ds, spec, args.size, args.batch_size, args.epochs) for spec in specs}
+    tv = {} if args.skip_torchvision else {
+        spec: benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.workers, epochs=args.epochs,
+                                         device="cuda", size=args.size, progress=False, transform=spec)
+        for spec in specs if spec != "plain"}
+
+    plain_ms = stage[0][1]
+    print(f"\n(a) the stage on the GPU, batch of {args.batch_size} RandomResizedCrop windows -> {args.size} px, "
+          f"float32 channels_last")
+    print(f"{'pipeline':<40} {'ms':>8} {'x plain':>8}")
+    for spec, ms in stage:
+        print(f"{spec:<40} {ms:8.3f} {ms / plain_ms:8.2f}")
+    print(f"\n(b) finished batches on the GPU, images/s ({args.epochs} timed epochs after a warm-up)")
+    print(f"{'pipeline':<60} {'img/s':>9} {'% plain':>8}")
+    for spec, rate in rates.items():
+        print(f"{'fastload FastLoader, ' + spec:<60} {rate:9.0f} {100 * rate / rates[specs[0]]:7.1f}%")
+    for spec, rate in tv.items():
+        print(f"{'torchvision DataLoader (' + str(args.workers) + ' workers), ' + spec:<60} {rate:9.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"stage_ms": dict(stage), "fastload": rates, "torchvision": tv, "size": args.size}, f)
+
+
+if __name__ == "__main__":
+    main()

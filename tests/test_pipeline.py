@@ -1,0 +1,132 @@
+"""FastLoader(transform=...): the pipeline end to end on real photos (the parts have their own test files)."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2 as TV
+
+import fastload as fl
+import fastload.transforms as T
+from fastload import benchmark, ops
+from fastload.loader import IMAGENET_MEAN, IMAGENET_STD
+from fastload.transforms.functional import apply_table
+
+
+def _policy_pipeline(size=48, extra=()):
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToDtype(torch.float32, scale=True),
+                      T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *extra])
+
+
+def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
+    """A batch is: planned windows decoded, warped to uint8 (rounded), the photometric table applied by the
+    reference ops (exact to torchvision per sample: test_functional), then normalised."""
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_policy_pipeline())
+    x, y = next(iter(loader))
+    idx = np.arange(8)
+    pipe = loader.pipeline
+    plan = pipe.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, idx)
+    with ds.reader() as r:
+        data, offsets, shapes, status, _ = ops.decode_crops([r.get(i) for i in range(8)], plan.windows)
+    assert int(status.abs().sum()) == 0
+    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8)
+    table = pipe.table(0, 0, idx)
+    assert table.ops.shape == (8, 1 + 4)  # TrivialAugmentWide's slot, then ColorJitter's four
+    ref = apply_table(u8, table.ops, table.params).float() / 255
+    ref = (ref - torch.tensor(IMAGENET_MEAN)[:, None, None]) / torch.tensor(IMAGENET_STD)[:, None, None]
+    # The stage folds (x / 255 - mean) / std into one multiply-add: float32 rounding apart, 1e-5 of ~[-2, 3].
+    torch.testing.assert_close(x, ref, atol=1e-5, rtol=0)
+    assert torch.equal(y, torch.as_tensor(np.asarray(ds.labels)[idx]))
+
+
+def test_same_batches_whatever_the_threads_and_after_resume(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = _policy_pipeline(extra=[T.RandomErasing(0.5)])
+    one = [x for x, _ in fl.FastLoader(ds, batch_size=8, seed=3, threads=1, workers=1, transform=tf)]
+    two = fl.FastLoader(ds, batch_size=8, seed=3, threads=2, workers=3, transform=tf)
+    it = iter(two)
+    first = [next(it)[0] for _ in range(2)]
+    state = two.state_dict()
+    two.close()
+    resumed = fl.FastLoader(ds, batch_size=8, seed=3, threads=2, transform=tf)
+    resumed.load_state_dict(state)
+    rest = [x for x, _ in resumed]
+    assert len(one) == len(first) + len(rest)
+    for a, b in zip(one, first + rest):
+        assert torch.equal(a, b)
+    other = next(iter(fl.FastLoader(ds, batch_size=8, seed=4, transform=tf)))[0]
+    assert not torch.equal(one[0], other)
+
+
+def test_batch_ops_give_soft_targets(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = _policy_pipeline(extra=[T.RandomChoice([T.MixUp(alpha=0.2, num_classes=4), T.CutMix(alpha=1.0,
+                                                                                               num_classes=4)])])
+    x, y = next(iter(fl.FastLoader(ds, batch_size=8, transform=tf)))
+    assert x.shape == (8, 3, 48, 48) and y.shape == (8, 4) and y.dtype == torch.float32
+    torch.testing.assert_close(y.sum(1), torch.ones(8))
+
+
+def test_uint8_output_without_todtype(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    x, _ = next(iter(fl.FastLoader(ds, batch_size=4, transform=T.Compose([T.RandomResizedCrop(32),
+                                                                         T.RandomEqualize(p=1.0)]))))
+    assert x.dtype == torch.uint8 and int(x.max()) == 255  # equalize stretches every image to the full range
+
+
+def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_path):
+    """on_error="skip": the photometric table follows the sample that replaced a broken one."""
+    import shutil
+    root = tmp_path / "ds"
+    shutil.copytree(imagenet_dir, root)
+    first_class = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    victim = sorted(first_class.iterdir())[0]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:len(data) // 2] + b"\xff\xd9")  # half the scan, EOI re-appended
+    ds = fl.FolderDataset(root)
+    loader = fl.FastLoader(ds, batch_size=len(ds), shuffle=False, on_error="skip", transform=_policy_pipeline())
+    maker = loader._maker
+    from fastload.producer import Slot
+    batch = maker.make(np.arange(len(ds)), 0, Slot(pin=False))
+    assert batch.counts["skipped"] >= 1
+    assert batch.indices[0] != 0  # sample 0 was replaced
+    expected = loader.pipeline.table(0, 0, batch.indices)
+    assert torch.equal(batch.params.table.ops, expected.ops) and torch.equal(batch.params.table.params,
+                                                                             expected.params)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (lambda: T.Compose([T.RandomResizedCrop(32), lambda im: im]), TypeError, "not a fastload transform"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), TV.ColorJitter(0.4)]), TypeError, "fastload.transforms.ColorJitter"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), TV.ElasticTransform()]), TypeError, "no equivalent"),
+    (lambda: T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(32)]), ValueError, "geometry first"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]), ValueError,
+     "ToDtype(torch.float32, scale=True)"),
+    (lambda: T.Compose([T.ColorJitter(0.4)]), ValueError, "fix the output size"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.MixUp(num_classes=4), T.ToDtype(torch.float32, scale=True)]),
+     ValueError, "must come last"),
+])
+def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error, words):
+    ds = fl.FolderDataset(imagenet_dir)
+    with pytest.raises(error) as e:
+        fl.FastLoader(ds, batch_size=4, transform=bad())
+    assert words in str(e.value)
+
+
+def test_transform_and_shorthand_arguments_are_one_way(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    with pytest.raises(ValueError, match="transform= replaces mean"):
+        fl.FastLoader(ds, transform=_policy_pipeline(), mean=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="transform= replaces crop"):
+        fl.FastLoader(ds, transform=_policy_pipeline(), crop=fl.RandomResizedCrop(32))
+
+
+def test_bench_specs_build_the_same_pipeline_for_both_loaders():
+    for spec in benchmark.TRANSFORMS:
+        ours, theirs = benchmark.pipelines(spec, 176)
+        assert [type(t).__name__ for t in ours.transforms] == [type(t).__name__ for t in theirs.transforms]
+    from fastload import cli
+    assert cli.build_parser().parse_args(["bench", "d", "--transform", "randaugment"]).transform == "randaugment"
+    bench = next(a for a in cli.build_parser()._subparsers._group_actions if a.choices).choices["bench"]
+    choices = next(a.choices for a in bench._actions if a.dest == "transform")
+    assert tuple(choices) == benchmark.TRANSFORMS  # `fastload bench --transform` lists what benchmark can build
