@@ -1,10 +1,12 @@
 """fastload's native ops as Python functions.
 
-JPEG: ``read_header``, ``decode_crop`` (one window) and ``decode_crops`` (a batch, native threads, GIL released).
+JPEG: ``read_header``, ``decode_crop`` (one window), ``decode_crops`` (a batch, native threads, GIL released) and
+``verify_jpegs`` (whether whole files decode, without decoding pixels).
 Geometry: ``warp_affine`` (dense batches, CPU and CUDA), ``warp_ragged`` (the loader's ragged batches) and
 ``affine_from_points``. The decoder returns status codes; this module turns them into exceptions.
 """
 import functools
+import warnings
 from collections import namedtuple
 
 import torch
@@ -12,23 +14,50 @@ import torch
 from .errors import DecodeError
 from .native import C
 
-__all__ = ["JpegInfo", "read_header", "decode_crop", "decode_crops", "add_restart_markers", "restart_layout",
-           "warp_affine", "warp_ragged", "affine_from_points", "MAX_PIXELS", "DOWNSCALES"]
+__all__ = ["JpegInfo", "JpegWarning", "read_header", "read_headers", "decode_crop", "decode_crops", "verify_jpegs",
+           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_from_points", "MAX_PIXELS",
+           "MAX_BYTES", "DOWNSCALES"]
 
 #: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
 MAX_PIXELS = 178_956_970
 #: DCT downscales libjpeg-turbo can apply while decoding.
 DOWNSCALES = (1, 2, 4, 8)
 
-OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED, UNREADABLE = range(9)
+OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED, UNREADABLE, INTERNAL = range(10)
 _REASONS = {NOT_JPEG: "not a JPEG", CORRUPT: "corrupt", TOO_LARGE: "too large", BAD_WINDOW: "bad window",
-            UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded", UNREADABLE: "unreadable"}
+            UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded", UNREADABLE: "unreadable",
+            INTERNAL: "native error"}
+#: Prefix of the message of an OK sample that decoded with a warning let through (see "Strict mode" below).
+WARNING_PREFIX = "warning: "
 #: Default per-image byte limit for decode_crops (files and buffers alike).
 MAX_BYTES = 256 << 20
 _COLOR_SPACES = {0: "unknown", 1: "gray", 2: "rgb", 3: "ycbcr", 4: "cmyk", 5: "ycck"}
 _SUBSAMPLING = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}
 
 JpegInfo = namedtuple("JpegInfo", "height width components color_space subsampling progressive arithmetic adobe")
+
+_STRICT_DOC = """
+Strict mode. libjpeg reports damage as warnings and goes on with made-up pixels. ``strict=True`` (the default)
+refuses a file (DecodeError, status CORRUPT) on a warning that means the pixels may be wrong: premature end of
+data or of the file, a bad Huffman or arithmetic code, a restart marker out of sequence, an inconsistent
+progression, and junk bytes inside or after the entropy-coded data (the mark of a damaged segment). It lets
+through, *reported*, the warnings that leave the pixels as the encoder wrote them: junk bytes between header
+markers, an unknown JFIF revision or Adobe transform code, a bad ICC marker. ``strict=False`` lets every warning
+through. A sample let through with a warning has status OK and the message ``"warning: <libjpeg's text>"``
+(the batch ops) or raises a ``JpegWarning`` (the single-sample ops); count those to see how many such files a
+dataset holds. Valid JPEGs this build does not decode (lossless, hierarchical, 12-bit) are UNSUPPORTED, not
+CORRUPT.
+"""
+
+
+class JpegWarning(UserWarning):
+    """A JPEG decoded (or its header read) with a libjpeg warning let through; see fastload.ops's strict mode."""
+
+
+def _warn(message, sample, stacklevel=3):
+    if message:
+        where = f"{sample}: " if sample is not None else ""
+        warnings.warn(f"{where}{message}", JpegWarning, stacklevel=stacklevel)
 
 
 def _raise(status, message, sample):
@@ -38,19 +67,29 @@ def _raise(status, message, sample):
     raise DecodeError(f"{where}{message}", sample=sample, reason=_REASONS.get(status, "error"))
 
 
-def read_header(data, *, max_pixels=MAX_PIXELS, sample=None):
-    """Reads a JPEG's header (no pixel decoding). Raises DecodeError for bad or oversized input."""
-    h = C.read_header(data, max_pixels)
+def read_header(data, *, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES, sample=None):
+    """Reads a JPEG's header (no pixel decoding). Raises DecodeError for bad or oversized input.
+
+    data: bytes-like (C-contiguous), uint8 tensor, or a str file path (read natively, at most ``max_bytes``).
+    ``strict`` as in decode_crop: a harmless header warning (e.g. junk bytes between markers) is let through with
+    a ``JpegWarning``; a harmful one raises unless ``strict=False``.
+    """
+    h = C.read_header(data, max_pixels, strict, max_bytes)
     if h["status"] != OK:
         _raise(h["status"], h["message"], sample)
+    _warn(h["message"], sample)
     subsampling = "gray" if h["components"] == 1 else _SUBSAMPLING.get((h["h_samp"], h["v_samp"]), "other")
     return JpegInfo(h["height"], h["width"], h["components"], _COLOR_SPACES.get(h["color_space"], "unknown"),
                     subsampling, h["progressive"], h["arithmetic"], h["adobe"])
 
 
-def read_headers(buffers, threads=1, *, max_pixels=MAX_PIXELS):
-    """Heights and widths of many JPEGs at once: (sizes int64 [B, 2], status int32 [B], messages)."""
-    return C.read_headers(list(buffers), threads, max_pixels)
+def read_headers(buffers, threads=1, *, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+    """Heights and widths of many JPEGs at once: (sizes int64 [B, 2], status int32 [B], messages).
+
+    Buffers as in decode_crops. Errors are per sample; an OK sample's message is "" or the warning let through
+    ("warning: ...", see strict mode in decode_crop).
+    """
+    return C.read_headers(list(buffers), threads, max_pixels, strict, max_bytes)
 
 
 def decoded_shape(top, left, height, width, downscale=1):
@@ -65,13 +104,18 @@ def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max
     Returns uint8 [h, w, 3] RGB: rows top//d .. ceil((top+height)/d) of the DCT-scaled image, same for columns
     (see ``decoded_shape``). At downscale 1 this equals Pillow's full decode cropped to the window.
     Raises ``ValueError`` for a window outside the image, ``DecodeError`` for bytes that are not a valid JPEG.
-    ``strict=False`` accepts what libjpeg flags as corrupt data but can still decode.
+    data: bytes-like (C-contiguous: a strided view raises ValueError), uint8 tensor, or a str file path.
+    A window that stops above the last row does not read the rest of the file, so damage below it is not seen.
     """
     status, message, out = C.decode_crop(data, int(top), int(left), int(height), int(width), int(downscale),
                                          strict, max_pixels)
     if status != OK:
         _raise(status, message, sample)
+    _warn(message, sample)
     return out
+
+
+decode_crop.__doc__ += _STRICT_DOC
 
 
 def add_restart_markers(data, *, strict=True, max_pixels=MAX_PIXELS, sample=None):
@@ -88,6 +132,7 @@ def add_restart_markers(data, *, strict=True, max_pixels=MAX_PIXELS, sample=None
         return None
     if status != OK:
         _raise(status, message, sample)
+    _warn(message, sample)
     return out
 
 
@@ -107,7 +152,9 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
     allocated when None. crcs: optional int64 [B], the CRC-32 each buffer must have (-1: unchecked); a mismatch is
     a CORRUPT status, found before decoding. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
     ``out[offsets[i]:][:h*w*3].view(h, w, 3)`` when ``status[i] == 0``; otherwise ``messages[i]`` says why.
-    Errors are reported per sample, never raised, so one bad file does not cost the batch.
+    Errors are reported per sample, never raised, so one bad file does not cost the batch. An OK sample's message
+    is "" or ``"warning: ..."``: decoded with a warning let through (see strict mode below). A native failure
+    of one sample (e.g. out of memory reading a file) is that sample's status INTERNAL.
     """
     windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 5)
     if out is None:
@@ -124,6 +171,27 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
     offsets, shapes, status, messages = C.decode_crops(list(buffers), windows, out, threads, strict, max_pixels,
                                                        max_bytes, crcs)
     return out, offsets, shapes, status, messages
+
+
+decode_crops.__doc__ += _STRICT_DOC
+
+
+def verify_jpegs(buffers, threads=1, *, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES, crcs=None):
+    """Whether each JPEG decodes in full, without decoding its pixels: ``(status int32 [B], messages)``.
+
+    Runs the decoder on the last row of each image: libjpeg entropy-decodes every row above it without IDCT or
+    colour conversion, and under strict reads on to EOI as a full decode does. So a sample is OK exactly when
+    decoding its whole image with ``decode_crop(..., strict=strict)`` would succeed (messages as in
+    decode_crops, "warning: ..." for an OK sample with a warning let through). For decoders that do not report damaged data (nvJPEG's hardware
+    path returns success on it). Buffers, ``max_bytes`` and ``crcs`` as in decode_crops; runs on ``threads``
+    native threads without the GIL. Costs a fraction of a full decode (mostly the entropy decoding).
+    """
+    if crcs is not None:
+        crcs = torch.as_tensor(crcs, dtype=torch.int64)
+    return C.verify_jpegs(list(buffers), threads, strict, max_pixels, max_bytes, crcs)
+
+
+verify_jpegs.__doc__ += _STRICT_DOC
 
 
 def crop_view(out, offsets, shapes, i):
@@ -233,18 +301,26 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
 def affine_from_points(src, dst):
     """Least-squares 2x3 affine matrices mapping ``src`` points onto ``dst`` points, batched.
 
-    src, dst: [B, N, 2] (or [N, 2]) with N >= 3, as (x, y). Returns [B, 2, 3] float32 with dst ~= A @ [src; 1].
-    For warp_affine you want the matrix from *output* to *input* pixels: ``affine_from_points(template, landmarks)``.
+    src, dst: [B, N, 2] or [N, 2] with N >= 3, as (x, y); an [N, 2] side is shared by every sample of the other
+    side's batch (e.g. one template for B sets of landmarks). Returns [B, 2, 3] float32 with dst ~= A @ [src; 1],
+    or [2, 3] when both are [N, 2]. For warp_affine you want the matrix from *output* to *input* pixels:
+    ``affine_from_points(template, landmarks)``.
     """
     src = torch.as_tensor(src)
     dst = torch.as_tensor(dst)
-    squeeze = src.dim() == 2
-    if squeeze:
-        src, dst = src[None], dst[None]
-    if src.shape != dst.shape or src.dim() != 3 or src.shape[-1] != 2 or src.shape[1] < 3:
-        raise ValueError(f"src and dst must both be [B, N, 2] with N >= 3, got {tuple(src.shape)} and {tuple(dst.shape)}")
-    s = src.to(torch.float64)
-    d = dst.to(device=s.device, dtype=torch.float64)
+    shapes = f"src {tuple(src.shape)} and dst {tuple(dst.shape)}"
+    if src.dim() not in (2, 3) or dst.dim() not in (2, 3) or src.shape[-1] != 2 or dst.shape[-1] != 2:
+        raise ValueError(f"src and dst must be [N, 2] or [B, N, 2] point sets, got {shapes}")
+    if src.shape[-2] != dst.shape[-2]:
+        raise ValueError(f"src and dst must hold the same number of points N, got {shapes}")
+    if src.shape[-2] < 3:
+        raise ValueError(f"an affine fit needs N >= 3 points, got {shapes}")
+    if src.dim() == 3 and dst.dim() == 3 and src.shape[0] != dst.shape[0]:
+        raise ValueError(f"src and dst must have the same batch size B, got {shapes}")
+    squeeze = src.dim() == 2 and dst.dim() == 2
+    b = 1 if squeeze else (src.shape[0] if src.dim() == 3 else dst.shape[0])
+    s = src.to(torch.float64).expand(b, *src.shape[-2:])
+    d = dst.to(device=s.device, dtype=torch.float64).expand(b, *dst.shape[-2:])
     design = torch.cat([s, torch.ones_like(s[..., :1])], dim=-1)  # [B, N, 3]
     solution = torch.linalg.lstsq(design, d).solution if s.device.type == "cpu" else torch.linalg.pinv(design) @ d
     out = solution.transpose(1, 2).to(torch.float32)  # [B, 2, 3]

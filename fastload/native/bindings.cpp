@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <cstring>
 #include <array>
 #include <atomic>
 #include <string>
+#include <new>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -82,23 +85,53 @@ int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& 
   return kOk;
 }
 
-// Holds the buffer views alive (and the GIL-needing releases) for the duration of a call. A str item is a
-// file path, read by the native worker that decodes it (no GIL, no Python file objects).
+// A Python error with a printf-formatted message, raised with the GIL held.
+template <typename Error>
+[[noreturn]] __attribute__((format(printf, 1, 2))) void raise(const char* format, ...) {
+  char message[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof(message), format, args);
+  va_end(args);
+  throw Error(message);
+}
+
+// Py_buffer views taken for one call, released at its end (every caller holds the GIL then), also when
+// BufferViews' constructor throws half way.
+struct HeldBuffers {
+  std::vector<Py_buffer> views;
+  ~HeldBuffers() {
+    for (auto& v : views) PyBuffer_Release(&v);
+  }
+};
+
+// Holds the buffer views alive for the duration of a call. Buffers must be C-contiguous: the native code reads
+// `len` bytes from the start, so a strided or reversed view would give it other bytes (or none of its own). A
+// str item is a file path (where the op allows them), read by the native worker that needs it (no GIL, no
+// Python file objects).
 class BufferViews {
  public:
-  explicit BufferViews(const py::sequence& items) {
-    views_.reserve(items.size());
-    bytes_.reserve(items.size());
-    paths_.resize(items.size());
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (py::isinstance<py::str>(items[i])) {
-        paths_[i] = items[i].cast<std::string>();
+  BufferViews(const py::sequence& items, const char* op, bool paths_allowed, bool single = false)
+      : op_(op), single_(single) {
+    const size_t n = items.size();
+    held_.views.reserve(n);  // no reallocation: the Bytes point into these views' buffers, not at them
+    bytes_.reserve(n);
+    paths_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const py::object item = items[i];
+      if (py::isinstance<py::str>(item)) {
+        if (!paths_allowed)
+          raise<py::type_error>("%s: %s is a str; this op takes bytes (read the file first)", op, label(i).c_str());
+        paths_[i] = item.cast<std::string>();
         bytes_.push_back({});
       } else {
-        bytes_.push_back(view(items[i], i));
+        bytes_.push_back(view(item, i, paths_allowed));
       }
     }
   }
+  // The one argument `data` of a single-sample op.
+  BufferViews(const py::object& data, const char* op, bool paths_allowed)
+      : BufferViews(py::make_tuple(data), op, paths_allowed, true) {}
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
   // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
@@ -119,21 +152,34 @@ class BufferViews {
   }
 
  private:
-  Bytes view(const py::handle& item, size_t index) {
+  Bytes view(const py::handle& item, size_t index, bool paths_allowed) {
     if (THPVariable_Check(item.ptr())) {
       const at::Tensor t = THPVariable_Unpack(item.ptr());
-      FL_CHECK(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous(),
-               "buffer %zu: a tensor buffer must be a contiguous uint8 CPU tensor", index);
+      if (!(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous()))
+        raise<py::value_error>("%s: %s: a tensor buffer must be a contiguous uint8 CPU tensor", op_,
+                               label(index).c_str());
       return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())};
     }
-    py::buffer buffer = py::reinterpret_borrow<py::buffer>(item);
-    views_.push_back(buffer.request());
-    const py::buffer_info& info = views_.back();
-    FL_CHECK(info.itemsize == 1 || info.size == 0, "buffer %zu: expected bytes, got items of size %zd", index,
-             static_cast<ssize_t>(info.itemsize));
-    return {static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size)};
+    if (!PyObject_CheckBuffer(item.ptr()))
+      raise<py::type_error>("%s: %s is a %s; expected a bytes-like object or a uint8 tensor%s", op_,
+                            label(index).c_str(), Py_TYPE(item.ptr())->tp_name,
+                            paths_allowed ? " or a str file path" : "");
+    Py_buffer v;
+    if (PyObject_GetBuffer(item.ptr(), &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      raise<py::value_error>("%s: %s is not C-contiguous (a strided or reversed view); pass a contiguous copy, "
+                             "e.g. bytes(view) or array.copy()", op_, label(index).c_str());
+    }
+    held_.views.push_back(v);
+    if (v.itemsize != 1 && v.len != 0)
+      raise<py::value_error>("%s: %s: expected bytes, got items of size %zd", op_, label(index).c_str(),
+                             static_cast<ssize_t>(v.itemsize));
+    return {static_cast<const uint8_t*>(v.buf), static_cast<size_t>(v.len)};
   }
-  std::vector<py::buffer_info> views_;
+  std::string label(size_t index) const { return single_ ? "data" : "buffer " + std::to_string(index); }
+  const char* op_;
+  bool single_;
+  HeldBuffers held_;
   std::vector<Bytes> bytes_;
   std::vector<std::string> paths_;
 };
@@ -160,13 +206,24 @@ void lower_priority() {
 
 // Runs job(i) for i in [0, n) on up to `threads` native threads. Threads are made per call: no pool survives
 // a fork into a DataLoader worker, and the cost (~20 us each) is noise next to a batch of decodes. One
-// thread runs inline on the caller's.
-template <typename Job>
-void run_parallel(int64_t n, int threads, const Job& job) {
+// thread runs inline on the caller's. An exception escaping a native thread would terminate the process, so
+// each job's (e.g. std::bad_alloc from reading a file) goes to fail(i, what): that sample's error, not a crash.
+template <typename Job, typename Fail>
+void run_parallel(int64_t n, int threads, const Job& job, const Fail& fail) {
   threads = std::max(1, std::min<int>({threads, kMaxThreads, static_cast<int>(std::max<int64_t>(n, 1))}));
   std::atomic<int64_t> next{0};
   auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) job(i);
+    for (int64_t i = next++; i < n; i = next++) {
+      try {
+        job(i);
+      } catch (const std::bad_alloc&) {
+        fail(i, "out of memory (std::bad_alloc)");
+      } catch (const std::exception& e) {
+        fail(i, e.what());
+      } catch (...) {
+        fail(i, "unknown native exception");
+      }
+    }
   };
   if (threads == 1) return worker();
   std::vector<std::thread> pool;
@@ -185,6 +242,46 @@ void run_parallel(int64_t n, int threads, const Job& job) {
   for (auto& t : pool) t.join();
 }
 
+// Per-sample status and message of a batch op; fail() is run_parallel's: a native exception as kInternal.
+struct Outcomes {
+  explicit Outcomes(int64_t n) : status(at::full({n}, kNotDecoded, at::kInt)), messages(n) {
+    for (auto& m : messages) m[0] = '\0';
+  }
+  int32_t* st() { return status.data_ptr<int32_t>(); }
+  char* message(int64_t i) { return messages[i].data(); }
+  void fail(int64_t i, const char* what) {
+    status.data_ptr<int32_t>()[i] = kInternal;
+    std::snprintf(messages[i].data(), kMessageSize, "native error: %s", what);
+  }
+  py::list message_list() const {
+    py::list out;
+    for (auto& m : messages) out.append(std::string(m.data()));
+    return out;
+  }
+  at::Tensor status;
+  std::vector<std::array<char, kMessageSize>> messages;
+};
+
+// The CRC-32 check of decode_crops and verify_jpegs: false (and a kCorrupt message) on a mismatch.
+bool crc_matches(const Bytes& src, const int64_t* expected, int64_t i, char* message) {
+  if (!expected || expected[i] < 0) return true;
+  const uint32_t crc = static_cast<uint32_t>(::crc32_z(0, src.data, src.size));
+  if (crc == static_cast<uint32_t>(expected[i])) return true;
+  std::snprintf(message, kMessageSize,
+                "checksum mismatch: CRC-32 %08x, the store recorded %08x (bytes changed since packing)", crc,
+                static_cast<uint32_t>(expected[i]));
+  return false;
+}
+
+// crcs as int64 [n] (kept alive in `holder`), or nullptr when not given.
+const int64_t* crc_table(const c10::optional<at::Tensor>& crcs, int64_t n, const char* op, at::Tensor* holder) {
+  if (!crcs.has_value()) return nullptr;
+  *holder = crcs->to(at::kLong).contiguous();
+  FL_CHECK(holder->numel() == n, "%s: %lld crcs for %lld buffers", op, static_cast<long long>(holder->numel()),
+           static_cast<long long>(n));
+  return holder->data_ptr<int64_t>();
+}
+
 py::dict header_dict(int status, const char* message, const JpegHeader& h) {
   py::dict d;
   d["status"] = status;
@@ -201,47 +298,61 @@ py::dict header_dict(int status, const char* message, const JpegHeader& h) {
   return d;
 }
 
-py::dict read_header_py(const py::object& data, int64_t max_pixels) {
-  BufferViews views(py::make_tuple(data));
+// The one buffer of a single-sample op: its bytes, or the file read into `scratch` (GIL released by the caller).
+int load_one(const BufferViews& views, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message) {
+  return views.load(0, max_bytes > 0 ? max_bytes : kDefaultMaxBytes, scratch, out, message, kMessageSize);
+}
+
+// A kOk status's message is empty or a warning let through ("warning: ..."): see jpeg_decoder.h.
+py::dict read_header_py(const py::object& data, int64_t max_pixels, bool strict, int64_t max_bytes) {
+  BufferViews views(data, "read_header", true);
   JpegHeader header;
   char message[kMessageSize] = "";
   int status;
   {
     py::gil_scoped_release nogil;
-    status = read_header(views[0].data, views[0].size, &header, make_limits(true, max_pixels), message,
-                         sizeof(message));
+    std::vector<uint8_t> file;
+    Bytes src;
+    status = load_one(views, max_bytes, file, &src, message);
+    if (status == kOk)
+      status = read_header(src.data, src.size, &header, make_limits(strict, max_pixels), message, sizeof(message));
   }
   return header_dict(status, message, header);
 }
 
 // Header of every buffer: returns (sizes int64 [B, 2] as (h, w), status int32 [B], messages).
-py::tuple read_headers_py(const py::sequence& buffers, int threads, int64_t max_pixels) {
-  BufferViews views(buffers);
+py::tuple read_headers_py(const py::sequence& buffers, int threads, int64_t max_pixels, bool strict,
+                          int64_t max_bytes) {
+  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
+  BufferViews views(buffers, "read_headers", true);
   const int64_t n = static_cast<int64_t>(views.size());
   at::Tensor sizes = at::zeros({n, 2}, at::kLong);
-  at::Tensor status = at::full({n}, kNotDecoded, at::kInt);
-  std::vector<std::array<char, kMessageSize>> messages(n);
+  Outcomes outcomes(n);
   {
     py::gil_scoped_release nogil;
     int64_t* sz = sizes.data_ptr<int64_t>();
-    int32_t* st = status.data_ptr<int32_t>();
-    const Limits limits = make_limits(true, max_pixels);
-    run_parallel(n, threads, [&](int64_t i) {
-      JpegHeader h;
-      messages[i][0] = '\0';
-      st[i] = read_header(views[i].data, views[i].size, &h, limits, messages[i].data(), kMessageSize);
-      sz[i * 2] = h.height;
-      sz[i * 2 + 1] = h.width;
-    });
+    int32_t* st = outcomes.st();
+    const Limits limits = make_limits(strict, max_pixels);
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          thread_local std::vector<uint8_t> file;
+          Bytes src;
+          st[i] = views.load(i, max_bytes, file, &src, outcomes.message(i), kMessageSize);
+          if (st[i] != kOk) return;
+          JpegHeader h;
+          st[i] = read_header(src.data, src.size, &h, limits, outcomes.message(i), kMessageSize);
+          sz[i * 2] = h.height;
+          sz[i * 2 + 1] = h.width;
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
-  py::list msgs;
-  for (auto& m : messages) msgs.append(std::string(m.data()));
-  return py::make_tuple(sizes, status, msgs);
+  return py::make_tuple(sizes, outcomes.status, outcomes.message_list());
 }
 
 py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int64_t height, int64_t width,
                          int downscale, bool strict, int64_t max_pixels) {
-  BufferViews views(py::make_tuple(data));
+  BufferViews views(data, "decode_crop", true);
   Window w{top, left, height, width, downscale};
   if (!window_in_range(w) || !(downscale == 1 || downscale == 2 || downscale == 4 || downscale == 8)) {
     char message[kMessageSize] = "";
@@ -260,9 +371,12 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
   int status;
   {
     py::gil_scoped_release nogil;
-    status = decode_window(views[0].data, views[0].size, w, out.data_ptr<uint8_t>(),
-                           static_cast<size_t>(out.numel()), make_limits(strict, max_pixels), message,
-                           sizeof(message));
+    std::vector<uint8_t> file;
+    Bytes src;
+    status = load_one(views, kDefaultMaxBytes, file, &src, message);
+    if (status == kOk)
+      status = decode_window(src.data, src.size, w, out.data_ptr<uint8_t>(), static_cast<size_t>(out.numel()),
+                             make_limits(strict, max_pixels), message, sizeof(message));
   }
   return py::make_tuple(status, std::string(message), status == kOk ? py::cast(out) : py::none());
 }
@@ -272,15 +386,10 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
 py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
                           bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
-  const int64_t* expected = nullptr;  // CRC-32 of each buffer as stored, or -1: checked before decoding
   at::Tensor crc_values;
-  if (crcs.has_value()) {
-    crc_values = crcs->to(at::kLong).contiguous();
-    FL_CHECK(crc_values.numel() == static_cast<int64_t>(buffers.size()), "decode_crops: %lld crcs for %lld buffers",
-             static_cast<long long>(crc_values.numel()), static_cast<long long>(buffers.size()));
-    expected = crc_values.data_ptr<int64_t>();
-  }
-  BufferViews views(buffers);
+  // CRC-32 of each buffer as stored, or -1: checked before decoding
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "decode_crops", &crc_values);
+  BufferViews views(buffers, "decode_crops", true);
   const int64_t n = static_cast<int64_t>(views.size());
   FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
                windows.device().is_cpu(),
@@ -291,7 +400,7 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   const int64_t* wp = win.data_ptr<int64_t>();
   at::Tensor offsets = at::zeros({n}, at::kLong);
   at::Tensor shapes = at::zeros({n, 3}, at::kLong);
-  at::Tensor status = at::full({n}, kNotDecoded, at::kInt);
+  Outcomes outcomes(n);
   int64_t* op = offsets.data_ptr<int64_t>();
   int64_t* sp = shapes.data_ptr<int64_t>();
   int64_t total = 0;
@@ -308,54 +417,83 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   }
   FL_CHECK(total <= out.numel(), "decode_crops: out holds %lld bytes, the batch needs %lld",
            static_cast<long long>(out.numel()), static_cast<long long>(total));
-  std::vector<std::array<char, kMessageSize>> messages(n);
   {
     py::gil_scoped_release nogil;
     uint8_t* base = out.data_ptr<uint8_t>();
-    int32_t* st = status.data_ptr<int32_t>();
+    int32_t* st = outcomes.st();
     const Limits limits = make_limits(strict, max_pixels);
-    run_parallel(n, threads, [&](int64_t i) {
-      const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
-      messages[i][0] = '\0';
-      thread_local std::vector<uint8_t> file;
-      Bytes src;
-      st[i] = views.load(i, max_bytes, file, &src, messages[i].data(), kMessageSize);
-      if (st[i] != kOk) return;
-      if (expected && expected[i] >= 0) {
-        const uint32_t crc = static_cast<uint32_t>(::crc32_z(0, src.data, src.size));
-        if (crc != static_cast<uint32_t>(expected[i])) {
-          std::snprintf(messages[i].data(), kMessageSize,
-                        "checksum mismatch: CRC-32 %08x, the store recorded %08x (bytes changed since packing)", crc,
-                        static_cast<uint32_t>(expected[i]));
-          st[i] = kCorrupt;
-          return;
-        }
-      }
-      const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
-      st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, messages[i].data(), kMessageSize);
-    });
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
+          char* message = outcomes.message(i);
+          thread_local std::vector<uint8_t> file;
+          Bytes src;
+          st[i] = views.load(i, max_bytes, file, &src, message, kMessageSize);
+          if (st[i] != kOk) return;
+          if (!crc_matches(src, expected, i, message)) {
+            st[i] = kCorrupt;
+            return;
+          }
+          const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
+          st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, message, kMessageSize);
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
-  py::list msgs;
-  for (auto& m : messages) msgs.append(std::string(m.data()));
-  return py::make_tuple(offsets, shapes, status, msgs);
+  return py::make_tuple(offsets, shapes, outcomes.status, outcomes.message_list());
+}
+
+// Whether each JPEG would decode in full under the decoder's policy, without decoding pixels (entropy decoding
+// only): the check of decoders (nvJPEG) that do not report damaged data. Returns (status int32 [B], messages).
+py::tuple verify_jpegs_py(const py::sequence& buffers, int threads, bool strict, int64_t max_pixels,
+                          int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
+  at::Tensor crc_values;
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "verify_jpegs", &crc_values);
+  BufferViews views(buffers, "verify_jpegs", true);
+  const int64_t n = static_cast<int64_t>(views.size());
+  Outcomes outcomes(n);
+  {
+    py::gil_scoped_release nogil;
+    int32_t* st = outcomes.st();
+    const Limits limits = make_limits(strict, max_pixels);
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          char* message = outcomes.message(i);
+          thread_local std::vector<uint8_t> file;
+          Bytes src;
+          st[i] = views.load(i, max_bytes, file, &src, message, kMessageSize);
+          if (st[i] != kOk) return;
+          if (!crc_matches(src, expected, i, message)) {
+            st[i] = kCorrupt;
+            return;
+          }
+          st[i] = verify_jpeg(src.data, src.size, limits, message, kMessageSize);
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
+  }
+  return py::make_tuple(outcomes.status, outcomes.message_list());
 }
 
 // CRC-32 of every buffer (int64 [B]), on native threads: the checksum check of paths that do not decode here.
 at::Tensor crc32s_py(const py::sequence& buffers, int threads) {
-  BufferViews views(buffers);
+  BufferViews views(buffers, "crc32s", false);
   const int64_t n = static_cast<int64_t>(views.size());
   at::Tensor out = at::empty({n}, at::kLong);
   int64_t* o = out.data_ptr<int64_t>();
   {
     py::gil_scoped_release nogil;
-    run_parallel(n, threads, [&](int64_t i) { o[i] = static_cast<int64_t>(::crc32_z(0, views[i].data, views[i].size)); });
+    run_parallel(
+        n, threads, [&](int64_t i) { o[i] = static_cast<int64_t>(::crc32_z(0, views[i].data, views[i].size)); },
+        [&](int64_t i, const char*) { o[i] = -1; });  // crc32_z allocates nothing: cannot happen
   }
   return out;
 }
 
 // Lossless re-encoding with restart markers: (status, message, bytes or None).
 py::tuple add_restart_markers_py(const py::object& data, bool strict, int64_t max_pixels) {
-  BufferViews views(py::make_tuple(data));
+  BufferViews views(data, "add_restart_markers", false);
   std::vector<uint8_t> out;
   char message[kMessageSize] = "";
   int status;
@@ -371,7 +509,7 @@ py::tuple add_restart_markers_py(const py::object& data, bool strict, int64_t ma
 
 // How a file can be sliced (None when it cannot): for inspect and tests.
 py::object restart_layout_py(const py::object& data) {
-  BufferViews views(py::make_tuple(data));
+  BufferViews views(data, "restart_layout", false);
   RestartLayout layout;
   if (!parse_restart_layout(views[0].data, views[0].size, &layout)) return py::none();
   py::dict d;
@@ -386,7 +524,7 @@ py::object restart_layout_py(const py::object& data) {
 // The region JPEG the decoder would use for a window, and the window inside it; None when it would not slice.
 py::object jpeg_region_py(const py::object& data, int64_t top, int64_t left, int64_t height, int64_t width,
                           int downscale) {
-  BufferViews views(py::make_tuple(data));
+  BufferViews views(data, "jpeg_region", false);
   RestartLayout layout;
   const Window w{top, left, height, width, downscale};
   if (!window_in_range(w) || !parse_restart_layout(views[0].data, views[0].size, &layout) ||
@@ -411,13 +549,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
-  m.def("read_header", &read_header_py, py::arg("data"), py::arg("max_pixels") = 0);
-  m.def("read_headers", &read_headers_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_pixels") = 0);
+  m.def("read_header", &read_header_py, py::arg("data"), py::arg("max_pixels") = 0, py::arg("strict") = true,
+        py::arg("max_bytes") = 0);
+  m.def("read_headers", &read_headers_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_pixels") = 0,
+        py::arg("strict") = true, py::arg("max_bytes") = 0);
   m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
+  m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
+        py::arg("max_pixels") = 0, py::arg("max_bytes") = 0, py::arg("crcs") = py::none());
   m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,
         py::arg("max_pixels") = 0);
   m.def("restart_layout", &restart_layout_py, py::arg("data"));

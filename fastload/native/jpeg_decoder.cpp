@@ -31,7 +31,7 @@ using namespace detail;
 int open_header(j_decompress_ptr cinfo, const uint8_t* data, size_t size, const Limits& limits,
                 char* message, size_t message_size) {
   jpeg_mem_src(cinfo, data, static_cast<unsigned long>(size));
-  jpeg_read_header(cinfo, TRUE);
+  read_header_marked(cinfo);
   const int64_t pixels = static_cast<int64_t>(cinfo->image_width) * cinfo->image_height;
   if (pixels > limits.max_pixels) {
     std::snprintf(message, message_size, "image is %ux%u = %lld pixels, over the limit of %lld",
@@ -42,6 +42,27 @@ int open_header(j_decompress_ptr cinfo, const uint8_t* data, size_t size, const 
   const int nc = cinfo->num_components;
   if (!(nc == 1 || nc == 3 || nc == 4)) {
     std::snprintf(message, message_size, "JPEG with %d components is not supported", nc);
+    return kUnsupported;
+  }
+  if (cinfo->data_precision != 8) {  // libjpeg-turbo 2.x refuses these in jpeg_read_header already; 3.x does not
+    std::snprintf(message, message_size, "unsupported: %d-bit JPEG", cinfo->data_precision);
+    return kUnsupported;
+  }
+  return kOk;
+}
+
+// The colour space the decoder asks libjpeg for (RGB, or gray/CMYK that it expands to RGB itself), and its
+// component count; kUnsupported for a combination libjpeg would refuse to convert. Shared by decode and verify
+// so that both accept exactly the same files.
+int output_space(j_decompress_ptr cinfo, J_COLOR_SPACE* space, int* components, char* message, size_t message_size) {
+  const J_COLOR_SPACE in = cinfo->jpeg_color_space;
+  const int nc = cinfo->num_components;
+  if (in == JCS_GRAYSCALE && nc == 1) *space = JCS_GRAYSCALE, *components = 1;
+  else if ((in == JCS_CMYK || in == JCS_YCCK) && nc == 4) *space = JCS_CMYK, *components = 4;
+  else if ((in == JCS_YCbCr || in == JCS_RGB) && nc == 3) *space = JCS_RGB, *components = 3;
+  else {
+    std::snprintf(message, message_size, "unsupported: JPEG colour space %d with %d components", static_cast<int>(in),
+                  nc);
     return kUnsupported;
   }
   return kOk;
@@ -101,6 +122,7 @@ int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits&
   created = true;
   int status = open_header(&cinfo, data, size, limits, message, message_size);
   fill_header(&cinfo, out);  // also on kTooLarge: the caller may want to report the size
+  if (status == kOk) report_warnings(err, message, message_size);
   jpeg_destroy_decompress(&cinfo);
   return status;
 }
@@ -165,16 +187,15 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
     return kBadWindow;
   }
 
-  const bool gray = cinfo.jpeg_color_space == JCS_GRAYSCALE;
-  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-  if (cinfo.num_components == 1 && !gray) {
-    set_message(message, message_size, "one-component JPEG that is not grayscale");
+  J_COLOR_SPACE space;
+  int nc = 0;
+  status = output_space(&cinfo, &space, &nc, message, message_size);
+  if (status != kOk) {
     jpeg_destroy_decompress(&cinfo);
-    return kUnsupported;
+    return status;
   }
-  cinfo.out_color_space = gray ? JCS_GRAYSCALE : (cmyk ? JCS_CMYK : JCS_RGB);
-  const int nc = gray ? 1 : (cmyk ? 4 : 3);
-  const bool inverted = cmyk && cinfo.saw_Adobe_marker;
+  cinfo.out_color_space = space;
+  const bool inverted = nc == 4 && cinfo.saw_Adobe_marker;
   cinfo.scale_num = 1;
   cinfo.scale_denom = static_cast<unsigned int>(d);
   cinfo.dct_method = JDCT_ISLOW;  // Pillow's default: needed for bit-identical output
@@ -240,11 +261,26 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
   // reaches the last row has read the whole scan: finishing reads up to EOI, where libjpeg reports leftover
   // corrupt data (e.g. "extraneous bytes before marker") that strict mode must not let pass.
   if (limits.strict && cinfo.output_scanline == cinfo.output_height) jpeg_finish_decompress(&cinfo);
+  report_warnings(err, message, message_size);
   jpeg_destroy_decompress(&cinfo);
   return kOk;
 }
 
 }  // namespace
+
+int verify_jpeg(const uint8_t* data, size_t size, const Limits& limits, char* message, size_t message_size) {
+  // The decoder itself, asked for the last row at full width: libjpeg entropy-decodes every row above it
+  // without IDCT or colour conversion (jpeg_skip_scanlines; a progressive file is absorbed whole either way),
+  // and under strict reads on to EOI, as a full decode does. So the policy is the decoder's by construction,
+  // for strict and non-strict alike (a coefficient-only pass would read markers after the scan that a
+  // non-strict decode never reads). The region path is bypassed: it would skip segments.
+  JpegHeader header;
+  const int status = read_header(data, size, &header, limits, message, message_size);
+  if (status != kOk) return status;
+  std::vector<uint8_t> row(static_cast<size_t>(header.width) * 3);  // at most 65535 * 3 bytes
+  const Window last{header.height - 1, 0, 1, header.width, 1};
+  return decode_with_libjpeg(data, size, last, row.data(), row.size(), limits, message, message_size);
+}
 
 int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_t* out, size_t out_capacity,
                   const Limits& limits, char* message, size_t message_size) {

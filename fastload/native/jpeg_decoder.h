@@ -19,12 +19,15 @@ enum Status : int32_t {
   kNoRoom = 6,       // caller's output buffer too small
   kNotDecoded = 7,   // batch slot never reached (another error stopped the batch)
   kUnreadable = 8,   // the file could not be read (missing, permissions, I/O error) or is over the byte limit
+  kInternal = 9,     // the native worker failed (e.g. out of memory: std::bad_alloc), reported per sample
 };
+// A kOk status may come with a message: "warning: ..." names the libjpeg warnings let through (harmless ones
+// under strict; any with strict=false). See warning_harms_pixels in jpeg_errors.h for which are harmless.
 
 struct Limits {
   int64_t max_pixels = 178956970;  // Pillow's DecompressionBombError threshold (2 * MAX_IMAGE_PIXELS)
   int max_scans = 500;             // progressive scans; libjpeg-turbo 3's TJPARAM_SCANLIMIT default
-  bool strict = true;              // libjpeg corrupt-data warnings count as errors
+  bool strict = true;              // warnings that mean "pixels may be wrong" count as errors
 };
 
 struct JpegHeader {
@@ -61,6 +64,10 @@ inline void scaled_extent(const Window& w, int64_t* out_h, int64_t* out_w) {
 // Reads the header only (no entropy decoding beyond the first SOF). Returns a Status; message gets the reason.
 int read_header(const uint8_t* data, size_t size, JpegHeader* out, const Limits& limits, char* message,
                 size_t message_size);
+
+// Entropy-decodes the whole file (IDCT and colour conversion of its last row only) and, under strict, reads it
+// to EOI, with the decoder's error and warning policy: kOk exactly when decoding the whole image would succeed.
+int verify_jpeg(const uint8_t* data, size_t size, const Limits& limits, char* message, size_t message_size);
 
 // Decodes the window at 1/downscale into out (RGB, HWC, rows of scaled_extent's width). out_capacity must
 // be at least 3 * h * w of scaled_extent; otherwise kNoRoom. On error out may hold a partial image.

@@ -91,7 +91,7 @@ int transcode(const uint8_t* data, size_t size, const Limits& limits, GrowingDes
   jpeg_mem_src(&src, data, static_cast<unsigned long>(size));
   jpeg_save_markers(&src, JPEG_COM, 0xFFFF);
   for (int m = 0; m < 16; ++m) jpeg_save_markers(&src, JPEG_APP0 + m, 0xFFFF);
-  jpeg_read_header(&src, TRUE);
+  read_header_marked(&src);
   const int64_t pixels = static_cast<int64_t>(src.image_width) * src.image_height;
   int status = kOk;
   if (pixels > limits.max_pixels) {
@@ -130,6 +130,7 @@ int transcode(const uint8_t* data, size_t size, const Limits& limits, GrowingDes
   jpeg_destroy_compress(&dst);
   dst_created = false;
   jpeg_finish_decompress(&src);
+  report_warnings(err, message, message_size);
   jpeg_destroy_decompress(&src);
   return kOk;
 }

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "check.h"
+#include <cstdint>
+
 #include "warp.h"
 #include "warp_op.h"
 
@@ -335,12 +337,19 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   const int64_t total = data.numel();
   for (int64_t i = 0; i < offsets.numel(); ++i) {  // validate before any thread touches memory
     const int64_t h = shp[i * 3], w = shp[i * 3 + 1], c = shp[i * 3 + 2];
-    FL_CHECK(h > 0 && w > 0 && c == channels,
-             "warp_normalize: sample %lld has shape (%lld, %lld, %lld), expected positive size and %lld channels",
+    // Sides fit an int (the kernels index with int); the product is checked, not computed blindly: h*w*c of
+    // caller-given sides can wrap int64 into a small positive number.
+    int64_t hw = 0, size = 0;
+    FL_CHECK(h > 0 && w > 0 && h <= INT32_MAX && w <= INT32_MAX && c == channels && !__builtin_mul_overflow(h, w, &hw) &&
+                 !__builtin_mul_overflow(hw, c, &size),
+             "warp_normalize: sample %lld has shape (%lld, %lld, %lld), expected positive sides below 2^31, a "
+             "size that fits int64, and %lld channels",
              static_cast<long long>(i), static_cast<long long>(h), static_cast<long long>(w),
              static_cast<long long>(c), static_cast<long long>(channels));
-    FL_CHECK(off[i] >= 0 && off[i] + h * w * c <= total, "warp_normalize: sample %lld extends past the end of data",
-             static_cast<long long>(i));
+    FL_CHECK(off[i] >= 0 && off[i] <= total && size <= total - off[i],
+             "warp_normalize: sample %lld (offset %lld, %lld elements) extends past the end of data (%lld elements)",
+             static_cast<long long>(i), static_cast<long long>(off[i]), static_cast<long long>(size),
+             static_cast<long long>(total));
   }
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

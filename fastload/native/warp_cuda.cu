@@ -25,6 +25,14 @@ constexpr int kThreads = kBlockX * kBlockY;
 static_assert(kTile == kBlockX, "the tiled kernel keeps column and row taps in arrays of one size");
 constexpr int kMaxTaps = 12;  // x taps kept in shared memory by warp_columns: shrinks up to ~5.5x
 
+// Whether a sample's (h, w, c) image at `off` lies inside data and is indexable with 32-bit ints. Checked by
+// division before any product: h*w*c of caller-given sides can wrap int64 into a small positive number.
+__device__ __forceinline__ bool image_fits(int64_t h, int64_t w, int64_t c, int64_t off, int64_t data_size) {
+  constexpr int64_t kLimit = (int64_t(1) << 31) - 1;
+  if (h <= 0 || w <= 0 || c <= 0 || c > kMaxChannels || w > kLimit / c || h > kLimit / (w * c)) return false;
+  return off >= 0 && off <= data_size && h * w * c <= data_size - off;
+}
+
 // The per-pixel path, for any input: the column's filter taps (the same for every row of an axis-aligned warp)
 // are computed once and kept in shared memory ([tap][thread], conflict-free); rotations, shears and large
 // shrinks take the full 2-D filter. Output tile (blockIdx.x, tile_y); tap_weight: kMaxTaps x kThreads floats of
@@ -48,8 +56,7 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
   for (int c = 0; c < kMaxChannels; ++c) fill_value[c] = c < C ? fill * alpha[c] + beta[c] : 0.f;
   const int v_end = min(v_first + kRows, out_h);
   // A malformed sample (never produced by fastload itself) reads nothing and yields fill, never stray memory.
-  const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * c_in < (int64_t(1) << 31) && c_in == C && off >= 0 &&
-                     off + h64 * w64 * c_in <= data_size;
+  const bool valid = image_fits(h64, w64, c_in, off, data_size) && c_in == C;
   if (!valid) {
     for (int v = v_first; v < v_end; ++v)
       for (int c = 0; c < C; ++c) o_base[v * os_y + c * os_c] = OutCast<out_t>::apply(fill_value[c]);
@@ -467,8 +474,7 @@ __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restr
   float m[6];
 #pragma unroll
   for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
-  const bool valid = h64 > 0 && w64 > 0 && h64 * w64 * 3 < (int64_t(1) << 31) && c_in == 3 && off >= 0 &&
-                     off + h64 * w64 * 3 <= data_size;
+  const bool valid = c_in == 3 && image_fits(h64, w64, c_in, off, data_size);
   const int h = valid ? static_cast<int>(h64) : 0, w = valid ? static_cast<int>(w64) : 0;
   // filter_support of an axis-aligned matrix (any other falls back) without the square root.
   const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
