@@ -1,0 +1,312 @@
+// `fastload::photometric`: a PhotometricTable (functional.apply_table's semantics on uint8) applied to a batch,
+// then the output cast cast(v * alpha[c] + beta[c]) (the pipeline's ToDtype + Normalize). Schema, the checks
+// both backends share, and the CPU kernel: one sample per task, its slots in turn through two scratch planes.
+// The per-pixel maths is augment.h's, shared with the CUDA kernels (augment_cuda.cu).
+
+// torch computes each float op with one rounding; a contracted a * b + c would round once where it rounds twice.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "augment.h"
+#include "check.h"
+
+namespace fastload {
+
+namespace {
+
+// A ValueError (as functional.apply_table raises for a bad table) with a printf-formatted message (check.h says
+// why not c10::str).
+[[noreturn]] __attribute__((format(printf, 1, 2))) void value_fail(const char* format, ...) {
+  char message[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof(message), format, args);
+  va_end(args);
+  TORCH_CHECK_VALUE(false, static_cast<const char*>(message));
+}
+
+}  // namespace
+
+// The checks both kernels share (shapes, dtypes, devices, sizes); returns the output on x's device.
+at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
+                                      const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
+                                      bool channels_last) {
+  FL_CHECK(x.dim() == 4 && x.size(1) == 3, "photometric: x must be a [B, 3, H, W] batch, got %lld dimensions%s",
+           static_cast<long long>(x.dim()), x.dim() == 4 ? " with a channel count other than 3" : "");
+  FL_CHECK(x.scalar_type() == at::kByte, "photometric: x must be uint8, got %s", c10::toString(x.scalar_type()));
+  TORCH_CHECK(x.is_contiguous(), "photometric: x must be contiguous (NCHW)");
+  const int64_t batch = x.size(0), h = x.size(2), w = x.size(3);
+  // Kernels index a sample with int: 3 * h * w must stay below 2^31 (checked by division: no overflow).
+  FL_CHECK(h <= 0 || w <= 0 || (h <= INT32_MAX / 3 / w),
+           "photometric: images of %lld x %lld pixels are too large (3 * H * W must be below 2^31)",
+           static_cast<long long>(h), static_cast<long long>(w));
+  TORCH_CHECK(ops.dim() == 2 && ops.size(0) == batch && ops.scalar_type() == at::kLong && ops.is_contiguous(),
+              "photometric: ops must be a contiguous int64 [B, S] tensor with B = x.size(0)");
+  const int64_t slots = ops.size(1);
+  TORCH_CHECK(params.dim() == 3 && params.size(0) == batch && params.size(1) == slots && params.size(2) == 3 &&
+                  params.scalar_type() == at::kFloat && params.is_contiguous(),
+              "photometric: params must be a contiguous float32 [B, S, 3] tensor matching ops [B, S]");
+  TORCH_CHECK(alpha.numel() == 3 && beta.numel() == 3 && alpha.scalar_type() == at::kFloat &&
+                  beta.scalar_type() == at::kFloat && alpha.is_contiguous() && beta.is_contiguous(),
+              "photometric: alpha and beta must be contiguous float32 [3] tensors");
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16 ||
+                  out_dtype == at::kByte,
+              "photometric: out_dtype must be float32, float16, bfloat16 or uint8");
+  for (const at::Tensor* t : {&ops, &params, &alpha, &beta})
+    FL_CHECK(t->device() == x.device(), "photometric: ops, params, alpha and beta must be on x's device (%s)",
+             x.device().str().c_str());
+  auto options = x.options().dtype(out_dtype);
+  if (channels_last) options = options.memory_format(at::MemoryFormat::ChannelsLast);
+  return at::empty({batch, 3, h, w}, options);
+}
+
+namespace {
+
+using namespace augment;
+
+// The table's values, checked on the host before any pixel is touched (the CUDA op cannot read them without a
+// sync: there, functional.photometric checks the host table and the kernels leave a bad slot's sample unchanged).
+void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) {
+  const int64_t batch = ops.size(0), slots = ops.size(1);
+  const int64_t* op = ops.data_ptr<int64_t>();
+  const float* p = params.data_ptr<float>();
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t s = 0; s < slots; ++s) {
+      const int64_t code = op[i * slots + s];
+      const float* q = p + (i * slots + s) * 3;
+      const long long li = static_cast<long long>(i), ls = static_cast<long long>(s);
+      if (code < 0 || code >= kNumOps)
+        value_fail("photometric: sample %lld, slot %lld: unknown op code %lld (0 to %d)", li, ls,
+                   static_cast<long long>(code), kNumOps - 1);
+      if (code == kPosterize && !(q[0] >= 0.f && q[0] <= 8.f && q[0] == truncf(q[0])))
+        value_fail("photometric: sample %lld, slot %lld: posterize bits must be an integer in [0, 8], got %g", li,
+                   ls, q[0]);
+      if (code == kGaussianBlur && h > 0 && w > 0 && !blur_valid(q[0], q[1], q[2], h, w))
+        value_fail("photometric: sample %lld, slot %lld: gaussian_blur needs odd kernel sizes (%g, %g) of at most "
+                   "2 * side - 1 (%d, %d) and a positive sigma (%g)",
+                   li, ls, q[0], q[1], 2 * w - 1, 2 * h - 1, q[2]);
+    }
+  }
+}
+
+// Per-thread scratch: two uint8 images (the slots ping-pong between them) and the blur's rows and weights.
+struct Scratch {
+  std::vector<uint8_t> image[2];
+  std::vector<float> rows;
+  std::vector<float> wx, wy;
+};
+
+// The op's value map for ops where each output value depends only on the input value of its channel: computed
+// once per channel through augment.h's functions, then applied as a table.
+void map_planes(const uint8_t* src, uint8_t* dst, int64_t hw, const uint8_t (*lut)[256]) {
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* t = lut[c];
+    const uint8_t* s = src + c * hw;
+    uint8_t* d = dst + c * hw;
+    for (int64_t i = 0; i < hw; ++i) d[i] = t[s[i]];
+  }
+}
+
+void gaussian_weights(int k, float sigma, std::vector<float>& w) {
+  w.resize(k);
+  double sum = 0.0;
+  for (int i = 0; i < k; ++i) sum = dadd(sum, gaussian_tap(i, k, sigma));
+  for (int i = 0; i < k; ++i) w[i] = gaussian_weight(gaussian_tap(i, k, sigma), sum);
+}
+
+void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+  const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
+  gaussian_weights(kx, p[2], scratch.wx);
+  gaussian_weights(ky, p[2], scratch.wy);
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  scratch.rows.resize(hw);
+  float* rows = scratch.rows.data();
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* s = src + c * hw;
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) rows[y * w + x] = blur_row(s + y * w, w, x, scratch.wx.data(), kx);
+    uint8_t* d = dst + c * hw;
+    const int ry = ky / 2;
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        float acc = 0.f;
+        for (int j = 0; j < ky; ++j) acc = fma_rn(scratch.wy[j], rows[reflect(y + j - ry, h) * w + x], acc);
+        d[y * w + x] = blur_round(acc);
+      }
+    }
+  }
+}
+
+void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  std::memcpy(dst, src, 3 * hw);  // borders (and images of side <= 2) stay as they are
+  if (h <= 2 || w <= 2) return;
+  const float om = one_minus(factor);
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* s = src + c * hw;
+    uint8_t* d = dst + c * hw;
+    for (int y = 1; y < h - 1; ++y) {
+      const uint8_t *up = s + (y - 1) * w, *mid = s + y * w, *down = s + (y + 1) * w;
+      for (int x = 1; x < w - 1; ++x) {
+        const int sum = up[x - 1] + up[x] + up[x + 1] + mid[x - 1] + 5 * mid[x] + mid[x + 1] + down[x - 1] +
+                        down[x] + down[x + 1];
+        d[y * w + x] = sharpen(mid[x], sum, om);
+      }
+    }
+  }
+}
+
+// One slot of one sample: src -> dst, both 3 planes of h * w.
+void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
+  uint8_t lut[3][256];
+  switch (op) {
+    case kBrightness:
+    case kPosterize:
+    case kSolarize:
+    case kInvert:
+      for (int v = 0; v < 256; ++v) {
+        const uint8_t u = static_cast<uint8_t>(v);
+        lut[0][v] = op == kBrightness ? brightness(u, p[0])
+                    : op == kPosterize ? posterize(u, p[0])
+                    : op == kSolarize  ? solarize(u, p[0])
+                                       : static_cast<uint8_t>(255 - v);
+      }
+      std::memcpy(lut[1], lut[0], 256);
+      std::memcpy(lut[2], lut[0], 256);
+      return map_planes(src, dst, hw, lut);
+    case kContrast: {
+      int64_t sum = 0;
+      for (int64_t i = 0; i < hw; ++i) sum += static_cast<int64_t>(floorf(gray(r[i], g[i], b[i])));
+      const float mean = contrast_mean(sum, hw), om = one_minus(p[0]);
+      for (int v = 0; v < 256; ++v) lut[0][v] = blend(static_cast<uint8_t>(v), mean, p[0], om);
+      std::memcpy(lut[1], lut[0], 256);
+      std::memcpy(lut[2], lut[0], 256);
+      return map_planes(src, dst, hw, lut);
+    }
+    case kAutocontrast:
+      for (int c = 0; c < 3; ++c) {
+        const uint8_t* s = src + c * hw;
+        int lo = 255, hi = 0;
+        for (int64_t i = 0; i < hw; ++i) {
+          lo = std::min<int>(lo, s[i]);
+          hi = std::max<int>(hi, s[i]);
+        }
+        for (int v = 0; v < 256; ++v) lut[c][v] = autocontrast(static_cast<uint8_t>(v), lo, hi);
+      }
+      return map_planes(src, dst, hw, lut);
+    case kEqualize:
+      for (int c = 0; c < 3; ++c) {
+        int32_t hist[256] = {};
+        const uint8_t* s = src + c * hw;
+        for (int64_t i = 0; i < hw; ++i) ++hist[s[i]];
+        equalize_lut(hist, lut[c]);
+      }
+      return map_planes(src, dst, hw, lut);
+    case kSaturation: {
+      const float om = one_minus(p[0]);
+      for (int64_t i = 0; i < hw; ++i) {
+        const float gr = floorf(gray(r[i], g[i], b[i]));
+        dst[i] = blend(r[i], gr, p[0], om);
+        dst[hw + i] = blend(g[i], gr, p[0], om);
+        dst[2 * hw + i] = blend(b[i], gr, p[0], om);
+      }
+      return;
+    }
+    case kHue:
+      for (int64_t i = 0; i < hw; ++i) {
+        uint8_t o[3];
+        hue(r[i], g[i], b[i], p[0], o);
+        dst[i] = o[0];
+        dst[hw + i] = o[1];
+        dst[2 * hw + i] = o[2];
+      }
+      return;
+    case kGrayscale:
+      for (int64_t i = 0; i < hw; ++i)
+        dst[i] = dst[hw + i] = dst[2 * hw + i] = static_cast<uint8_t>(gray(r[i], g[i], b[i]));
+      return;
+    case kSharpness: return sharpness(p[0], src, dst, h, w);
+    case kGaussianBlur: return blur(p, src, dst, h, w, scratch);
+    default: std::memcpy(dst, src, 3 * hw); return;  // identity
+  }
+}
+
+template <typename out_t>
+void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
+                          const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out) {
+  const int64_t batch = x.size(0), slots = ops.size(1);
+  const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  const uint8_t* in = x.data_ptr<uint8_t>();
+  const int64_t* op = ops.data_ptr<int64_t>();
+  const float* p = params.data_ptr<float>();
+  const float a[3] = {alpha.data_ptr<float>()[0], alpha.data_ptr<float>()[1], alpha.data_ptr<float>()[2]};
+  const float bt[3] = {beta.data_ptr<float>()[0], beta.data_ptr<float>()[1], beta.data_ptr<float>()[2]};
+  out_t* o = out.data_ptr<out_t>();
+  const bool channels_last = out.stride(1) == 1;
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    thread_local Scratch scratch;
+    for (auto& image : scratch.image) image.resize(3 * hw);
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* src = in + i * 3 * hw;
+      for (int64_t s = 0; s < slots; ++s) {
+        uint8_t* dst = scratch.image[s % 2].data();
+        apply_slot(static_cast<int>(op[i * slots + s]), p + (i * slots + s) * 3, src, dst, h, w, scratch);
+        src = dst;
+      }
+      out_t* dst = o + i * 3 * hw;
+      if (channels_last) {
+        for (int64_t j = 0; j < hw; ++j)
+          for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast_out<out_t>(src[c * hw + j], a[c], bt[c]);
+      } else {
+        for (int c = 0; c < 3; ++c)
+          for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast_out<out_t>(src[c * hw + j], a[c], bt[c]);
+      }
+    }
+  });
+}
+
+at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
+                           const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
+                           bool channels_last) {
+  at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
+  check_table(ops, params, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)));
+  if (out.numel() == 0) return out;
+  switch (out_dtype) {
+    case at::kFloat: photometric_cpu_impl<float>(x, ops, params, alpha, beta, out); break;
+    case at::kHalf: photometric_cpu_impl<c10::Half>(x, ops, params, alpha, beta, out); break;
+    case at::kBFloat16: photometric_cpu_impl<c10::BFloat16>(x, ops, params, alpha, beta, out); break;
+    default: photometric_cpu_impl<uint8_t>(x, ops, params, alpha, beta, out); break;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastload, m) {
+  m.def(
+      "photometric(Tensor x, Tensor ops, Tensor params, Tensor alpha, Tensor beta, ScalarType out_dtype, "
+      "bool channels_last) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("photometric", &photometric_cpu); }
+
+}  // namespace fastload
