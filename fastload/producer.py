@@ -256,7 +256,10 @@ class BatchMaker:
             self._pillow_fill(int(indices[k]), windows[k], buffer[start:start + room], status, messages, k)
             start += room
         used = int(nbytes.sum())
-        counts = {"fallback": int(other.sum()), "skipped": 0}
+        # OK samples whose message is a harmless libjpeg warning (strict lets those through): counted, not hidden
+        warned = sum(1 for k, m in enumerate(messages)
+                     if m.startswith(ops.WARNING_PREFIX) and int(status[k]) == ops.OK)
+        counts = {"fallback": int(other.sum()), "skipped": 0, "warnings": warned}
         bad = np.flatnonzero(status.numpy() != ops.OK)
         if len(bad):
             indices = indices.copy()

@@ -130,3 +130,25 @@ def test_bench_specs_build_the_same_pipeline_for_both_loaders():
     bench = next(a for a in cli.build_parser()._subparsers._group_actions if a.choices).choices["bench"]
     choices = next(a.choices for a in bench._actions if a.dest == "transform")
     assert tuple(choices) == benchmark.TRANSFORMS  # `fastload bench --transform` lists what benchmark can build
+
+
+def test_a_harmless_libjpeg_warning_is_decoded_and_counted(imagenet_dir, tmp_path):
+    """Strict mode keeps a JPEG whose only fault is junk between header markers (Pillow decodes it to the same
+    pixels) and counts it in stats()['warnings'] (issue 19 item 16)."""
+    import shutil
+
+    from test_native_validation import _insert_before  # tests/ is on sys.path (conftest)
+    root = tmp_path / "ds"
+    shutil.copytree(imagenet_dir, root)
+    first_class = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    victim = sorted(first_class.iterdir())[0]
+    clean = victim.read_bytes()
+    victim.write_bytes(_insert_before(clean, 0xDB, b"\x12\x34\x56"))
+    ds = fl.FolderDataset(root)
+    assert len(ds) == len(fl.FolderDataset(imagenet_dir))  # the scan kept it
+    loader = fl.FastLoader(ds, batch_size=4, shuffle=False, crop=fl.CenterCrop(32), strict=True)
+    x, _ = next(iter(loader))
+    reference = next(iter(fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, shuffle=False,
+                                        crop=fl.CenterCrop(32))))[0]
+    assert torch.equal(x, reference)  # the junk changes no pixel
+    assert loader.stats()["warnings"] == 1 and loader.stats()["skipped"] == 0
