@@ -17,6 +17,8 @@ it; the public function validates, turns a number into a tensor and moves the pa
 trusted, since checking it would synchronise).
 
 ``apply_table`` executes a ``PhotometricTable`` (CONTRACT.md): per slot, samples grouped by op code on the host.
+``photometric`` executes one on a uint8 batch in a single native op (``torch.ops.fastload.photometric``: per slot a
+statistics kernel and an apply kernel on CUDA) and writes the normalised output: the loader's path.
 """
 import math
 import numbers
@@ -26,8 +28,10 @@ import torch
 from torch import Tensor
 from torch.nn.functional import conv2d, pad
 
+from ..ops import _norm_params
+
 __all__ = [
-    "OPS", "PhotometricTable", "apply_table",
+    "OPS", "PhotometricTable", "apply_table", "photometric",
     "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_sharpness",
     "posterize", "solarize", "autocontrast", "equalize", "invert", "rgb_to_grayscale", "gaussian_blur",
 ]
@@ -489,14 +493,7 @@ def apply_table(x, ops, params):
     _check_image(x, "apply_table")
     if table.ops.device.type != "cpu" or table.params.device.type != "cpu":
         raise ValueError("apply_table: the PhotometricTable must be on the host (CPU tensors)")
-    if table.ops.ndim != 2 or table.ops.shape[0] != b or table.params.shape != table.ops.shape + (3,):
-        raise ValueError(f"apply_table: expected ops [B, S] and params [B, S, 3] with B = {b}, got "
-                         f"{tuple(table.ops.shape)} and {tuple(table.params.shape)}")
-    bad = (table.ops < 0) | (table.ops >= len(OPS))
-    if bad.any():
-        i, s = bad.nonzero()[0].tolist()
-        raise ValueError(f"apply_table: sample {i}, slot {s}: unknown op code {int(table.ops[i, s])}")
-    _check_table_params(table, x)
+    _check_table(table, x, "apply_table")
 
     groups = []  # (slot, code, kernel size or None, host sample indices)
     for s in range(table.ops.shape[1]):
@@ -535,8 +532,21 @@ def apply_table(x, ops, params):
     return out
 
 
-def _check_table_params(table, x):
-    """The public functions' checks, on the whole table at once, naming sample and slot."""
+def _check_table(table, x, name):
+    """The table's shapes and op codes, then the public functions' checks of its parameters, on the whole host
+    table at once, naming sample and slot."""
+    b = x.shape[0]
+    if table.ops.ndim != 2 or table.ops.shape[0] != b or table.params.shape != table.ops.shape + (3,):
+        raise ValueError(f"{name}: expected ops [B, S] and params [B, S, 3] with B = {b}, got "
+                         f"{tuple(table.ops.shape)} and {tuple(table.params.shape)}")
+    bad = (table.ops < 0) | (table.ops >= len(OPS))
+    if bad.any():
+        i, s = bad.nonzero()[0].tolist()
+        raise ValueError(f"{name}: sample {i}, slot {s}: unknown op code {int(table.ops[i, s])}")
+    _check_table_params(table, x, name)
+
+
+def _check_table_params(table, x, name):
     p0, ops = table.params[..., 0].double(), table.ops
     checks = {
         1: _non_negative, 2: _non_negative, 3: _non_negative, 5: _non_negative,
@@ -552,7 +562,7 @@ def _check_table_params(table, x):
         if bad.any():
             i, s = bad.nonzero()[0].tolist()
             name = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
-            raise exc(f"apply_table: sample {i}, slot {s}: "
+            raise exc(f"{name}: sample {i}, slot {s}: "
                       + message.format(name=name.get(code, ""), v=float(p0[i, s])))
     blur = ops == 12
     if blur.any():
@@ -560,10 +570,80 @@ def _check_table_params(table, x):
         bad = blur & ((size < 1) | (size % 2 != 1)).any(dim=-1)
         if bad.any():
             i, s = bad.nonzero()[0].tolist()
-            raise ValueError(f"apply_table: sample {i}, slot {s}: kernel_size should have odd and positive "
+            raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size should have odd and positive "
                              f"integers. Got {table.params[i, s, :2].tolist()}")
         bad = blur & ~(sigma > 0)
         if bad.any():
             i, s = bad.nonzero()[0].tolist()
-            raise ValueError(f"apply_table: sample {i}, slot {s}: sigma should have positive values. "
+            raise ValueError(f"{name}: sample {i}, slot {s}: sigma should have positive values. "
                              f"Got {float(sigma[i, s])}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the fused executor: torch.ops.fastload.photometric (fastload/native/augment*.{h,cpp,cu})
+
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+
+
+def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=torch.float32, channels_last=False):
+    """Run a PhotometricTable on a uint8 batch x [B, 3, H, W] and write ``cast((v * in_scale - mean) / std)`` in
+    ``out_dtype`` (NCHW, or channels_last): apply_table then ToDtype + Normalize in one native op.
+
+    Equal to ``apply_table`` followed by the pipeline's normalisation bit for bit, except gaussian_blur (its
+    weights and sums in another order: within 1 level on uint8). A uint8 output holds the 0-255 pixels (no
+    mean/std). A host table is checked as apply_table checks it and copied to x's device (pinned, non-blocking);
+    a table already on x's CUDA device is trusted (a sample whose slot it cannot run is left unchanged there).
+    """
+    ops, params = table
+    _check_image(x, "photometric", channels=(3,))
+    if x.dtype != torch.uint8:
+        raise TypeError(f"photometric: x must be uint8 (0-255), got {x.dtype}")
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"photometric: out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
+    if out_dtype == torch.uint8:
+        if mean is not None or std is not None:
+            raise ValueError("photometric: a uint8 output holds the 0-255 pixels; mean/std need a floating out_dtype")
+        alpha, beta = _norm_params(3, None, None, 1.0, x.device)
+    else:
+        alpha, beta = _norm_params(3, mean, std, in_scale, x.device)
+    if ops.device.type == "cpu" and params.device.type == "cpu":
+        table = PhotometricTable(ops, params)
+        _check_table(table, x, "photometric")
+        _check_blur_sizes(table, x, "photometric")
+        ops, params = ops.to(torch.int64).contiguous(), params.to(torch.float32).contiguous()
+        if x.is_cuda:
+            ops, params = ops.pin_memory(), params.pin_memory()
+    ops = ops.to(device=x.device, dtype=torch.int64, non_blocking=True).contiguous()
+    params = params.to(device=x.device, dtype=torch.float32, non_blocking=True).contiguous()
+    _register_photometric_fake()
+    return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last)
+
+
+def _check_blur_sizes(table, x, name):
+    """Reflect padding needs kernel_size // 2 < side: kx <= 2 W - 1 and ky <= 2 H - 1."""
+    h, w = x.shape[-2:]
+    size = table.params[..., :2]
+    bad = (table.ops == OPS["gaussian_blur"]) & ((size[..., 0] > 2 * w - 1) | (size[..., 1] > 2 * h - 1))
+    if bad.any():
+        i, s = bad.nonzero()[0].tolist()
+        raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size {table.params[i, s, :2].tolist()} is too "
+                         f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
+
+
+def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last):
+    out = x.new_empty(x.shape, dtype=out_dtype)
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+
+
+_photometric_fake_registered = False
+
+
+def _register_photometric_fake():
+    """The op's fake kernel (torch.compile, opcheck), registered once the native op exists."""
+    global _photometric_fake_registered
+    if not _photometric_fake_registered and hasattr(torch.ops.fastload, "photometric"):
+        torch.library.register_fake("fastload::photometric")(_photometric_fake)
+        _photometric_fake_registered = True
+
+
+_register_photometric_fake()

@@ -1,0 +1,242 @@
+"""torch.ops.fastload.photometric (fastload/native/augment*): a PhotometricTable and the output cast in one op.
+
+On real photos (corpus JPEGs resized to several sizes, odd ones included) with random tables holding every op
+code in several slots: the CPU op equals functional.apply_table followed by the pipeline's normalisation bit for
+bit (gaussian_blur: within 1 level, see test_blur_within_one_level); the CUDA op equals the CPU op bit for bit.
+FASTLOAD_AUGMENT_DEV=<path to a .so> loads a development build of the op before the tests run.
+"""
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+
+if os.environ.get("FASTLOAD_AUGMENT_DEV"):
+    torch.ops.load_library(os.environ["FASTLOAD_AUGMENT_DEV"])
+
+import fastload.transforms.functional as F  # noqa: E402
+from fastload.transforms.functional import OPS, PhotometricTable  # noqa: E402
+from fastload.transforms.pipeline import _normalise  # noqa: E402
+
+F._register_photometric_fake()
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SIZES = [(1, 1), (7, 5), (64, 80), (176, 176)]
+OUT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8]
+BLUR = OPS["gaussian_blur"]
+
+
+@pytest.fixture(scope="module")
+def decoded(imagenet_dir):
+    """Eight corpus JPEGs from all four classes, decoded (uint8 [3, H, W] each)."""
+    files = sorted(glob.glob(str(imagenet_dir / "class_*" / "*.jpg")))[::6][:8]
+    assert len(files) == 8
+    return [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1).contiguous() for f in files]
+
+
+def _batch(decoded, h, w):
+    """The photos resized to h x w (a 1-pixel side: the corner of a 2-pixel resize, which torch's antialiased
+    resize refuses); sample 1 made constant and sample 2 the luma of its photo (flat channels: autocontrast's and
+    equalize's edge cases)."""
+    x = torch.stack([TF.resize(d, [max(h, 2), max(w, 2)], antialias=True)[:, :h, :w] for d in decoded]).contiguous()
+    x[1] = x[1].float().mean(dim=(1, 2), keepdim=True).round().to(torch.uint8)
+    x[2] = TF.rgb_to_grayscale(x[2], num_output_channels=3)
+    return x
+
+
+def _table(n, slots, h, w, seed, codes=range(len(OPS))):
+    """Every code of ``codes`` in every slot (a shuffled cycle per slot) with random parameters in range."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.tensor(list(codes), dtype=torch.int64)
+    ops = torch.stack([codes[torch.randperm(len(codes), generator=g)].repeat(n // len(codes) + 1)[:n]
+                       for _ in range(slots)], dim=1)
+    u = torch.rand(n, slots, 3, generator=g)
+    params = torch.zeros(n, slots, 3)
+    factor = (u[..., 0] * 2).where(u[..., 1] > 0.1, u[..., 1].round())  # some exact 0 and 1
+    for name in ("brightness", "contrast", "saturation", "sharpness"):
+        params[..., 0] = torch.where(ops == OPS[name], factor, params[..., 0])
+    params[..., 0] = torch.where(ops == OPS["hue"], u[..., 0] - 0.5, params[..., 0])
+    params[..., 0] = torch.where(ops == OPS["posterize"], (u[..., 0] * 9).floor(), params[..., 0])
+    params[..., 0] = torch.where(ops == OPS["solarize"], (u[..., 0] * 256).floor(), params[..., 0])
+    kx = ((u[..., 0] * 5).floor() * 2 + 1).clamp(max=2 * w - 1)
+    ky = ((u[..., 1] * 5).floor() * 2 + 1).clamp(max=2 * h - 1)
+    blur = torch.stack([kx, ky, u[..., 2] * 2 + 0.1], dim=-1)
+    params = torch.where((ops == BLUR).unsqueeze(-1), blur, params)
+    return PhotometricTable(ops, params)
+
+
+def _reference(x, table, out_dtype, channels_last):
+    """apply_table, then the pipeline's ToDtype + Normalize (uint8: the pixels as they are)."""
+    y = F.apply_table(x, *table)
+    if out_dtype != torch.uint8:
+        y = _normalise(y, MEAN, STD, 1.0 / 255, out_dtype)
+    return y.contiguous(memory_format=torch.channels_last) if channels_last else y
+
+
+def _run(x, table, out_dtype, channels_last=False):
+    norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
+    return F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last, **norm)
+
+
+def _assert_equal(out, ref):
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert out.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("size", SIZES + [(256, 257)], ids=str)  # 256 x 257: the largest exact luma sum (< 2^24)
+def test_cpu_equals_apply_table(decoded, size):
+    """Every op but gaussian_blur, three slots, on real photos: uint8 out equals apply_table exactly."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    for seed in range(4 if h * w < 10_000 else 1):
+        table = _table(len(x), 3, h, w, seed, codes=range(BLUR))
+        _assert_equal(_run(x, table, torch.uint8), _reference(x, table, torch.uint8, False))
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cpu_cast_equals_pipeline(decoded, out_dtype, channels_last):
+    """The output cast: the pipeline's addcmul normalisation and dtype, in either layout."""
+    x = _batch(decoded, 33, 47)
+    table = _table(len(x), 2, 33, 47, 7, codes=range(BLUR))
+    _assert_equal(_run(x, table, out_dtype, channels_last), _reference(x, table, out_dtype, channels_last))
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_no_slots_is_the_cast(decoded, out_dtype):
+    x = _batch(decoded, 64, 80)
+    table = PhotometricTable(torch.zeros(len(x), 0, dtype=torch.int64), torch.zeros(len(x), 0, 3))
+    _assert_equal(_run(x, table, out_dtype), _reference(x, table, out_dtype, False))
+
+
+def test_blur_within_one_level(decoded):
+    """gaussian_blur after other ops: within 1 level of apply_table. The weights (float64 exp here, float32
+    softmax there) and the order of the sums differ, so a sum within float32 rounding of k + 0.5 may round the
+    other way; such ties are rare on photos (measured: 7 of 743,424 values at 176 x 176)."""
+    for h, w in [(7, 5), (64, 80), (176, 176)]:
+        x = _batch(decoded, h, w)
+        before = _table(len(x), 2, h, w, 11, codes=range(BLUR))
+        blur = _table(len(x), 1, h, w, 12, codes=[BLUR])
+        table = PhotometricTable(torch.cat([before.ops, blur.ops], 1), torch.cat([before.params, blur.params], 1))
+        out, ref = _run(x, table, torch.uint8).int(), _reference(x, table, torch.uint8, False).int()
+        diff = (out - ref).abs()
+        assert diff.max() <= 1
+        assert (diff > 0).float().mean() < 1e-3
+        assert (out != F.apply_table(x, *before).int()).any()  # the blur did something
+
+
+def test_sharpness_keeps_borders_and_small_images(decoded):
+    for h, w in [(2, 9), (9, 2), (3, 3)]:
+        x = _batch(decoded, h, w)
+        table = PhotometricTable(torch.full((len(x), 1), OPS["sharpness"]), torch.full((len(x), 1, 3), 1.7))
+        _assert_equal(_run(x, table, torch.uint8), _reference(x, table, torch.uint8, False))
+
+
+def test_validation(decoded):
+    x = _batch(decoded, 7, 5)
+    one, zero = torch.ones(3), torch.zeros(3)
+    op = torch.ops.fastload.photometric
+    ops, params = torch.zeros(8, 2, dtype=torch.int64), torch.zeros(8, 2, 3)
+    bad = ops.clone()
+    bad[5, 1] = 13
+    with pytest.raises(ValueError, match="sample 5, slot 1: unknown op code 13"):
+        op(x, bad, params, one, zero, torch.float32, False)
+    with pytest.raises(ValueError, match="sample 5, slot 1: unknown op code 13"):
+        F.photometric(x, (bad, params))
+    post = ops.clone()
+    post[3, 0] = OPS["posterize"]
+    p = params.clone()
+    p[3, 0, 0] = 9
+    with pytest.raises(ValueError, match="sample 3, slot 0: posterize bits"):
+        op(x, post, p, one, zero, torch.float32, False)
+    blur = ops.clone()
+    blur[2, 1] = BLUR
+    p = params.clone()
+    p[2, 1] = torch.tensor([11.0, 3.0, 1.0])  # 11 > 2 * 5 - 1
+    with pytest.raises(ValueError, match="sample 2, slot 1: gaussian_blur"):
+        op(x, blur, p, one, zero, torch.float32, False)
+    with pytest.raises(ValueError, match="sample 2, slot 1: kernel_size"):
+        F.photometric(x, (blur, p))
+    p[2, 1] = torch.tensor([3.0, 4.0, 1.0])
+    with pytest.raises(ValueError, match="sample 2, slot 1: kernel_size should have odd"):
+        F.photometric(x, (blur, p))
+    with pytest.raises(RuntimeError, match="x must be uint8"):
+        op(x.float(), ops, params, one, zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match=r"\[B, 3, H, W\]"):
+        op(x[:, :1], ops, params, one, zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        op(x.transpose(2, 3), ops, params, one, zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match="ops must be"):
+        op(x, ops[:4], params, one, zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match="params must be"):
+        op(x, ops, params.double(), one, zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match="alpha and beta"):
+        op(x, ops, params, one[:2], zero, torch.float32, False)
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        op(x, ops, params, one, zero, torch.int32, False)
+    huge = torch.empty(1, 3, 1, 2 ** 30, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="too large"):
+        op(huge, ops[:1], params[:1], one, zero, torch.float32, False)
+    with pytest.raises(TypeError, match="uint8"):
+        F.photometric(x.float(), (ops, params))
+    with pytest.raises(ValueError, match="mean/std"):
+        F.photometric(x, (ops, params), mean=MEAN, out_dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_opcheck(decoded, device):
+    x = _batch(decoded, 7, 5).to(device)
+    table = _table(len(x), 2, 7, 5, 3)
+    alpha, beta = torch.rand(3, device=device), torch.rand(3, device=device)
+    for out_dtype, channels_last in [(torch.float32, False), (torch.bfloat16, True), (torch.uint8, False)]:
+        torch.library.opcheck(torch.ops.fastload.photometric.default,
+                              (x, table.ops.to(device), table.params.to(device), alpha, beta, out_dtype,
+                               channels_last))
+
+
+# --- CUDA: bit for bit the CPU op ----------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", SIZES + [(33, 47)], ids=str)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_equals_cpu(decoded, size, out_dtype, channels_last):
+    h, w = size
+    x = _batch(decoded, h, w)
+    for seed, slots in [(0, 0), (1, 1), (2, 3), (3, 4)]:
+        table = _table(len(x), slots, h, w, seed)
+        cpu = _run(x, table, out_dtype, channels_last)
+        cuda = _run(x.cuda(), table, out_dtype, channels_last)
+        assert cuda.device.type == "cuda"
+        _assert_equal(cuda.cpu(), cpu)
+
+
+@pytest.mark.cuda
+def test_cuda_equals_cpu_large_batch_and_kernels(decoded):
+    """256 samples (several stats blocks per sample, atomics from many blocks) and blur kernels whose row sums
+    fit the shared band (ky 101) or not (ky 241: recomputed per pixel)."""
+    x = _batch(decoded, 176, 176).repeat(32, 1, 1, 1)
+    table = _table(len(x), 2, 176, 176, 5)
+    _assert_equal(_run(x.cuda(), table, torch.float32).cpu(), _run(x, table, torch.float32))
+    for ky in (101, 241):
+        n = 8
+        ops = torch.full((n, 1), BLUR)
+        params = torch.tensor([[[15.0, float(ky), 9.0]]]).repeat(n, 1, 1)
+        _assert_equal(_run(x[:n].cuda(), (ops, params), torch.uint8).cpu(), _run(x[:n], (ops, params), torch.uint8))
+
+
+@pytest.mark.cuda
+def test_cuda_device_table_bad_slot_is_identity(decoded):
+    """A table already on the device is not read back: a slot it cannot run leaves the sample unchanged."""
+    x = _batch(decoded, 64, 80)
+    table = _table(len(x), 2, 64, 80, 9, codes=range(BLUR))
+    ops = table.ops.clone()
+    ops[4, 0] = 99
+    out = torch.ops.fastload.photometric(x.cuda(), ops.cuda(), table.params.cuda(), torch.ones(3, device="cuda"),
+                                         torch.zeros(3, device="cuda"), torch.uint8, False)
+    ops[4, 0] = OPS["identity"]
+    _assert_equal(out.cpu(), _run(x, (ops, table.params), torch.uint8))
