@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/RESULTS.md): install the carried wheels, build fastload there,
 # run the GPU tests and the GPU benchmarks. Usage: bash bench/device_run.sh STEPS, STEPS joined by '+':
-#   gputests: the GPU test files (test_cuda, test_nvjpeg) and the loader's; tests: the whole suite;
+#   gputests: every cuda-marked test, then the loader's and the pipeline's files; tests: the whole suite;
+#   aug: python -m bench.augment (stage ms per --transform spec, loaders alone per spec against torchvision's
+#   DataLoader with the identical v2 pipeline, at SIZE px, default 176, on LINKS links to each JPEG);
+#   augtrain: fastload bench --model resnet50 --size 176 --transform trivialaugment against torchvision;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
@@ -36,9 +39,11 @@ if [[ +$what+ == *+tests+* ]]; then
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/tests.log" | tail -15
 fi
 if [[ +$what+ == *+gputests+* ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_nvjpeg.py tests/test_loader.py \
-    > "$OUT/gputests.log" 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/gputests.log" | tail -15
+  python3 -m pytest -q -p no:cacheprovider -m cuda tests > "$OUT/gputests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/gputests.log" | tail -25
+  python3 -m pytest -q -p no:cacheprovider tests/test_loader.py tests/test_pipeline.py tests/test_nvjpeg.py \
+    > "$OUT/gputests2.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/gputests2.log" | tail -15
 fi
 wait $corpus
 if [[ +$what+ == *+bench+* ]]; then
@@ -51,6 +56,20 @@ if [[ +$what+ == *+bench+* ]]; then
   fi
   python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
     grep -v "^fastload stats"
+fi
+if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* ]]; then
+  links=${LINKS:-4} data=data/imagenet-like
+  python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
+  data=$data-x$links
+fi
+if [[ +$what+ == *+aug+* ]]; then
+  python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment.json" 2>&1 | \
+    tee "$OUT/augment.log" | grep -v "%|"
+fi
+if [[ +$what+ == *+augtrain+* ]]; then
+  timeout ${TRAIN_TIMEOUT:-500} python3 -m fastload bench $data --device cuda --model resnet50 --size ${SIZE:-176} \
+    --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q --json "$OUT/augtrain.json" \
+    2>"$OUT/augtrain.err" | tee "$OUT/augtrain.log" | tail -8
 fi
 if [[ +$what+ == *+profile+* ]]; then
   /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \

@@ -214,6 +214,17 @@ def test_random_choice_picks_with_p_per_batch(photos):
 
 # ---------------------------------------------------------------- validation like torchvision
 
+@pytest.fixture(autouse=True)
+def _distribution_checks_on():
+    """torchvision's MixUp/CutMix refuse a bad alpha through torch.distributions.Beta's argument checks, which a
+    torch.compile anywhere earlier in the process turns off globally (Distribution.set_default_validate_args(False)):
+    the reference must see them on."""
+    before = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(True)
+    yield
+    torch.distributions.Distribution.set_default_validate_args(before)
+
+
 def raises_like_torchvision(ours, theirs):
     with pytest.raises(Exception) as tv_err:
         theirs()

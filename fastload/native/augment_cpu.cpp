@@ -262,23 +262,31 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
   const float bt[3] = {beta.data_ptr<float>()[0], beta.data_ptr<float>()[1], beta.data_ptr<float>()[2]};
   out_t* o = out.data_ptr<out_t>();
   const bool channels_last = out.stride(1) == 1;
+  // The cast of a uint8 value depends on (channel, value) alone: 3 x 256 entries computed once (the fma per value
+  // is a libm call on baseline x86-64, which has no FMA instruction).
+  out_t cast[3][256];
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v) cast[c][v] = cast_out<out_t>(static_cast<uint8_t>(v), a[c], bt[c]);
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
     for (auto& image : scratch.image) image.resize(3 * hw);
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* src = in + i * 3 * hw;
+      int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
       for (int64_t s = 0; s < slots; ++s) {
-        uint8_t* dst = scratch.image[s % 2].data();
-        apply_slot(static_cast<int>(op[i * slots + s]), p + (i * slots + s) * 3, src, dst, h, w, scratch);
+        const int code = static_cast<int>(op[i * slots + s]);
+        if (code == kIdentity) continue;
+        uint8_t* dst = scratch.image[written++ % 2].data();
+        apply_slot(code, p + (i * slots + s) * 3, src, dst, h, w, scratch);
         src = dst;
       }
       out_t* dst = o + i * 3 * hw;
       if (channels_last) {
         for (int64_t j = 0; j < hw; ++j)
-          for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast_out<out_t>(src[c * hw + j], a[c], bt[c]);
+          for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
       } else {
         for (int c = 0; c < 3; ++c)
-          for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast_out<out_t>(src[c * hw + j], a[c], bt[c]);
+          for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast[c][src[c * hw + j]];
       }
     }
   });

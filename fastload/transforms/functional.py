@@ -615,7 +615,6 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
             ops, params = ops.pin_memory(), params.pin_memory()
     ops = ops.to(device=x.device, dtype=torch.int64, non_blocking=True).contiguous()
     params = params.to(device=x.device, dtype=torch.float32, non_blocking=True).contiguous()
-    _register_photometric_fake()
     return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last)
 
 
@@ -630,20 +629,7 @@ def _check_blur_sizes(table, x, name):
                          f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
 
 
+@torch.library.register_fake("fastload::photometric")
 def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last):
     out = x.new_empty(x.shape, dtype=out_dtype)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out
-
-
-_photometric_fake_registered = False
-
-
-def _register_photometric_fake():
-    """The op's fake kernel (torch.compile, opcheck), registered once the native op exists."""
-    global _photometric_fake_registered
-    if not _photometric_fake_registered and hasattr(torch.ops.fastload, "photometric"):
-        torch.library.register_fake("fastload::photometric")(_photometric_fake)
-        _photometric_fake_registered = True
-
-
-_register_photometric_fake()
