@@ -43,7 +43,14 @@ inline int error_status(j_common_ptr cinfo, char* message, size_t size) {
     std::snprintf(message, size, "unsupported: %d-bit JPEG", p);
     return kUnsupported;
   }
-  if (code == JERR_ARITH_NOTIMPL || code == JERR_CONVERSION_NOTIMPL) {
+  // JERR_ARITH_NOTIMPL exists only in the libjpeg 6b API's message list (Debian's libjpeg62-turbo), not in the
+  // libjpeg 8 one (Ubuntu's libjpeg-turbo8): both builds must compile.
+#if JPEG_LIB_VERSION < 70
+  const bool not_implemented = code == JERR_ARITH_NOTIMPL || code == JERR_CONVERSION_NOTIMPL;
+#else
+  const bool not_implemented = code == JERR_CONVERSION_NOTIMPL;
+#endif
+  if (not_implemented) {
     char text[JMSG_LENGTH_MAX];
     (*cinfo->err->format_message)(cinfo, text);
     std::snprintf(message, size, "unsupported: %s", text);
