@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import fastload as fl
-from bench.gpu import cuda_time, realistic_batch
+from bench.gpu import cuda_time
 from fastload import benchmark
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -27,17 +27,32 @@ SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment")
 
 def stage_bench(ds, size, batch):
     """GPU ms per batch of the loader's stage (Pipeline.run) for each spec, on one decoded batch."""
-    data, offsets, shapes, mats = realistic_batch(ds, batch, size)
-    dev = [t.cuda() for t in (data, offsets, shapes, mats)]
     idx = np.arange(batch)
     rows = []
     for spec in SPECS:
         pipeline = fl.transforms.Pipeline.build(benchmark.pipelines(spec, size)[0])
         params = pipeline.sample_params(0, 0, idx)
+        # the policy's own geometry (rotate/shear/translate folded into each sample's matrix)
+        plan = pipeline.plan(np.asarray(ds.heights)[idx % len(ds)], np.asarray(ds.widths)[idx % len(ds)], 0, 0,
+                             idx % len(ds))
+        with ds.reader() as r:
+            data, offsets, shapes, status, msgs = fl.ops.decode_crops([r.get(int(i)) for i in idx % len(ds)],
+                                                                      plan.windows, threads=os.cpu_count())
+        assert int(status.abs().sum()) == 0, msgs
+        dev = [t.cuda() for t in (data, offsets, shapes, plan.matrices)]
 
         def run():
             return pipeline.run(*dev, params, channels_last=True)
         rows.append((spec, cuda_time(run)))
+        if params is not None:  # where the time goes: the warp to uint8, then the photometric op
+            def warp():
+                return fl.ops.warp_ragged(*dev, size, in_scale=1.0, out_dtype=torch.uint8)
+            x = warp()
+            table = params.table
+            rows.append((f"  {spec}: warp to uint8", cuda_time(warp)))
+            rows.append((f"  {spec}: photometric op ({table.ops.shape[1]} slot(s)), float32 channels_last",
+                         cuda_time(lambda: fl.transforms.functional.photometric(x, table, mean=MEAN, std=STD,
+                                                                                channels_last=True))))
     return rows
 
 
@@ -66,13 +81,14 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="torchvision DataLoader workers")
     p.add_argument("--specs", default="plain,trivialaugment,randaugment", help="--transform specs for (b)")
     p.add_argument("--skip-torchvision", action="store_true")
+    p.add_argument("--stage-only", action="store_true", help="only (a)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     ds = fl.FolderDataset(args.data)
     print(f"{torch.cuda.get_device_name()} | {os.cpu_count()} cores | {len(ds)} images | {args.size} px | "
           f"batch {args.batch_size}", flush=True)
     stage = stage_bench(ds, args.size, args.batch_size)
-    specs = args.specs.split(",")
+    specs = [] if args.stage_only else args.specs.split(",")
     rates = {spec: loader_rate(ds, spec, args.size, args.batch_size, args.epochs) for spec in specs}
     tv = {} if args.skip_torchvision else {
         spec: benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.workers, epochs=args.epochs,
@@ -82,9 +98,9 @@ def main(argv=None):
     plain_ms = stage[0][1]
     print(f"\n(a) the stage on the GPU, batch of {args.batch_size} RandomResizedCrop windows -> {args.size} px, "
           f"float32 channels_last")
-    print(f"{'pipeline':<40} {'ms':>8} {'x plain':>8}")
+    print(f"{'pipeline':<70} {'ms':>8} {'x plain':>8}")
     for spec, ms in stage:
-        print(f"{spec:<40} {ms:8.3f} {ms / plain_ms:8.2f}")
+        print(f"{spec:<70} {ms:8.3f} {ms / plain_ms:8.2f}")
     print(f"\n(b) finished batches on the GPU, images/s ({args.epochs} timed epochs after a warm-up)")
     print(f"{'pipeline':<60} {'img/s':>9} {'% plain':>8}")
     for spec, rate in rates.items():

@@ -63,7 +63,7 @@ if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* ]]; then
   data=$data-x$links
 fi
 if [[ +$what+ == *+aug+* ]]; then
-  python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment.json" 2>&1 | \
+  python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment.json" $AUGARGS 2>&1 | \
     tee "$OUT/augment.log" | grep -v "%|"
 fi
 if [[ +$what+ == *+augtrain+* ]]; then

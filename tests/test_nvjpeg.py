@@ -316,7 +316,9 @@ def test_engines_never_deliver_a_jpeg_the_strict_cpu_decoder_refuses(damaged_dir
             for a, b in zip(xc, xg):  # every sample close to the CPU decoder's: no rows of another sample
                 assert psnr(b, a, peak=1.0) >= 30, epoch
     stats = {d: loader.stats() for d, loader in loaders.items()}
-    assert stats[decoder]["skipped"] == stats["cpu"]["skipped"] >= 4  # two files, two epochs
+    # A crop window that ends above the damage decodes fine (the decoder stops at the window's last row), so not
+    # every epoch skips both files: the engines' path must skip exactly what the cores skip (at least one a epoch).
+    assert stats[decoder]["skipped"] == stats["cpu"]["skipped"] >= 2
     if decoder == "nvjpeg":  # every good sample on the engines, the two damaged ones on the cores
         assert stats["nvjpeg"]["gpu_decoded"] == 2 * (len(ds) - 2)
 

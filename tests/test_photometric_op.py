@@ -53,7 +53,7 @@ def _table(n, slots, h, w, seed, codes=range(len(OPS))):
     g = torch.Generator().manual_seed(seed)
     codes = torch.tensor(list(codes), dtype=torch.int64)
     ops = torch.stack([codes[torch.randperm(len(codes), generator=g)].repeat(n // len(codes) + 1)[:n]
-                       for _ in range(slots)], dim=1)
+                       for _ in range(slots)], dim=1) if slots else torch.empty(n, 0, dtype=torch.int64)
     u = torch.rand(n, slots, 3, generator=g)
     params = torch.zeros(n, slots, 3)
     factor = (u[..., 0] * 2).where(u[..., 1] > 0.1, u[..., 1].round())  # some exact 0 and 1
