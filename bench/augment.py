@@ -56,6 +56,24 @@ def stage_bench(ds, size, batch):
     return rows
 
 
+def probe(ds, spec, size, batch):
+    idx = np.arange(batch) % len(ds)
+    pipeline = fl.transforms.Pipeline.build(benchmark.pipelines(spec, size)[0])
+    params = pipeline.sample_params(0, 0, np.arange(batch))
+    plan = pipeline.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, np.arange(batch))
+    with ds.reader() as r:
+        data, offsets, shapes, _, _ = fl.ops.decode_crops([r.get(int(i)) for i in idx], plan.windows,
+                                                          threads=os.cpu_count())
+    dev = [t.cuda() for t in (data, offsets, shapes, plan.matrices)]
+    for _ in range(3):
+        pipeline.run(*dev, params, channels_last=True)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    pipeline.run(*dev, params, channels_last=True)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def loader_rate(ds, spec, size, batch, epochs):
     loader = fl.FastLoader(ds, batch_size=batch, device="cuda", channels_last=True, drop_last=True,
                            transform=benchmark.pipelines(spec, size)[0])
@@ -82,9 +100,13 @@ def main(argv=None):
     p.add_argument("--specs", default="plain,trivialaugment,randaugment", help="--transform specs for (b)")
     p.add_argument("--skip-torchvision", action="store_true")
     p.add_argument("--stage-only", action="store_true", help="only (a)")
+    p.add_argument("--probe", metavar="SPEC", help="run SPEC's stage once between cudaProfilerStart/Stop (after a "
+                   "warm-up) and exit: for `ncu --profile-from-start off`")
     p.add_argument("--json")
     args = p.parse_args(argv)
     ds = fl.FolderDataset(args.data)
+    if args.probe:
+        return probe(ds, args.probe, args.size, args.batch_size)
     print(f"{torch.cuda.get_device_name()} | {os.cpu_count()} cores | {len(ds)} images | {args.size} px | "
           f"batch {args.batch_size}", flush=True)
     stage = stage_bench(ds, args.size, args.batch_size)

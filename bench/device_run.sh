@@ -5,6 +5,7 @@
 #   aug: python -m bench.augment (stage ms per --transform spec, loaders alone per spec against torchvision's
 #   DataLoader with the identical v2 pipeline, at SIZE px, default 176, on LINKS links to each JPEG);
 #   augtrain: fastload bench --model resnet50 --size 176 --transform trivialaugment against torchvision;
+#   augprobe: Nsight Compute on one TrivialAugmentWide stage (TRANSFORM picks another spec): each kernel's time;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
@@ -57,7 +58,7 @@ if [[ +$what+ == *+bench+* ]]; then
   python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
     grep -v "^fastload stats"
 fi
-if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* ]]; then
+if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* ]]; then
   links=${LINKS:-4} data=data/imagenet-like
   python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
   data=$data-x$links
@@ -65,6 +66,13 @@ fi
 if [[ +$what+ == *+aug+* ]]; then
   python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment.json" $AUGARGS 2>&1 | \
     tee "$OUT/augment.log" | grep -v "%|"
+fi
+if [[ +$what+ == *+augprobe+* ]]; then  # Nsight Compute on one TrivialAugmentWide stage: each kernel's time
+  /usr/local/cuda/bin/ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
+    python3 -m bench.augment --data $data --size ${SIZE:-176} --probe ${TRANSFORM:-trivialaugment} \
+    > "$OUT/augprobe.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/augprobe.txt" | \
+    sed -E 's/void fastload::\(anonymous namespace\)::|fastload::\(anonymous namespace\)::|void //'
 fi
 if [[ +$what+ == *+augtrain+* ]]; then
   timeout ${TRAIN_TIMEOUT:-500} python3 -m fastload bench $data --device cuda --model resnet50 --size ${SIZE:-176} \
