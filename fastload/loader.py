@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from . import nvjpeg, ops
-from .datasets.source import as_source
+from .datasets.source import SubsetSource, as_source
 from .producer import HYBRID_PERIOD, BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
 from .transforms.pipeline import Pipeline
-from .transforms.planners import RandomResizedCrop
+from .transforms.planners import RandomResizedCrop, _pair
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -90,12 +90,22 @@ class FastLoader:
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
+        repeats: repeated augmentation (torchvision's RASampler, ``--ra-sampler --ra-reps``): each sample comes
+            ``repeats`` times per epoch, its copies spread over the ranks (in a row on one rank), each copy with its
+            own crop and random draws (drawn with the key index + copy * len(dataset): copy 0 draws what it would
+            without repeats); the epoch keeps its length (len(loader) as without repeats), so it covers about
+            1/repeats of the dataset. See ShardedSampler.
+        size_schedule: ``callable(epoch) -> int or (h, w)``: the output size of each epoch (a resolution schedule,
+            e.g. ``fastload.recipes.linear_ramp``); the crops, DCT downscale and stage follow it. Without it,
+            ``set_size`` changes the size between epochs. The pipeline's size (its RandomResizedCrop/Resize/
+            CenterCrop, or the crop planner's) is what a schedule replaces; earlier size-carrying steps scale with it
+            (Resize(256) + CenterCrop(224) at 192: Resize(219) + CenterCrop(192)).
     """
 
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
                  prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True, timeout=None,
-                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu", transform=None):
+                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu", transform=None, repeats=1, size_schedule=None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         dtype = _check_dtype(dtype)
@@ -143,11 +153,21 @@ class FastLoader:
             raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
         self.timeout = timeout
         self.sampler = ShardedSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                      drop_last=drop_last, pad=pad)
+                                      drop_last=drop_last, pad=pad, repeats=repeats)
         self.seed = seed
         self._stats = LoaderStats()
-        self._maker = BatchMaker(dataset, self.pipeline, seed, self.threads, on_error, strict, max_pixels, self._stats,
+        # Repeated augmentation: the sampler hands out keys (index + copy * n); the producers read a view in which
+        # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
+        source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
+        self._maker = BatchMaker(source, self.pipeline, seed, self.threads, on_error, strict, max_pixels, self._stats,
                                  device=self.device, decoder=self.decoder)
+        if size_schedule is not None and not callable(size_schedule):
+            raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")
+        self.size_schedule = size_schedule
+        self._size = self.pipeline.out_size  # set_size's: the size of the epochs started from now on
+        self._size_for(0)  # a schedule that cannot give a size fails here, not in the training loop
+        self._running = (None, None)  # (epoch, size) of the latest epoch iterated
+        self._resume_size = None  # the size of the epoch load_state_dict resumes mid-way
         self._epoch = 0
         self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
         self._batches_done = 0
@@ -167,6 +187,29 @@ class FastLoader:
         self._epoch_set = True
         self._start_batch = self._batches_done = 0
 
+    def set_size(self, size):
+        """The output size (int or (h, w)) of the epochs started from now on (the next ``iter(loader)``; an epoch
+        in progress keeps its size): a resolution schedule step by step, between epochs. Crops, DCT downscale and
+        the stage follow it; batch buffers grow as needed. state_dict records it. With size_schedule=, the
+        schedule decides instead."""
+        if self.size_schedule is not None:
+            raise ValueError("this loader has a size_schedule, which sets every epoch's size: change the schedule, "
+                             "or build the loader without one to call set_size")
+        self._size = _pair(size, "size")
+
+    def size_of(self, epoch):
+        """(h, w) of the batches of ``epoch`` as things stand (the schedule's, or set_size's)."""
+        return self._size_for(epoch)
+
+    def _size_for(self, epoch):
+        if self.size_schedule is None:
+            return self._size
+        size = self.size_schedule(epoch)
+        try:
+            return _pair(size, "size")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"size_schedule({epoch}) returned {size!r}: {e}") from None
+
     def __len__(self):
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -178,8 +221,10 @@ class FastLoader:
             epoch, done = epoch + 1, 0
         sampler = self.sampler.state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
         sampler["epoch"] = epoch
+        # the size of the epoch it resumes in (mid-epoch: the one that epoch started with), and set_size's
+        size = self._running[1] if done and self._running[0] == epoch else self._size_for(epoch)
         return {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
-                "sampler": sampler}
+                "sampler": sampler, "size": list(size), "next_size": list(self._size)}
 
     def load_state_dict(self, state):
         missing = [k for k in ("epoch", "batches_done", "seed", "batch_size", "sampler") if k not in state]
@@ -189,8 +234,16 @@ class FastLoader:
         if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
             raise ValueError(f"state is for seed={state['seed']}, batch_size={state['batch_size']}; this loader has "
                              f"seed={self.seed}, batch_size={self.batch_size}")
+        epoch = int(state["epoch"])
+        size = tuple(state.get("size", self.pipeline.out_size))  # states from before resolution schedules
+        if self.size_schedule is not None and self._size_for(epoch) != size:
+            raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
+                             f"{self._size_for(epoch)}")
         self.sampler.load_state_dict(state["sampler"])
-        self._epoch = int(state["epoch"])
+        if self.size_schedule is None:
+            self._size = tuple(state.get("next_size", size))
+        self._resume_size = size if int(state["batches_done"]) else None
+        self._epoch = epoch
         self._start_batch = self._batches_done = int(state["batches_done"])
         self._epoch_set = True
         self._finished_epoch = False
@@ -220,18 +273,28 @@ class FastLoader:
         self._epoch_set = self._finished_epoch = False
         start, self._start_batch = self._start_batch, 0
         self._batches_done = start
+        size = self._resume_size if start and self._resume_size else self._size_for(self._epoch)
+        self._resume_size = None
+        self._running = (self._epoch, size)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.epoch == self._epoch and start == 0 and not ahead.producers.stop.is_set():
+        if ahead is not None and ahead.epoch == self._epoch and start == 0 and ahead.size == size \
+                and not ahead.producers.stop.is_set():
             iterator = ahead  # its producers have been decoding this epoch's first batches since the last one ended
         else:
-            if ahead is not None:
-                ahead.close()  # set_epoch or load_state_dict chose another start: those batches are not wanted
-            iterator = _EpochIterator(self, self._epoch_batches(self._epoch), start, self._epoch)
+            if ahead is not None:  # set_epoch, load_state_dict or set_size chose another start or size
+                ahead.close()
+            iterator = self._iterator_for(self._epoch, self._epoch_batches(self._epoch), start, size)
         self._iterator = weakref.ref(iterator)  # a weak ref: dropping the iterator stops its threads
         return iterator
 
+    def _iterator_for(self, epoch, batches, start, size):
+        self.pipeline.set_epoch_size(epoch, size)  # before its producers plan anything
+        iterator = _EpochIterator(self, batches, start, epoch)
+        iterator.size = size
+        return iterator
+
     def _epoch_batches(self, epoch):
-        indices = self.sampler.epoch_indices(epoch)
+        indices = self.sampler.epoch_keys(epoch)  # with repeats, keys into the repeated view (_repeated)
         batches = [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
@@ -244,7 +307,7 @@ class FastLoader:
         if self._ahead is None:
             batches = self._epoch_batches(epoch)
             if batches:
-                self._ahead = _EpochIterator(self, batches, 0, epoch)
+                self._ahead = self._iterator_for(epoch, batches, 0, self._size_for(epoch))
 
     def _stage_cpu(self):
         """The CPU stage as a function of the batch alone: producer threads hold it, and must not hold the loader
@@ -268,6 +331,14 @@ class FastLoader:
 
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+
+
+def _repeated(source, repeats):
+    """The source seen ``repeats`` times over: key k reads sample k % len(source) (index arrays tiled, reads and
+    names mapped through), so the producers can key each copy's random draws by k."""
+    base, indices = (source.base, source.indices) if isinstance(source, SubsetSource) else \
+        (source, np.arange(len(source), dtype=np.int64))
+    return SubsetSource(base, np.tile(indices, repeats))
 
 
 def _check_dtype(dtype):

@@ -1,8 +1,16 @@
-"""Per-epoch shuffling and sharding over ranks, resumable mid-epoch.
+"""Per-epoch shuffling and sharding over ranks, resumable mid-epoch; repeated augmentation.
 
 The permutation is a pure function of (seed, epoch): every rank computes the same one without communicating,
 and a resumed run computes it again instead of storing it. Ranks take strided shards of it, as
 torch.utils.data.DistributedSampler does.
+
+Repeated augmentation (``repeats=r``, torchvision's RASampler): each sample of the permutation is repeated r times
+in a row, the list is padded by wrapping around to a multiple of the world size and dealt out to the ranks as
+above, so the r copies of a sample land on r different ranks (on one rank, r in a row, when world_size is 1); each
+rank then keeps as many as it would without repeats (the epoch length is kept: an epoch covers about 1/r of the
+dataset, r times). The copies must be augmented differently, so the sampler hands out *keys*: copy c of sample i
+is key ``i + c * num_samples``; the loader reads sample ``key % num_samples`` and draws its randomness with the
+key, so copy 0 draws exactly what it would without repeats and the others draw their own.
 """
 
 import numpy as np
@@ -41,11 +49,23 @@ class ShardedSampler(torch.utils.data.Sampler):
     indices (a few samples are seen twice per epoch, as with DistributedSampler). drop_last=True: the tail is
     dropped instead so every rank gets floor(n / world_size). pad=False: no padding, shard lengths differ by at
     most one and every sample is seen exactly once (evaluation). Shards are disjoint apart from the padding.
+
+    repeats: repeated augmentation (module docstring). ``__iter__`` and ``epoch_indices`` give sample indices,
+    ``epoch_keys`` the keys (index + copy * num_samples) a loader draws each copy's augmentation with. Unlike
+    torchvision's RASampler, the kept length is not rounded down to a multiple of 256 samples first (which would
+    empty a small dataset); it is len() without repeats, so pad and drop_last keep their meaning.
     """
 
-    def __init__(self, num_samples, *, shuffle=True, seed=0, rank=None, world_size=None, drop_last=False, pad=True):
+    def __init__(self, num_samples, *, shuffle=True, seed=0, rank=None, world_size=None, drop_last=False, pad=True,
+                 repeats=1):
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+            raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        if repeats > 1 and not pad:
+            raise ValueError("repeats > 1 (repeated augmentation) is for training; pad=False is for evaluation, where "
+                             "every sample must be seen exactly once")
+        self.repeats = int(repeats)
         self.num_samples = int(num_samples)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -83,13 +103,28 @@ class ShardedSampler(torch.utils.data.Sampler):
         keys = rng.bits(self.seed, epoch, np.arange(self.num_samples, dtype=np.int64), 1, _SHUFFLE_STREAM)[:, 0]
         return np.argsort(keys, kind="stable").astype(np.int64)
 
-    def epoch_indices(self, epoch=None):
-        """This rank's indices for an epoch, int64 [len(self)]."""
+    def epoch_keys(self, epoch=None, *, full=False):
+        """This rank's keys for an epoch, int64 [len(self)]: sample indices, and with repeats the copy too (index +
+        copy * num_samples). full=True: before the cut to len(self) (with repeats, ceil(n * repeats / world_size)
+        keys, RASampler's per-rank list before it keeps the first ones; over all ranks every copy of every
+        sample)."""
         order = self.permutation(epoch)
-        total = self._total()
+        if self.repeats > 1:  # RASampler: each sample's copies in a row, then padded and dealt out to the ranks
+            n, ws = self.num_samples, self.world_size
+            order = (order[:, None] + n * np.arange(self.repeats, dtype=np.int64)).reshape(-1)
+            total = -(-len(order) // ws) * ws
+        else:
+            total = self._total()
         if total > len(order) and len(order):  # pad by wrapping around (several times when n < world_size)
             order = np.resize(order, total)
-        return order[self.rank:total:self.world_size]
+        shard = order[self.rank:total:self.world_size]
+        return shard if full else shard[:len(self)]
+
+    def epoch_indices(self, epoch=None):
+        """This rank's sample indices for an epoch, int64 [len(self)] (with repeats, a sample may come several
+        times)."""
+        keys = self.epoch_keys(epoch)
+        return keys % self.num_samples if self.repeats > 1 else keys
 
     def __iter__(self):
         indices = self.epoch_indices()
@@ -105,7 +140,8 @@ class ShardedSampler(torch.utils.data.Sampler):
         indices the training loop really received, which is fewer than it drew from the sampler)."""
         return {"epoch": self.epoch, "consumed": self._consumed if consumed is None else int(consumed),
                 "seed": self.seed, "num_samples": self.num_samples, "world_size": self.world_size,
-                "rank": self.rank, "shuffle": self.shuffle, "drop_last": self.drop_last, "pad": self.pad}
+                "rank": self.rank, "shuffle": self.shuffle, "drop_last": self.drop_last, "pad": self.pad,
+                "repeats": self.repeats}
 
     def load_state_dict(self, state):
         """Restores epoch, seed and position; the next ``__iter__`` yields exactly the indices still to come.
@@ -114,9 +150,10 @@ class ShardedSampler(torch.utils.data.Sampler):
         there is an error. The rank is not checked: with equal shard lengths every rank has consumed the same count,
         so rank 0's checkpoint is valid everywhere (pad=False is the exception; its shards may differ by one).
         """
-        for key in ("num_samples", "world_size", "shuffle", "drop_last", "pad"):
-            if key in state and state[key] != getattr(self, key):
-                raise ValueError(f"cannot resume: {key} was {state[key]} when saved, is {getattr(self, key)} now")
+        for key in ("num_samples", "world_size", "shuffle", "drop_last", "pad", "repeats"):
+            saved = state.get(key, 1 if key == "repeats" else getattr(self, key))  # states before repeats: 1
+            if saved != getattr(self, key):
+                raise ValueError(f"cannot resume: {key} was {saved} when saved, is {getattr(self, key)} now")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         consumed = int(state["consumed"])

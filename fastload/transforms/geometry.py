@@ -23,6 +23,7 @@ visible part is the decode window: the image, clipped by every crop whose outlin
 original image (see ``GeometryPlanner.plan`` for where this differs from torchvision at edges).
 """
 import collections.abc
+import copy
 import math
 import numbers
 import warnings
@@ -482,6 +483,31 @@ class GeometryPlanner:
             raise ValueError(f"fastload applies one fill value per pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
         self.dct_downscale = bool(dct_downscale)
+
+    def with_size(self, size):
+        """A planner with output ``size`` (int or (h, w)): a resolution schedule's step. The step that fixes the
+        output size gets it; size-carrying steps before it (a Resize before a CenterCrop) are scaled by the same
+        factor, rounded, so the crop keeps its share of the image (Resize(256) + CenterCrop(224) at 192: Resize(219)
+        + CenterCrop(192)). The steps are copies with the same streams: the same draws at any size."""
+        size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
+        fh, fw = size[0] / self.out_size[0], size[1] / self.out_size[1]
+        last = max(i for i, t in enumerate(self.steps) if isinstance(t, (RandomResizedCrop, Resize, CenterCrop)))
+        steps = []
+        for i, t in enumerate(self.steps):
+            if i <= last and isinstance(t, (RandomResizedCrop, Resize, CenterCrop)):
+                t = copy.copy(t)
+                if i == last:  # the constructor's rule: the last size-carrying step fixes the size
+                    t.size = list(size) if isinstance(t, Resize) else size
+                elif isinstance(t, Resize):
+                    t.size = None if t.size is None else (
+                        [round(t.size[0] * fh)] if len(t.size) == 1 else [round(t.size[0] * fh), round(t.size[1] * fw)])
+                    t.max_size = None if t.max_size is None else round(t.max_size * fh)
+                else:
+                    t.size = (round(t.size[0] * fh), round(t.size[1] * fw))
+                if isinstance(t, RandomResizedCrop) and t._windows is not None:
+                    t._windows = t._windows.with_size(t.size)
+            steps.append(t)
+        return GeometryPlanner(steps, extra_fill=self.fill, dct_downscale=self.dct_downscale)
 
     def plan(self, heights, widths, seed, epoch, indices, extra=None):
         """GeometryPlan for a batch: image sizes (int arrays [B]), sample indices, and optionally ``extra``

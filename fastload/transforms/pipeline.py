@@ -9,6 +9,11 @@ batch, in three places (CONTRACT.md beside this file):
 - in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch.
 Every random number is a pure function of (seed, epoch, sample index) (batch index for batch ops), so CPU and CUDA
 make the same draws and a resumed loader the same batches.
+
+Resolution schedules: the output size may differ per epoch (``Pipeline.set_epoch_size``, which FastLoader calls
+before an epoch's batches are made). Every step that depends on it takes the epoch's size: the geometry
+(``GeometryPlanner.with_size`` / the crop planner's ``with_size``: windows, DCT downscale, matrices), the policies'
+canvas, RandomErasing's boxes and the stage's output (carried by each batch's SampleParams).
 """
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -136,6 +141,7 @@ class SampleParams(NamedTuple):
     seed: int
     epoch: int
     indices: np.ndarray
+    size: tuple  # (H, W) of the output: the epoch's size
 
 
 class Pipeline:
@@ -156,7 +162,9 @@ class Pipeline:
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
         self.geometry = GeometryPlanner(steps) if steps else geometry
-        self.out_size = tuple(self.geometry.out_size if steps else geometry.size)
+        self.out_size = tuple(self.geometry.out_size if steps else geometry.size)  # the size as built
+        self._geometries = {self.out_size: self.geometry}  # (H, W) -> the geometry planning that size
+        self._epoch_sizes = {}  # epoch -> (H, W) where it differs from out_size (set_epoch_size)
         # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
         fills = {_fill_triple(t.fill) for t in steps + self._policies if hasattr(t, "fill")}
         if len(fills) > 1:
@@ -224,6 +232,26 @@ class Pipeline:
         then the fused normalisation (``(x * in_scale - mean) / std``; uint8: the pixels as they are)."""
         return cls(planner, [], dtype, True, mean, std, [], [], [planner], in_scale=in_scale)
 
+    # --- the output size, per epoch (resolution schedules) --------------------------------------------------
+    def set_epoch_size(self, epoch, size):
+        """Sets the output size (int or (H, W)) of the batches of ``epoch``. FastLoader calls it before it makes
+        an epoch's batches; the sizes of epochs more than one behind are forgotten (no epoch that old is in
+        flight: the loader runs at most the current epoch and the next)."""
+        from .planners import _pair
+        size = _pair(size, "size")
+        if size not in self._geometries:  # validated and built once per size
+            self._geometries[size] = self.geometry.with_size(size)
+        self._epoch_sizes = {e: s for e, s in self._epoch_sizes.items() if e >= epoch - 1}
+        if size == self.out_size:
+            self._epoch_sizes.pop(epoch, None)
+        else:
+            self._epoch_sizes[epoch] = size
+        return size
+
+    def size_at(self, epoch):
+        """(H, W) of the batches of ``epoch``."""
+        return self._epoch_sizes.get(epoch, self.out_size)
+
     # --- planning (host, per batch) -------------------------------------------------------------------------
     @property
     def photometric_slots(self):
@@ -232,35 +260,35 @@ class Pipeline:
     def plan(self, heights, widths, seed, epoch, indices):
         """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped), the policies' geometric ops
         composed after every geometric step."""
+        size = self.size_at(epoch)
+        geometry = self._geometries[size]
         if not self._policies:
-            return self.geometry.plan(heights, widths, seed, epoch, indices)
+            return geometry.plan(heights, widths, seed, epoch, indices)
         extra = None
-        h, w = self.out_size
+        h, w = size
         for p in self._policies:
             _, m = p.plan(seed, epoch, indices, h, w)
             if m is not None:
                 extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
-        return self.geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
+        return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
 
     def table(self, seed, epoch, indices):
         """The photometric table of a batch (PhotometricTable, host tensors), or None without photometric ops."""
         if not self.photometric:
             return None
         from .functional import PhotometricTable
-        h, w = self.out_size
+        h, w = self.size_at(epoch)
         parts = [t.plan(seed, epoch, indices, h, w)[0] if t.kind == "policy" else t.table(seed, epoch, indices)
                  for t in self.photometric]
         return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
 
     def sample_params(self, seed, epoch, indices):
-        """SampleParams of a batch with these (final: after on_error="skip" replacements) sample indices, or None
-        when the pipeline has nothing per sample after the warp."""
-        if not self.photometric and not self.erasing:
-            return None
-        h, w = self.out_size
+        """SampleParams of a batch with these (final: after on_error="skip" replacements) sample indices: its
+        output size, and what the stage applies per sample after the warp (table None, erase []: nothing)."""
+        size = self.size_at(epoch)
         indices = np.asarray(indices, dtype=np.int64)
-        return SampleParams(self.table(seed, epoch, indices), [e.table(seed, epoch, indices, h, w) for e in self.erasing],
-                            seed, epoch, indices)
+        return SampleParams(self.table(seed, epoch, indices),
+                            [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size)
 
     # --- execution (the stage, on the batch's device) -------------------------------------------------------
     def normalise_params(self):
@@ -270,17 +298,19 @@ class Pipeline:
         return self.mean, self.std, self.in_scale
 
     def run(self, data, offsets, shapes, matrices, params, *, channels_last=False, hwc=True, channels=3):
-        """The stage, on the batch's device (CPU or CUDA, same maths): the warp, then ``params`` (SampleParams or
-        None). Without photometric ops, one fused warp + normalise; with them, the warp writes uint8 (rounded, as
-        torchvision's uint8 resize does), the ops run on it, then ToDtype + Normalize, then RandomErasing."""
+        """The stage, on the batch's device (CPU or CUDA, same maths): the warp to the batch's size, then
+        ``params`` (SampleParams; None: the pipeline's own size, nothing after the warp). Without photometric ops,
+        one fused warp + normalise; with them, the warp writes uint8 (rounded, as torchvision's uint8 resize does),
+        the ops run on it, then ToDtype + Normalize, then RandomErasing."""
         mean, std, in_scale = self.normalise_params()
         photometric = params is not None and params.table is not None
-        x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size, mean=None if photometric else mean,
-                            std=None if photometric else std, in_scale=1.0 if photometric else in_scale,
+        after = photometric or (params is not None and bool(params.erase))  # anything after the warp
+        x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size if params is None else params.size,
+                            mean=None if photometric else mean, std=None if photometric else std,
+                            in_scale=1.0 if photometric else in_scale,
                             out_dtype=torch.uint8 if photometric else self.dtype,
-                            channels_last=channels_last and params is None, fill=self.fill[0], hwc=hwc,
-                            channels=channels)
-        if params is None:
+                            channels_last=channels_last and not after, fill=self.fill[0], hwc=hwc, channels=channels)
+        if not after:
             return x
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import photometric as run_table

@@ -6,6 +6,7 @@ maps an output pixel index (u, v) to a pixel index of the decoded crop (pixel ce
 ``fastload.ops.warp_ragged`` / ``warp_affine`` consume. The decoded crop of a window is rows top//d ..
 ceil((top+h)/d) and columns left//d .. ceil((left+w)/d) of the 1/d-scaled image (``ops.decoded_shape``).
 """
+import copy
 import math
 import numbers
 from typing import NamedTuple
@@ -66,6 +67,12 @@ class _Planner:
             raise ValueError(f"flip must be a probability between 0 and 1, got {flip!r}")
         self.flip = float(flip)
         self.dct_downscale = bool(dct_downscale)
+
+    def with_size(self, size):
+        """A copy planning ``size`` outputs (a resolution schedule's step); the draws are the same."""
+        planner = copy.copy(self)
+        planner.size = _pair(size, "size")
+        return planner
 
     def plan(self, heights, widths, seed, epoch, indices):
         """Plans a batch: image sizes (numpy int arrays [B]) and sample indices -> CropPlan."""
@@ -200,6 +207,15 @@ class CenterCrop(_Planner):
             self.resize = _pair(resize, "resize")[0]
         else:
             self.resize = _pair(resize, "resize")
+
+    def with_size(self, size):
+        """A copy cropping ``size``, its resize scaled by the same factor (the crop keeps its share of the image,
+        as FFCV's centre-crop ratio does): CenterCrop(224, resize=256).with_size(192) resizes to 219."""
+        planner = super().with_size(size)
+        fh, fw = planner.size[0] / self.size[0], planner.size[1] / self.size[1]
+        planner.resize = (round(self.resize * fh) if isinstance(self.resize, int)
+                          else (round(self.resize[0] * fh), round(self.resize[1] * fw)))
+        return planner
 
     def resized_size(self, heights, widths):
         """torchvision's Resize output size (new_h, new_w) for each image."""
