@@ -13,8 +13,10 @@ from torchvision.transforms import v2
 
 import fastload as fl
 import fastload.transforms as T
+from fastload import ops
 from fastload.loader import IMAGENET_MEAN, IMAGENET_STD
 from fastload.transforms.augmix import AugMix
+from fastload.transforms.functional import photometric
 
 N = 20_000  # fastload's samples per configuration (3 chains of up to 3 ops each)
 N_TV = 5_000  # torchvision's: ~0.4 ms a sample on a tiny image; both sides seeded, so deterministic
@@ -229,3 +231,128 @@ def test_geometric_chains_close_to_torchvision(photos):
     psnr = np.array([_psnr(g, e) for g, e in zip(got, expected)])
     assert np.median(psnr) >= 45, np.sort(psnr)
     assert psnr.min() >= 35, np.sort(psnr)
+
+
+# --- determinism, independence, validation ----------------------------------------------------------------------
+
+def test_same_seed_same_pixels_and_per_sample_independence(photos):
+    """A sample's draws depend on (seed, epoch, its index) only: the same within any batch, different for
+    another seed, epoch or index; the pixels follow."""
+    ours = AugMix()
+    ours.stream = 1007
+    x = torch.cat(photos)
+    idx = np.arange(100, 108)
+    a = ours.apply(x, ours.plan(3, 1, idx, 64, 80))
+    assert torch.equal(a, ours.apply(x, ours.plan(3, 1, idx, 64, 80)))
+    full = ours.draws(3, 1, np.arange(1000), 64, 80)
+    part = ours.draws(3, 1, np.array([5, 700, 31]), 64, 80)
+    for f, p in zip(full, part):
+        np.testing.assert_array_equal(f[[5, 700, 31]], p)
+    for other in (ours.draws(4, 1, np.arange(1000), 64, 80), ours.draws(3, 2, np.arange(1000), 64, 80)):
+        assert (other[0] != full[0]).mean() > 0.5
+    # neighbouring samples draw independently: the first op of chain 0 of samples i and i + 1
+    first = full[0][:, 0, 0]
+    table = np.zeros((len(ours.op_names),) * 2)
+    np.add.at(table, (first[:-1], first[1:]), 1)
+    assert stats.chi2_contingency(table).pvalue > 0.001
+    assert np.corrcoef(full[2][:-1, 0], full[2][1:, 0])[0, 1] < 0.1
+    b = ours.apply(x, ours.plan(4, 1, idx, 64, 80))
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kw, exc", [
+    (dict(severity=0), ValueError), (dict(severity=11), ValueError), (dict(severity=2.5), TypeError),
+    (dict(mixture_width=2.5), TypeError), (dict(chain_depth=2.5), TypeError), (dict(fill="a"), TypeError),
+    (dict(interpolation="foo"), ValueError),
+])
+def test_validation_like_torchvision(kw, exc, photos):
+    """Same exception types as torchvision (in its constructor, or at its first image for the TypeErrors of
+    non-int severity/mixture_width/chain_depth and the interpolation name)."""
+    with pytest.raises(exc):
+        AugMix(**kw)
+    with pytest.raises(exc):
+        v2.AugMix(**kw)(photos[0])
+
+
+def test_validation_beyond_torchvision():
+    with pytest.raises(ValueError, match="alpha"):  # torchvision samples an undefined Dirichlet(0)
+        AugMix(alpha=0.0)
+    with pytest.raises(ValueError, match="mixture_width"):  # torchvision silently mixes no chain
+        AugMix(mixture_width=-1)
+    with pytest.raises(ValueError, match="per-channel fill"):  # one fill value per warp
+        AugMix(fill=[1, 2, 3])
+    ours = AugMix()
+    with pytest.raises(TypeError, match="uint8"):
+        ours.apply(torch.zeros(2, 3, 8, 8), ours.plan(0, 0, np.arange(2), 8, 8))
+    with pytest.raises(ValueError, match="planned for 2 samples of 8x8"):
+        ours.apply(torch.zeros(2, 3, 8, 9, dtype=torch.uint8), ours.plan(0, 0, np.arange(2), 8, 8))
+
+
+def test_mixture_width_zero_and_fixed_depth(photos):
+    """mixture_width=0: torchvision's m0 * x only; chain_depth=2: every chain has two ops."""
+    x = torch.cat(photos)
+    zero = AugMix(mixture_width=0)
+    p = zero.plan(0, 0, np.arange(len(photos)), 64, 80)
+    assert torch.equal(zero.apply(x, p), (p.orig.view(-1, 1, 1, 1) * x).to(torch.uint8))
+    op = AugMix(chain_depth=2).draws(0, 0, np.arange(500), 64, 80)[0]
+    assert op.shape == (500, 3, 2) and (op >= 0).all()
+
+
+# --- the loader ---------------------------------------------------------------------------------------------
+
+def _augmix_pipeline(size=64, before=(), after=()):
+    return T.Compose([T.RandomResizedCrop(size), *before, T.AugMix(), *after, T.ToDtype(torch.float32, scale=True),
+                      T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def test_loader_runs_augmix_as_the_stage_composed_by_hand(imagenet_dir):
+    """FastLoader(transform=Compose([RandomResizedCrop(64), ColorJitter, AugMix(), RandomInvert, ToDtype,
+    Normalize])): each batch equals the warp to uint8, the table before AugMix, AugMix.apply with the pipeline's
+    params, then the table after it and the normalisation."""
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = _augmix_pipeline(before=[T.ColorJitter(0.4, 0.4)], after=[T.RandomInvert(0.5)])
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=tf)
+    x, _ = next(iter(loader))
+    assert x.shape == (8, 3, 64, 64) and x.dtype == torch.float32
+    pipe = loader.pipeline
+    idx = np.arange(8)
+    params = pipe.sample_params(0, 0, idx)
+    (before, augmix, mix), = params.augmix
+    assert before.ops.shape == (8, 2) and params.table.ops.shape == (8, 1)
+    plan = pipe.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, idx)
+    with ds.reader() as r:
+        data, offsets, shapes, status, _ = ops.decode_crops([r.get(i) for i in range(8)], plan.windows)
+    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 64, in_scale=1.0, out_dtype=torch.uint8)
+    u8 = augmix.apply(photometric(u8, before, out_dtype=torch.uint8), mix)
+    ref = photometric(u8, params.table, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    assert torch.equal(x, ref)
+    again, _ = next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, threads=1, transform=tf)))
+    assert torch.equal(x, again)
+
+
+def test_loader_smoke_augmix_only(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    batches = list(fl.FastLoader(ds, batch_size=16, transform=_augmix_pipeline()))
+    assert sum(len(b[0]) for b in batches) == len(ds)
+    x = torch.cat([b[0] for b in batches])
+    assert torch.isfinite(x).all() and x.std() > 0.3  # normalised photos, not a constant
+
+
+def test_pipeline_refuses_a_policy_after_augmix():
+    with pytest.raises(ValueError, match="after AugMix"):
+        fl.transforms.Pipeline.build(_augmix_pipeline(after=[T.TrivialAugmentWide()]))
+    fl.transforms.Pipeline.build(_augmix_pipeline(before=[T.TrivialAugmentWide()]))  # in order: fine
+
+
+@pytest.mark.cuda
+def test_cuda_equals_cpu(photos):
+    ours = AugMix()
+    ours.stream = 1001
+    x = torch.cat(photos * 4)
+    params = ours.plan(5, 0, np.arange(len(x)), 64, 80)
+    cpu = ours.apply(x, params)
+    gpu = ours.apply(x.cuda(), params).cpu()
+    # the warp matches the CPU op to float32 rounding (ops.warp_affine), which can move a rounded uint8 pixel by
+    # one level; the mix is the same float32 arithmetic
+    assert (gpu.int() - cpu.int()).abs().max() <= 1
+    assert (gpu != cpu).float().mean() < 1e-3

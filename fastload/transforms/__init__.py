@@ -13,6 +13,7 @@ Modules: ``geometry`` (folded into one warp before decode), ``color`` and ``poli
 tables), ``functional`` (the batched ops that execute them, CPU and CUDA), ``erasing``, ``mixing`` (batch ops),
 ``pipeline`` (Compose and what FastLoader runs), ``planners`` (the crop= shorthand's planners).
 """
+from .augmix import AugMix
 from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
                     RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
 from .erasing import RandomErasing
@@ -26,6 +27,6 @@ __all__ = [
     "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
-    "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "ToImage", "PILToTensor", "ToDtype",
-    "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "Pipeline",
+    "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
+    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "Pipeline",
 ]

@@ -5,7 +5,9 @@ batch, in three places (CONTRACT.md beside this file):
 - before decoding, on the host: every geometric step and the policies' rotate/shear/translate are composed into
   one 2x3 matrix per sample, from which the decode window and DCT scale follow (``Pipeline.plan``);
 - after decoding, in the stage (GPU or CPU): one warp, then the photometric table (``functional.apply_table``) on
-  the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize, then RandomErasing;
+  the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize, then RandomErasing
+  (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
+  fused with ToDtype + Normalize);
 - in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch.
 Every random number is a pure function of (seed, epoch, sample index) (batch index for batch ops), so CPU and CUDA
 make the same draws and a resumed loader the same batches.
@@ -142,6 +144,8 @@ class SampleParams(NamedTuple):
     epoch: int
     indices: np.ndarray
     size: tuple  # (H, W) of the output: the epoch's size
+    augmix: tuple = ()  # per AugMix, in order: (table of the photometric transforms before it or None, AugMix,
+    # AugMixParams); `table` holds the transforms after the last AugMix
 
 
 class Pipeline:
@@ -191,7 +195,11 @@ class Pipeline:
                                      f"fastload applies geometry first (one resample before decode). Move it before "
                                      f"them.")
                 geometry.append(t)
-            elif kind in ("photometric", "policy"):
+            elif kind in ("photometric", "policy", "augmix"):
+                if kind == "policy" and any(p.kind == "augmix" for p in photometric):
+                    # its geometric ops fold into the warp, which runs before AugMix
+                    raise ValueError(f"{t!r} comes after AugMix: fastload folds a policy's geometric ops into the "
+                                     f"warp before AugMix. Put it before AugMix.")
                 if mean is not None or erasing:
                     raise ValueError(f"{t!r} comes after Normalize/RandomErasing: fastload's photometric ops run on "
                                      f"the uint8 image, as torchvision's uint8 pipelines do. Move it before them.")
@@ -255,7 +263,7 @@ class Pipeline:
     # --- planning (host, per batch) -------------------------------------------------------------------------
     @property
     def photometric_slots(self):
-        return sum(t.slots for t in self.photometric)
+        return sum(t.slots for t in self.photometric if t.kind != "augmix")
 
     def plan(self, heights, widths, seed, epoch, indices):
         """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped), the policies' geometric ops
@@ -272,14 +280,28 @@ class Pipeline:
                 extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
         return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
 
-    def table(self, seed, epoch, indices):
-        """The photometric table of a batch (PhotometricTable, host tensors), or None without photometric ops."""
-        if not self.photometric:
+    def _segments(self):
+        """The photometric transforms split at each AugMix: ([segment before each AugMix, ..., segment after the
+        last], [AugMix, ...]). AugMix mixes whole images, so it cannot share a table with the others."""
+        segments, augmix = [[]], []
+        for t in self.photometric:
+            if t.kind == "augmix":
+                augmix.append(t)
+                segments.append([])
+            else:
+                segments[-1].append(t)
+        return segments, augmix
+
+    def table(self, seed, epoch, indices, transforms=None):
+        """The photometric table of a batch (PhotometricTable, host tensors) for ``transforms`` (default: those
+        after the last AugMix, which run fused with ToDtype + Normalize), or None when there are none."""
+        transforms = self._segments()[0][-1] if transforms is None else transforms
+        if not transforms:
             return None
         from .functional import PhotometricTable
         h, w = self.size_at(epoch)
         parts = [t.plan(seed, epoch, indices, h, w)[0] if t.kind == "policy" else t.table(seed, epoch, indices)
-                 for t in self.photometric]
+                 for t in transforms]
         return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
 
     def sample_params(self, seed, epoch, indices):
@@ -287,8 +309,12 @@ class Pipeline:
         output size, and what the stage applies per sample after the warp (table None, erase []: nothing)."""
         size = self.size_at(epoch)
         indices = np.asarray(indices, dtype=np.int64)
+        segments, augmix = self._segments()
+        mixes = tuple((self.table(seed, epoch, indices, before), a, a.plan(seed, epoch, indices, *size))
+                      for before, a in zip(segments, augmix))
         return SampleParams(self.table(seed, epoch, indices),
-                            [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size)
+                            [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size,
+                            mixes)
 
     # --- execution (the stage, on the batch's device) -------------------------------------------------------
     def normalise_params(self):
@@ -303,7 +329,7 @@ class Pipeline:
         one fused warp + normalise; with them, the warp writes uint8 (rounded, as torchvision's uint8 resize does),
         the ops run on it, then ToDtype + Normalize, then RandomErasing."""
         mean, std, in_scale = self.normalise_params()
-        photometric = params is not None and params.table is not None
+        photometric = params is not None and (params.table is not None or bool(params.augmix))
         after = photometric or (params is not None and bool(params.erase))  # anything after the warp
         x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size if params is None else params.size,
                             mean=None if photometric else mean, std=None if photometric else std,
@@ -313,8 +339,14 @@ class Pipeline:
         if not after:
             return x
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
-            from .functional import photometric as run_table
-            x = run_table(x, params.table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
+            from .functional import PhotometricTable, photometric as run_table
+            for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix
+                if before is not None:
+                    x = run_table(x, before, out_dtype=torch.uint8)
+                x = augmix.apply(x, mix)
+            table = params.table if params.table is not None else PhotometricTable(
+                torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3))  # Normalize only
+            x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
                           channels_last=channels_last and not self.erasing)
         for e, boxes in zip(self.erasing, params.erase):
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
