@@ -1,7 +1,7 @@
 """Train a torchvision model on ImageNet (or any ImageFolder tree / fastload store) with fastload feeding it.
 
-Everything a real run needs, in one file you can copy: a training loader (RandomResizedCrop + flip) and an
-evaluation loader (Resize + CenterCrop, no shuffle), SGD with momentum and a warm-up + cosine learning rate,
+Everything a real run needs, in one file you can copy: a training loader and an evaluation loader (no shuffle)
+made from a recipe (fastload.recipes), SGD with momentum and a warm-up + cosine learning rate,
 bf16 autocast and channels_last on the GPU, checkpoints that include the loader's position (so a resumed run
 continues with exactly the batch that would have come next, mid-epoch too), and top-1/top-5 accuracy.
 
@@ -24,6 +24,12 @@ then run the same command on every node; node0.example.com is any one of them, r
 
 Resume after a crash or a pre-emption with the same command plus ``--resume /shared/resnet50.pt``.
 
+Recipes (``--recipe``, fastload.recipes): ``classic`` (default): RandomResizedCrop(224) + flip; Resize(256) +
+CenterCrop(224). ``torchvision_v2``: torchvision's v2 recipe at 176 px: + TrivialAugmentWide, RandomErasing(0.1),
+MixUp(0.2)/CutMix(1.0) soft targets, repeated augmentation x4; eval Resize(232) + CenterCrop(224); label smoothing
+0.1 (the loss's, on the soft targets). ``ffcv``: FFCV's ResNet-50 recipe: 160 px growing to 192 px between epochs 65
+and 76 (of 88: --epochs 88), RandomResizedCrop + flip; eval at 256 px.
+
 Smoke run on a CPU (a few steps of a small model on small crops):
 
     python examples/train_imagenet.py --train data/imagenet --val data/imagenet --device cpu \\
@@ -42,6 +48,7 @@ import torch.distributed as dist
 import torchvision
 
 import fastload as fl
+from fastload import recipes
 
 
 def parse_args(argv=None):
@@ -55,11 +62,16 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 0.1 x global batch / 256)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--recipe", choices=sorted(recipes.RECIPES), default="classic",
+                   help="augmentation, loader options and label smoothing (fastload.recipes)")
+    p.add_argument("--label-smoothing", type=float, default=None, help="default: the recipe's (0.1)")
     p.add_argument("--warmup-epochs", type=float, default=2.0, help="linear warm-up before the cosine decay")
-    p.add_argument("--size", type=int, default=224, help="training and evaluation crop size")
+    p.add_argument("--size", type=int, default=None, help="training crop size (default: the recipe's: classic 224, "
+                   "torchvision_v2 176; the ffcv recipe follows its ramp)")
+    p.add_argument("--val-size", type=int, default=None, help="evaluation crop size (default: the recipe's; "
+                   "classic: --size)")
     p.add_argument("--val-resize", type=int, default=None, help="short side before the centre crop "
-                   "(default: size / 0.875, 256 for 224)")
+                   "(default: the recipe's: val size / 0.875 for classic and ffcv, 232 for torchvision_v2)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="fastload decode threads per producer (default: "
                    "FastLoader's, which shares the cores out among the local processes and their producers)")
@@ -79,6 +91,23 @@ def open_dataset(path):
     if os.path.isfile(path) or os.path.isfile(os.path.join(path, "data.mdb")):
         return fl.LMDBDataset(path)
     return fl.FolderDataset(path)
+
+
+def make_recipe(args, num_classes):
+    """The recipe of --recipe with the sizes given on the command line."""
+    sizes = {k: v for k, v in (("size", args.size), ("eval_size", args.val_size), ("eval_resize", args.val_resize))
+             if v is not None}
+    if args.recipe == "classic":
+        size = sizes.get("size", 224)
+        eval_size = sizes.get("eval_size", size)
+        return recipes.classic(size, eval_size=eval_size, eval_resize=sizes.get("eval_resize", int(eval_size / 0.875)))
+    if args.recipe == "torchvision_v2":
+        return recipes.torchvision_v2(num_classes=num_classes, **sizes)
+    if "size" in sizes:
+        raise SystemExit("--size: the ffcv recipe's training size follows its ramp (160 px -> 192 px)")
+    if "eval_resize" in sizes:
+        raise SystemExit("--val-resize: the ffcv recipe resizes to --val-size / (224 / 256)")
+    return recipes.ffcv_low_res(**sizes)
 
 
 def setup_distributed(device_type):
@@ -154,9 +183,11 @@ def main(argv=None):
 
     # --- data: FastLoader delivers normalised float batches on `device`, channels_last for the model -------
     train_ds = open_dataset(args.train)
+    recipe = make_recipe(args, len(train_ds.classes))
+    # MixUp/CutMix (torchvision_v2) make y [B, classes] soft targets, which CrossEntropyLoss takes as they are
     train_loader = fl.FastLoader(train_ds, batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                                 crop=fl.RandomResizedCrop(args.size), device=device, channels_last=True,
-                                 drop_last=True, threads=threads)
+                                 transform=recipe.train, device=device, channels_last=True, drop_last=True,
+                                 threads=threads, **recipe.loader_kwargs)
     val_loader = None
     if args.val:
         val_ds = open_dataset(args.val)
@@ -164,9 +195,9 @@ def main(argv=None):
             raise SystemExit(f"{args.val} and {args.train} have different classes")
         # pad=False: under torchrun every image is evaluated exactly once (shards may differ by one image)
         val_loader = fl.FastLoader(val_ds, batch_size=args.batch_size, shuffle=False, pad=False,
-                                   crop=fl.CenterCrop(args.size, resize=args.val_resize), device=device,
-                                   channels_last=True, threads=threads)
-    log(f"train: {train_ds} -> {len(train_loader)} steps per epoch on each of {world_size} process(es)")
+                                   transform=recipe.eval, device=device, channels_last=True, threads=threads)
+    log(f"train: {train_ds} -> {len(train_loader)} steps per epoch on each of {world_size} process(es), "
+        f"recipe {args.recipe}: {recipe.train}")
 
     # --- model, optimiser, learning-rate schedule ------------------------------------------------------------
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
@@ -180,7 +211,8 @@ def main(argv=None):
     total_steps = args.epochs * len(train_loader)
     warmup_steps = int(args.warmup_epochs * len(train_loader))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    smoothing = recipe.label_smoothing if args.label_smoothing is None else args.label_smoothing
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)  # the loss's job, not the loader's
 
     # --- resume: weights, optimiser, schedule and the loader's exact position ----------------------------
     step, start_epoch, resumed = 0, 0, False
@@ -217,6 +249,9 @@ def main(argv=None):
         if not (resumed and epoch == start_epoch):  # set_epoch would restart a resumed epoch at its first batch
             train_loader.set_epoch(epoch)
         ddp_model.train()
+        if recipe.size_schedule is not None and (epoch == start_epoch or recipe.size_schedule(epoch) !=
+                                                 recipe.size_schedule(epoch - 1)):
+            log(f"epoch {epoch}: training at {train_loader.size_of(epoch)} px")
         t, images, loss_sum, steps = time.perf_counter(), 0, torch.zeros((), device=device), 0
         for x, y in train_loader:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
