@@ -189,3 +189,81 @@ def test_rng_uniformity():
     # neither columns nor neighbouring indices are correlated (sd of a correlation coefficient: 1/sqrt(n))
     c = np.corrcoef(np.concatenate([u[:-1], u[1:]], axis=1).T)
     assert np.abs(c - np.eye(8))[np.triu_indices(8, 1)].max() < 6 / math.sqrt(n)
+
+
+# --- repeated augmentation (torchvision's RASampler) -------------------------------------------------------------
+
+def rasampler_reference(order, repetitions, num_replicas, rank, keep):
+    """torchvision references/classification/sampler.py, RASampler.__iter__, with the permutation given (theirs
+    comes from torch.randperm) and the kept count given (theirs: floor(n // 256 * 256 / num_replicas))."""
+    num_samples = math.ceil(len(order) * repetitions / num_replicas)
+    total_size = num_samples * num_replicas
+    indices = [ele for ele in order for _ in range(repetitions)]
+    indices += indices[: (total_size - len(indices))]
+    assert len(indices) == total_size
+    indices = indices[rank:total_size:num_replicas]
+    return indices[:keep]
+
+
+@pytest.mark.parametrize("n,ws,reps", [(512, 1, 4), (512, 4, 4), (512, 8, 4), (768, 3, 3), (256, 2, 2)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_repeats_deal_samples_as_torchvision_rasampler(n, ws, reps, shuffle):
+    # n a multiple of 256 and drop_last: torchvision's kept count floor(n // 256 * 256 / ws) is floor(n / ws), ours
+    for rank in range(ws):
+        s = ShardedSampler(n, rank=rank, world_size=ws, seed=9, shuffle=shuffle, drop_last=True, repeats=reps)
+        expected = rasampler_reference(s.permutation(2).tolist(), reps, ws, rank, math.floor(n // 256 * 256 / ws))
+        assert s.epoch_indices(2).tolist() == expected
+        s.set_epoch(2)
+        assert list(s) == expected
+
+
+@pytest.mark.parametrize("n,ws,reps", [(1, 1, 4), (7, 1, 4), (17, 4, 4), (48, 4, 4), (101, 8, 4), (100, 3, 2),
+                                       (5, 8, 3)])
+def test_each_sample_comes_reps_times_over_the_ranks_each_copy_its_own_key(n, ws, reps):
+    samplers = [ShardedSampler(n, rank=r, world_size=ws, seed=1, repeats=reps) for r in range(ws)]
+    full = np.concatenate([s.epoch_keys(4, full=True) for s in samplers])
+    # every copy of every sample once, plus the wrap-around padding to a multiple of the world size
+    assert len(full) == math.ceil(n * reps / ws) * ws
+    counts = np.bincount(full, minlength=n * reps)
+    assert len(counts) == n * reps and counts.min() >= 1 and counts.sum() - n * reps == len(full) - n * reps
+    assert (counts > 1).sum() == len(full) - n * reps
+    per_sample = np.bincount(full % n, minlength=n)
+    assert per_sample.min() >= reps
+    for r, s in enumerate(samplers):
+        kept = s.epoch_keys(4)
+        assert len(s) == len(ShardedSampler(n, rank=r, world_size=ws)) == len(kept)  # epoch length kept
+        assert np.array_equal(kept, s.epoch_keys(4, full=True)[:len(s)])  # the first ones, as RASampler keeps
+        assert np.array_equal(s.epoch_indices(4), kept % n)
+    if ws >= reps:  # a sample's copies go to different ranks: no rank holds two copies (before the padding)
+        for s in samplers:
+            own = s.epoch_keys(4, full=True)[:n * reps // ws] % n
+            assert len(np.unique(own)) == len(own)
+
+
+def test_repeats_one_is_the_plain_sampler():
+    for ws in (1, 3):
+        for r in range(ws):
+            a = ShardedSampler(50, rank=r, world_size=ws, seed=2)
+            b = ShardedSampler(50, rank=r, world_size=ws, seed=2, repeats=1)
+            assert np.array_equal(a.epoch_indices(1), b.epoch_keys(1))
+            assert np.array_equal(a.epoch_indices(1), b.epoch_indices(1))
+
+
+def test_repeats_resume_and_checks():
+    s = ShardedSampler(40, seed=3, repeats=4, world_size=2, rank=1)
+    s.set_epoch(2)
+    it = iter(s)
+    head = [next(it) for _ in range(7)]
+    state = s.state_dict()
+    assert state["repeats"] == 4
+    resumed = ShardedSampler(40, repeats=4, world_size=2, rank=1)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == s.epoch_indices(2).tolist()
+    with pytest.raises(ValueError, match="repeats was 4 when saved, is 1 now"):
+        ShardedSampler(40, world_size=2, rank=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="repeats"):
+        ShardedSampler(40, repeats=0)
+    with pytest.raises(ValueError, match="repeats"):
+        ShardedSampler(40, repeats=2.0)
+    with pytest.raises(ValueError, match="pad=False is for evaluation"):
+        ShardedSampler(40, repeats=2, pad=False)
