@@ -25,19 +25,10 @@
 #else
 #define FL_UNROLL _Pragma("GCC unroll 4")
 #endif
-// Loops over a small constant bound whose array must stay in registers on CUDA.
-#if defined(__CUDA_ARCH__)
-#define FL_UNROLL_ALL _Pragma("unroll")
-#elif defined(__CUDACC__)
-#define FL_UNROLL_ALL
-#else
-#define FL_UNROLL_ALL _Pragma("GCC unroll 8")
-#endif
 
 namespace fastload {
 
 constexpr int kMaxChannels = 4;
-constexpr int kCachedTaps = 8;  // warp_pixel_general keeps up to this many column weights in registers
 
 FL_HD float triangle(float x) {
   x = fabsf(x);
@@ -116,33 +107,6 @@ FL_HD void warp_pixel_general(const InputView<in_t, index_t>& in, int C, const f
   filter_taps(cy, sy, in.h, &y0, &y1);
   float acc[kMaxChannels] = {0.f, 0.f, 0.f, 0.f};
   float total_x = 0.f, total_y = 0.f;
-  if (x1 - x0 <= kCachedTaps) {
-    // The usual case (rotations and shears of a crop shrunk < ~3.5x): the column weights once, in registers,
-    // instead of once per row. The same float operations in the same order as the loop below.
-    float wx[kCachedTaps];
-    FL_UNROLL_ALL
-    for (int k = 0; k < kCachedTaps; ++k) {
-      wx[k] = x0 + k < x1 ? triangle((x0 + k + 0.5f - cx) / sx) : 0.f;
-      if (x0 + k < x1) total_x += wx[k];
-    }
-    for (int y = y0; y < y1; ++y) {
-      const float wy = triangle((y + 0.5f - cy) / sy);
-      total_y += wy;
-      const in_t* row = in.p + y * in.s_y + x0 * in.s_x;
-      FL_UNROLL_ALL
-      for (int k = 0; k < kCachedTaps; ++k) {
-        if (x0 + k >= x1) break;
-        const float w = wy * wx[k];
-        const in_t* p = row + k * in.s_x;
-        FL_UNROLL
-        for (int c = 0; c < kMaxChannels; ++c)
-          if (c < C) acc[c] += w * static_cast<float>(p[c * in.s_c]);
-      }
-    }
-    const float total = total_x * total_y;
-    store_pixel(o, os_c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, C);
-    return;
-  }
   for (int x = x0; x < x1; ++x) total_x += triangle((x + 0.5f - cx) / sx);
   for (int y = y0; y < y1; ++y) {
     const float wy = triangle((y + 0.5f - cy) / sy);
