@@ -44,7 +44,8 @@ class FastLoader:
     """Batches of crops from a FolderDataset or LMDBDataset, decoded only where the crop is.
 
     Args:
-        dataset: FolderDataset, LMDBDataset, or anything with heights/widths/labels/formats, reader(), sample_name().
+        dataset: FolderDataset, LMDBDataset, a Subset/random_split of them, or any object implementing the dataset
+            protocol (README, "Custom datasets: the dataset protocol"; fastload/datasets/source.py).
         batch_size, shuffle, seed, drop_last: as in DataLoader; per-sample randomness is a pure function of
             (seed, epoch, sample index), so the same seed gives the same batches whatever the thread count.
         transform: a ``fastload.transforms.Compose([...])``, torchvision.transforms.v2's vocabulary: geometry

@@ -21,7 +21,7 @@ The loader applies ``extra`` inside its one warp, before the photometric slots (
 from torchvision follow, both by design: the geometric ops are resampled once, with the warp's filter, rather
 than once per op with ``interpolation`` (validated and kept, as torchvision does, but the warp decides the filter);
 and a photometric op that torchvision applies before a geometric op of the same sample (e.g. AutoAugment's
-("Posterize", "Rotate")) sees the fill pixels too. AugMix (mixtures of several chains) is not implemented.
+("Posterize", "Rotate")) sees the fill pixels too. AugMix, whose chains cannot fold into the warp, is in augmix.py.
 """
 import math
 from enum import Enum
