@@ -21,6 +21,15 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 dpkg -x .whl/libturbojpeg0*.deb /tmp/tj && export FASTLOAD_TURBOJPEG_LIB=/tmp/tj/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0
+# cjpeg/jpegtran for the tests' JPEG-kinds corpus: Debian's libjpeg-turbo-progs and its libjpeg62-turbo, carried as
+# .debs (the GPU machine has neither), called through wrappers so only they see that library.
+mkdir -p /tmp/tjbin
+for deb in .whl/libjpeg-turbo-progs*.deb .whl/libjpeg62-turbo*.deb; do [[ -f $deb ]] && dpkg -x "$deb" /tmp/tj; done
+for tool in cjpeg djpeg jpegtran; do
+  [[ -x /tmp/tj/usr/bin/$tool ]] && printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/tj/usr/lib/x86_64-linux-gnu exec /tmp/tj/usr/bin/%s "$@"\n' \
+    "$tool" > /tmp/tjbin/$tool && chmod +x /tmp/tjbin/$tool
+done
+export PATH=/tmp/tjbin:$PATH
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

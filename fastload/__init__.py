@@ -4,7 +4,7 @@
     loader = fl.FastLoader(fl.LMDBDataset("train.lmdb"), batch_size=256, device="cuda")
     for x, y in loader: ...
 """
-from . import ops
+from . import ops, recipes, transforms
 from .errors import DecodeError
 from .datasets import FolderDataset, LMDBDataset
 from .loader import FastLoader
@@ -13,5 +13,5 @@ from .sampler import ShardedSampler
 from .transforms.planners import CenterCrop, RandomResizedCrop
 
 __version__ = "0.1.0"
-__all__ = ["ops", "DecodeError", "FolderDataset", "LMDBDataset", "FastLoader", "DataPrefetcher", "ShardedSampler", "RandomResizedCrop",
+__all__ = ["ops", "recipes", "transforms", "DecodeError", "FolderDataset", "LMDBDataset", "FastLoader", "DataPrefetcher", "ShardedSampler", "RandomResizedCrop",
            "CenterCrop", "__version__"]

@@ -37,6 +37,7 @@ constexpr int kTile = 32;                 // apply_kernel: a 32 x 32 tile per bl
 constexpr int kBlockY = 8;                // of 32 x 8 threads, each thread 4 rows (8 apart)
 constexpr int kThreads = kTile * kBlockY;
 constexpr int kBlurRows = 160;            // horizontal blur sums a block keeps (rows x 32 floats, 20 KB)
+static_assert(kThreads == 256, "equalize_luts: one thread per table entry");
 constexpr int kStatsChunk = kThreads * 8;  // pixels per stats block (at least; at most 32 blocks per sample)
 
 // One sample's statistics for one slot; the buffer starts zeroed (a minimum is kept as 255 - minimum for that).
@@ -72,6 +73,33 @@ __device__ void blur_weights(int k, float sigma, double* taps, float* w) {
   }
   __syncthreads();
   for (int i = threadIdx.x; i < k; i += blockDim.x) w[i] = gaussian_weight(taps[i], sum);
+}
+
+// augment.h's equalize_lut for the three channels, one thread per table entry (blockDim.x == 256): the same
+// integers (prefix sums, top bin, step, rounding division), so the same tables; the serial loop's 255 64-bit
+// divisions per channel on one thread were most of the stats kernel's time.
+__device__ void equalize_luts(int (*hist)[256], uint8_t (*lut)[256]) {
+  __shared__ long long cum[256];
+  __shared__ int top;
+  const int t = threadIdx.x;
+  for (int c = 0; c < 3; ++c) {
+    cum[t] = hist[c][t];
+    if (t == 0) top = 0;
+    __syncthreads();
+    for (int d = 1; d < 256; d *= 2) {  // inclusive scan: cum[t] = hist[0] + ... + hist[t]
+      const long long add = t >= d ? cum[t - d] : 0;
+      __syncthreads();
+      cum[t] += add;
+      __syncthreads();
+    }
+    if (hist[c][t] > 0) atomicMax(&top, t);
+    __syncthreads();
+    const long long step = (cum[255] - hist[c][top]) / 255;
+    long long v = t;  // step 0: the identity
+    if (step != 0) v = t == 0 ? 0 : (cum[t - 1] + step / 2) / step;
+    lut[c][t] = static_cast<uint8_t>(v > 255 ? 255 : v);
+    __syncthreads();  // cum and top are reused by the next channel
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restrict__ src,
@@ -150,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
   __threadfence();
   for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) hist[i / 256][i % 256] = __ldcg(&st.hist[i / 256][i % 256]);
   __syncthreads();
-  if (threadIdx.x < 3) equalize_lut(hist[threadIdx.x], st.lut[threadIdx.x]);
+  equalize_luts(hist, st.lut);
 }
 
 // Where a slot's values go: the next slot's uint8 planes, or (last slot) the output, cast.
@@ -245,8 +273,17 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
     for (int i = threadIdx.y * kTile + threadIdx.x; i < 3 * 256; i += kThreads) lut[i / 256][i % 256] = stats[b].lut[i / 256][i % 256];
     __syncthreads();
   }
-  const int x = blockIdx.x * kTile + threadIdx.x;
-  if (x >= w) return;
+  // channels_last output: a warp's 32 pixels (one row; threadIdx.y is the warp's) are 96 consecutive values,
+  // staged in shared memory and written as 3 coalesced runs, instead of 3 stores 12 bytes apart per lane. Lanes past
+  // the image's right edge compute on its last column (valid reads) and store nothing, so every lane reaches the
+  // warp's barriers.
+  constexpr bool kStaged = kFinal && kChannelsLast;
+  __shared__ alignas(16) unsigned char staged_bytes[kStaged ? kBlockY * 3 * kTile * sizeof(out_t) : 1];
+  out_t* staged = reinterpret_cast<out_t*>(staged_bytes) + (kStaged ? threadIdx.y * 3 * kTile : 0);
+  const int x_out = blockIdx.x * kTile + threadIdx.x;
+  const bool active = x_out < w;
+  const int x = active ? x_out : w - 1;
+  const int cols = min(kTile, w - static_cast<int>(blockIdx.x) * kTile);
   for (int y = blockIdx.y * kTile + threadIdx.y; y < min(h, (blockIdx.y + 1) * kTile); y += kBlockY) {
     const int i = y * w + x;
     const uint8_t v[3] = {s[i], s[hw + i], s[2 * hw + i]};
@@ -306,8 +343,19 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
         for (int c = 0; c < 3; ++c) o[c] = v[c];
         break;
     }
+    if constexpr (kStaged) {
+      if (active) {
 #pragma unroll
-    for (int c = 0; c < 3; ++c) put(c, i, o[c]);
+        for (int c = 0; c < 3; ++c) staged[3 * threadIdx.x + c] = cast_out<out_t>(o[c], sink.alpha[c], sink.beta[c]);
+      }
+      __syncwarp();
+      out_t* row = out + sample + 3 * (static_cast<int64_t>(y) * w + blockIdx.x * kTile);
+      for (int k = threadIdx.x; k < 3 * cols; k += kTile) row[k] = staged[k];
+      __syncwarp();  // the next row reuses the staging row
+    } else if (active) {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) put(c, i, o[c]);
+    }
   }
 }
 
