@@ -44,7 +44,7 @@ def stage_bench(ds, size, batch):
         def run():
             return pipeline.run(*dev, params, channels_last=True)
         rows.append((spec, cuda_time(run)))
-        if params is not None:  # where the time goes: the warp to uint8, then the photometric op
+        if params.table is not None:  # where the time goes: the warp to uint8, then the photometric op
             def warp():
                 return fl.ops.warp_ragged(*dev, size, in_scale=1.0, out_dtype=torch.uint8)
             x = warp()

@@ -273,17 +273,8 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
     for (int i = threadIdx.y * kTile + threadIdx.x; i < 3 * 256; i += kThreads) lut[i / 256][i % 256] = stats[b].lut[i / 256][i % 256];
     __syncthreads();
   }
-  // channels_last output: a warp's 32 pixels (one row; threadIdx.y is the warp's) are 96 consecutive values,
-  // staged in shared memory and written as 3 coalesced runs, instead of 3 stores 12 bytes apart per lane. Lanes past
-  // the image's right edge compute on its last column (valid reads) and store nothing, so every lane reaches the
-  // warp's barriers.
-  constexpr bool kStaged = kFinal && kChannelsLast;
-  __shared__ alignas(16) unsigned char staged_bytes[kStaged ? kBlockY * 3 * kTile * sizeof(out_t) : 1];
-  out_t* staged = reinterpret_cast<out_t*>(staged_bytes) + (kStaged ? threadIdx.y * 3 * kTile : 0);
-  const int x_out = blockIdx.x * kTile + threadIdx.x;
-  const bool active = x_out < w;
-  const int x = active ? x_out : w - 1;
-  const int cols = min(kTile, w - static_cast<int>(blockIdx.x) * kTile);
+  const int x = blockIdx.x * kTile + threadIdx.x;
+  if (x >= w) return;
   for (int y = blockIdx.y * kTile + threadIdx.y; y < min(h, (blockIdx.y + 1) * kTile); y += kBlockY) {
     const int i = y * w + x;
     const uint8_t v[3] = {s[i], s[hw + i], s[2 * hw + i]};
@@ -343,19 +334,8 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
         for (int c = 0; c < 3; ++c) o[c] = v[c];
         break;
     }
-    if constexpr (kStaged) {
-      if (active) {
 #pragma unroll
-        for (int c = 0; c < 3; ++c) staged[3 * threadIdx.x + c] = cast_out<out_t>(o[c], sink.alpha[c], sink.beta[c]);
-      }
-      __syncwarp();
-      out_t* row = out + sample + 3 * (static_cast<int64_t>(y) * w + blockIdx.x * kTile);
-      for (int k = threadIdx.x; k < 3 * cols; k += kTile) row[k] = staged[k];
-      __syncwarp();  // the next row reuses the staging row
-    } else if (active) {
-#pragma unroll
-      for (int c = 0; c < 3; ++c) put(c, i, o[c]);
-    }
+    for (int c = 0; c < 3; ++c) put(c, i, o[c]);
   }
 }
 
