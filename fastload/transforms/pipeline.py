@@ -17,6 +17,7 @@ before an epoch's batches are made). Every step that depends on it takes the epo
 (``GeometryPlanner.with_size`` / the crop planner's ``with_size``: windows, DCT downscale, matrices), the policies'
 canvas, RandomErasing's boxes and the stage's output (carried by each batch's SampleParams).
 """
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -162,6 +163,7 @@ class Pipeline:
         self.erasing = erasing
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
+        self._memo = threading.local()  # _policy_plan's last result per policy, per producer thread
         from .geometry import GeometryPlanner
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
@@ -275,10 +277,22 @@ class Pipeline:
         extra = None
         h, w = size
         for p in self._policies:
-            _, m = p.plan(seed, epoch, indices, h, w)
+            _, m = self._policy_plan(p, seed, epoch, indices, h, w)
             if m is not None:
                 extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
         return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
+
+    def _policy_plan(self, policy, seed, epoch, indices, h, w):
+        """policy.plan, computed once per batch: the producer thread that plans a batch's geometry asks for the
+        same draws again for its table once the samples are final (unless on_error="skip" replaced some). The last
+        result per policy is kept per thread."""
+        indices = np.asarray(indices, dtype=np.int64)
+        key = (id(policy), seed, epoch, h, w, indices.tobytes())
+        memo = self._memo.__dict__.setdefault("plans", {})
+        hit = memo.get(id(policy))
+        if hit is None or hit[0] != key:
+            hit = memo[id(policy)] = (key, policy.plan(seed, epoch, indices, h, w))
+        return hit[1]
 
     def _segments(self):
         """The photometric transforms split at each AugMix: ([segment before each AugMix, ..., segment after the
@@ -300,8 +314,8 @@ class Pipeline:
             return None
         from .functional import PhotometricTable
         h, w = self.size_at(epoch)
-        parts = [t.plan(seed, epoch, indices, h, w)[0] if t.kind == "policy" else t.table(seed, epoch, indices)
-                 for t in transforms]
+        parts = [self._policy_plan(t, seed, epoch, indices, h, w)[0] if t.kind == "policy"
+                 else t.table(seed, epoch, indices) for t in transforms]
         return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
 
     def sample_params(self, seed, epoch, indices):

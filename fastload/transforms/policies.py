@@ -263,7 +263,16 @@ class _Policy:
         self._signed = np.array([self._SPACE[k][1] for k in self._names])
 
     def _magnitudes(self, num_bins, height, width):
-        """float64 [len(names), num_bins]: each op's magnitude bins as torchvision computes them (0 for none)."""
+        """float64 [len(names), num_bins]: each op's magnitude bins as torchvision computes them (0 for none).
+        Cached per canvas: a loader asks for the same bins every batch (read-only, shared by the producers)."""
+        key = (num_bins, height, width)
+        cache = self.__dict__.setdefault("_bins", {})
+        if key not in cache:
+            cache[key] = self._compute_magnitudes(num_bins, height, width)
+            cache[key].flags.writeable = False
+        return cache[key]
+
+    def _compute_magnitudes(self, num_bins, height, width):
         out = np.zeros((len(self._names), num_bins))
         for k, name in enumerate(self._names):
             values = self._SPACE[name][0](num_bins, height, width)
