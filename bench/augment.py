@@ -12,17 +12,16 @@
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 import torch
 
 import fastload as fl
-from bench.gpu import cuda_time
+from bench.gpu import cuda_time, fastload_rate
 from fastload import benchmark
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment")
+SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2")
 
 
 def stage_bench(ds, size, batch):
@@ -53,6 +52,14 @@ def stage_bench(ds, size, batch):
             rows.append((f"  {spec}: photometric op ({table.ops.shape[1]} slot(s)), float32 channels_last",
                          cuda_time(lambda: fl.transforms.functional.photometric(x, table, mean=MEAN, std=STD,
                                                                                 channels_last=True))))
+        if pipeline.batch_ops:  # MixUp/CutMix on the finished batch, in the training loop's hand-off
+            out = run()
+            y = torch.arange(batch, device="cuda") % 1000
+            erasing, boxes = pipeline.erasing[0], params.erase[0]
+            rows.append((f"  {spec}: RandomErasing(0.1) (in the stage)",
+                         cuda_time(lambda: erasing.apply(out, boxes, 0, 0, idx))))
+            rows.append((f"  {spec}: MixUp/CutMix on the batch",
+                         cuda_time(lambda: pipeline.apply_batch_ops(out, y, 0, 0, 1))))
     return rows
 
 
@@ -75,19 +82,7 @@ def probe(ds, spec, size, batch):
 
 
 def loader_rate(ds, spec, size, batch, epochs):
-    loader = fl.FastLoader(ds, batch_size=batch, device="cuda", channels_last=True, drop_last=True,
-                           transform=benchmark.pipelines(spec, size)[0])
-    for _ in loader:  # warm-up epoch
-        pass
-    torch.cuda.synchronize()
-    n, t = 0, time.perf_counter()
-    for _ in range(epochs):
-        for x, y in loader:
-            n += len(y)
-    torch.cuda.synchronize()
-    rate = n / (time.perf_counter() - t)
-    loader.close()
-    return rate
+    return fastload_rate(ds, epochs, batch, None, transform=benchmark.pipelines(spec, size)[0])[0]
 
 
 def main(argv=None):

@@ -6,6 +6,7 @@
 #   DataLoader with the identical v2 pipeline, at SIZE px, default 176, on LINKS links to each JPEG);
 #   augtrain: fastload bench --model resnet50 --size 176 --transform trivialaugment against torchvision;
 #   augprobe: Nsight Compute on one TrivialAugmentWide stage (TRANSFORM picks another spec): each kernel's time;
+#   example: examples/train_imagenet.py --recipe torchvision_v2 --arch resnet50 for STEPS_LIMIT (20) steps;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
@@ -67,7 +68,7 @@ if [[ +$what+ == *+bench+* ]]; then
   python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
     grep -v "^fastload stats"
 fi
-if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* ]]; then
+if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* || +$what+ == *+example+* ]]; then
   links=${LINKS:-4} data=data/imagenet-like
   python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
   data=$data-x$links
@@ -87,6 +88,10 @@ if [[ +$what+ == *+augtrain+* ]]; then
   timeout ${TRAIN_TIMEOUT:-500} python3 -m fastload bench $data --device cuda --model resnet50 --size ${SIZE:-176} \
     --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q --json "$OUT/augtrain.json" \
     2>"$OUT/augtrain.err" | tee "$OUT/augtrain.log" | tail -8
+fi
+if [[ +$what+ == *+example+* ]]; then  # examples/train_imagenet.py --recipe torchvision_v2 with ResNet-50, a few steps
+  timeout 300 python3 examples/train_imagenet.py --train $data --recipe torchvision_v2 --arch resnet50 --epochs 1 \
+    --limit-steps ${STEPS_LIMIT:-20} --print-every 5 --checkpoint /tmp/example.pt 2>&1 | tee "$OUT/example.log" | tail -6
 fi
 if [[ +$what+ == *+profile+* ]]; then
   /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \

@@ -32,26 +32,48 @@ __all__ = ["open_dataset", "pipelines", "TRANSFORMS", "fastload_rate", "torchvis
 #: Models --model accepts (torchvision names).
 MODELS = ("resnet18", "resnet50")
 #: --transform specs: the augmentation between the crop/flip and ToDtype/Normalize (the same for both loaders).
-TRANSFORMS = ("plain", "trivialaugment", "randaugment", "autoaugment")
+TRANSFORMS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2")
 
 
-def pipelines(spec="plain", size=224):
-    """(fastload pipeline, torchvision v2 pipeline) for a --transform spec: the same classes with the same
-    arguments, RandomResizedCrop(size) + RandomHorizontalFlip + [augmentation] + ToDtype + Normalize, so the two
-    loaders are compared like for like. torchvision's runs on PIL images up to PILToTensor, as its reference
-    recipe does (the fastest way to run these on a CPU); in fastload PILToTensor is a no-op."""
+def pipelines(spec="plain", size=224, num_classes=1000):  # 1000: the classes of training_step's model
+    """(fastload pipeline, torchvision v2 pipeline, torchvision batch op or None) for a --transform spec: the same
+    classes with the same arguments, RandomResizedCrop(size) + RandomHorizontalFlip + [augmentation] + ToDtype +
+    Normalize, so the two loaders are compared like for like. torchvision's runs on PIL images up to PILToTensor,
+    as its reference recipe does (the fastest way to run these on a CPU); in fastload PILToTensor is a no-op.
+
+    "torchvision_v2" is torchvision's reference ImageNet recipe: TrivialAugmentWide, then RandomErasing(0.1) after
+    Normalize, then RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)]) on the batch: the last transform of
+    fastload's pipeline, and in torchvision's reference the DataLoader's collate_fn (the batch op returned).
+    Its repeated-augmentation sampler costs nothing per image and is left out of both."""
     import torchvision.transforms.v2 as TV
 
     from . import transforms as FT
     if spec not in TRANSFORMS:
         raise ValueError(f"transform must be one of {', '.join(TRANSFORMS)}, got {spec!r}")
+    recipe = spec == "torchvision_v2"
 
     def build(T):
-        middle = {"plain": [], "trivialaugment": [T.TrivialAugmentWide()],
+        middle = {"plain": [], "trivialaugment": [T.TrivialAugmentWide()], "torchvision_v2": [T.TrivialAugmentWide()],
                   "randaugment": [T.RandAugment(num_ops=2, magnitude=9)], "autoaugment": [T.AutoAugment()]}[spec]
-        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *middle, T.PILToTensor(),
-                          T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    return build(FT), build(TV)
+        return [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *middle, T.PILToTensor(),
+                T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+                *([T.RandomErasing(0.1)] if recipe else [])]
+
+    def mixing(T):
+        return T.RandomChoice([T.MixUp(alpha=0.2, num_classes=num_classes), T.CutMix(alpha=1.0,
+                                                                                    num_classes=num_classes)])
+    ours = FT.Compose(build(FT) + ([mixing(FT)] if recipe else []))
+    return ours, TV.Compose(build(TV)), mixing(TV) if recipe else None
+
+
+class _MixingCollate:
+    """torchvision's reference recipe's collate_fn: default_collate, then the batch op (MixUp/CutMix)."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, batch):
+        return self.op(*torch.utils.data.default_collate(batch))
 
 
 def open_dataset(path):
@@ -111,11 +133,12 @@ def _check_batches(n, batch_size):
 
 
 def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cpu", size=224, progress=True,
-                  step=None, label="fastload", decoder="cpu", transform=None):
+                  step=None, label="fastload", decoder="cpu", transform=None, num_classes=1000):
     """(images/s, loader.stats()) of FastLoader over ``epochs`` timed epochs: RandomResizedCrop(size) + flip +
     normalise (the crop= shorthand), or ``transform`` (a --transform spec, see ``pipelines``)."""
     _check_batches(len(dataset), batch_size)
-    shape = {"crop": RandomResizedCrop(size)} if transform is None else {"transform": pipelines(transform, size)[0]}
+    shape = {"crop": RandomResizedCrop(size)} if transform is None else {
+        "transform": pipelines(transform, size, num_classes)[0]}
     loader = FastLoader(dataset, batch_size=batch_size, device=device, threads=threads, drop_last=True,
                         channels_last=step is not None, decoder=decoder, **shape)
 
@@ -142,7 +165,7 @@ class _PILRecords(torch.utils.data.Dataset):
         return self.transform(Image.open(io.BytesIO(rec.data)).convert("RGB")), rec.label
 
 
-def torchvision_dataset(dataset, size=224, transform=None):
+def torchvision_dataset(dataset, size=224, transform=None, num_classes=1000):
     """The baseline's dataset: torchvision's ImageFolder over a folder, PIL over an LMDB store's records, with
     the standard training transforms (RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize), or the
     torchvision v2 twin of a --transform spec (``pipelines``)."""
@@ -152,7 +175,7 @@ def torchvision_dataset(dataset, size=224, transform=None):
         tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
                         T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     else:
-        tf = pipelines(transform, size)[1]
+        tf = pipelines(transform, size, num_classes)[1]
     root = getattr(dataset, "root", None)
     if root is not None and os.path.isdir(root) and not getattr(dataset, "skipped", None):
         return torchvision.datasets.ImageFolder(root, transform=tf)
@@ -161,15 +184,17 @@ def torchvision_dataset(dataset, size=224, transform=None):
 
 
 def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device="cpu", size=224, progress=True,
-                     step=None, label="torchvision", transform=None):
+                     step=None, label="torchvision", transform=None, num_classes=1000):
     """Images/s of torchvision's DataLoader (``workers`` processes, default one per core) over ``epochs`` timed
     epochs, batches pinned and copied to the device when it is CUDA."""
     _check_batches(len(dataset), batch_size)
-    tv = torchvision_dataset(dataset, size, transform)
+    tv = torchvision_dataset(dataset, size, transform, num_classes)
     workers = os.cpu_count() if workers is None else workers
     on_gpu = torch.device(device).type == "cuda"
+    batch_op = pipelines(transform, size, num_classes)[2] if transform is not None else None
     loader = torch.utils.data.DataLoader(tv, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                         pin_memory=on_gpu, drop_last=True, persistent_workers=workers > 0)
+                                         pin_memory=on_gpu, drop_last=True, persistent_workers=workers > 0,
+                                         collate_fn=_MixingCollate(batch_op) if batch_op is not None else None)
 
     def run(epoch):
         for x, y in loader:

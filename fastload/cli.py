@@ -310,10 +310,13 @@ def add_bench(sub):
                    "hardware decoder; --device cuda), hybrid (both, on different batches; --device cuda), auto "
                    "(nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
-    p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment"], default=None,
+    p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2"],
+                   default=None,
                    help="the same torchvision v2 pipeline in both loaders: RandomResizedCrop + RandomHorizontalFlip "
-                        "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment] + ToDtype + Normalize (default: "
-                        "fastload's crop= shorthand against torchvision's classic transforms)")
+                        "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment] + ToDtype + Normalize; "
+                        "torchvision_v2: torchvision's reference recipe (TrivialAugmentWide, RandomErasing(0.1), "
+                        "MixUp/CutMix) (default: fastload's crop= shorthand against torchvision's classic "
+                        "transforms)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, the table then "

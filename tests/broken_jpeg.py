@@ -4,7 +4,6 @@ The worker runs as ``python tests/broken_jpeg.py CASE_DIR``: a crash (segfault, 
 test that asked for it instead of killing pytest. It prints one JSON line per decode and a "start" line before
 each, so whoever reads its output knows which input it died on.
 """
-import io
 import json
 import subprocess
 import sys

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` is a folder of the checkout, not installed
 
 from bench import corpus  # noqa: E402
+from photos import real_photos  # noqa: E402  (tests/photos.py)
 
 CACHE = Path(os.environ.get("FASTLOAD_TEST_CORPUS", "/tmp/fastload-test-corpus"))
 
@@ -63,3 +64,10 @@ def kinds(tmp_path_factory):
 def _private_cache(tmp_path, monkeypatch):
     """Every test gets its own FolderDataset scan cache: no test sees another's cached sizes, none writes ~/.cache."""
     monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "scan-cache"))
+
+
+@pytest.fixture(scope="session")
+def photos():
+    """Real photos as JPEG with Pillow's full decode (photos.py)."""
+    pytest.importorskip("skimage.data")
+    return real_photos()

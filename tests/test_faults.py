@@ -18,9 +18,7 @@ import zlib
 from pathlib import Path
 
 import lmdb
-import numpy as np
 import pytest
-import torch
 
 import fastload as fl
 from fastload import ops

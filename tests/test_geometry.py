@@ -4,7 +4,6 @@ Checked against torchvision itself: the crop planners' windows/matrices (axis-al
 affine grid (the matrix convention), torchvision's pixels on real photos (PSNR), torchvision's make_params
 (distributions) and its argument validation.
 """
-import io
 import math
 
 import numpy as np
@@ -13,7 +12,6 @@ import torch
 import torch.nn.functional as tF
 import torchvision.transforms.v2 as T2
 import torchvision.transforms.v2.functional as F
-from PIL import Image
 from scipy import stats
 from torchvision.transforms.v2.functional._geometry import (_affine_grid, _compute_resized_output_size,
                                                              _get_inverse_affine_matrix)
@@ -139,32 +137,6 @@ def test_extra_composes_after_the_steps():
 
 
 # ---------------------------------------------------------------- pixels vs torchvision on real photos
-
-def encode(rgb, quality=90):
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def photos():
-    """Real photos as JPEG with Pillow's full decode (float CHW), plus a 1920x1080 mosaic of them so that 224
-    crops get DCT-downscaled as on large images (as test_planners.py)."""
-    skd = pytest.importorskip("skimage.data")
-    rgbs = [skd.astronaut(), skd.chelsea(), skd.coffee()]
-    g = np.random.default_rng(0)
-    mosaic = np.zeros((1080, 1920, 3), np.uint8)
-    for k, (y, x) in enumerate((y, x) for y in range(0, 1080, 270) for x in range(0, 1920, 384)):
-        src = rgbs[k % 3]
-        oy, ox = g.integers(0, src.shape[0] - 270 + 1), g.integers(0, src.shape[1] - 384 + 1)
-        mosaic[y:y + 270, x:x + 384] = src[oy:oy + 270, ox:ox + 384]
-    out = []
-    for rgb in rgbs + [mosaic]:
-        data = encode(rgb)
-        full = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
-        out.append((data, full.float()))
-    return out
-
 
 def pipeline(kind, size, dct):
     rrc = streamed(G.RandomResizedCrop(size), 1)

@@ -1,7 +1,6 @@
 """FastLoader on the CPU: labels stay with their images, determinism, resume, pixels against torchvision,
 errors, memory and thread hygiene. Real photos throughout."""
 import gc
-import io
 import os
 import subprocess
 import sys

@@ -13,6 +13,8 @@ from PIL import Image
 from fastload import ops, rng
 from fastload.transforms.planners import CenterCrop, CropPlan, RandomResizedCrop
 
+from photos import encode_jpeg  # tests/photos.py
+
 # image sizes: ImageNet-like, 1080p, tiny, and extreme aspect ratios that exhaust the 10 attempts (fallback)
 SIZES = [(375, 500), (500, 333), (1080, 1920), (224, 224), (1, 1), (1, 7), (9, 2), (20, 2000), (3000, 40),
          (17, 31), (480, 640), (2000, 60)]
@@ -193,32 +195,6 @@ def test_bad_arguments():
 
 # ---------------------------------------------------------------- pixels: decode_crop + warp vs torchvision
 
-def encode(rgb, quality=90):
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def photos():
-    """Real photos as JPEG (Pillow, quality 90, 4:2:0) with Pillow's full decode as float CHW; plus a
-    1920x1080 mosaic of them so that 224-pixel crops get DCT-downscaled as they do on large images."""
-    skd = pytest.importorskip("skimage.data")
-    rgbs = [skd.astronaut(), skd.chelsea(), skd.coffee()]
-    g = np.random.default_rng(0)
-    mosaic = np.zeros((1080, 1920, 3), np.uint8)
-    for k, (y, x) in enumerate((y, x) for y in range(0, 1080, 270) for x in range(0, 1920, 384)):
-        src = rgbs[k % 3]
-        oy, ox = g.integers(0, src.shape[0] - 270 + 1), g.integers(0, src.shape[1] - 384 + 1)
-        mosaic[y:y + 270, x:x + 384] = src[oy:oy + 270, ox:ox + 384]
-    out = []
-    for rgb in rgbs + [mosaic]:
-        data = encode(rgb)
-        full = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
-        out.append((data, full.float()))
-    return out
-
-
 def fastload_pixels(data, plan, i, size):
     top, left, h, w, d = plan.windows[i].tolist()
     crop = ops.decode_crop(data, top, left, h, w, d)
@@ -310,7 +286,7 @@ def center_jobs(photos):
         h = int(g.integers(240, 800))
         w = int(np.clip(h * np.exp(g.uniform(-0.8, 0.8)), 120, 1200))
         y, x = g.integers(0, 1080 - h + 1), g.integers(0, 1920 - w + 1)
-        jpg = encode(np.ascontiguousarray(rgb[y:y + h, x:x + w]))
+        jpg = encode_jpeg(np.ascontiguousarray(rgb[y:y + h, x:x + w]))
         images.append((jpg, torch.from_numpy(np.array(Image.open(io.BytesIO(jpg)))).permute(2, 0, 1).float()))
     return images
 

@@ -273,6 +273,15 @@ bool crc_matches(const Bytes& src, const int64_t* expected, int64_t i, char* mes
   return false;
 }
 
+// Sample i's bytes for decode_crops and verify_jpegs: loaded (a file read into `file`), then checked against its
+// CRC-32 when one was given. kOk, or the status whose reason is in `message`.
+int32_t load_checked(BufferViews& views, int64_t i, int64_t max_bytes, std::vector<uint8_t>& file, Bytes* src,
+                     const int64_t* expected, char* message) {
+  const int32_t status = views.load(i, max_bytes, file, src, message, kMessageSize);
+  if (status != kOk) return status;
+  return crc_matches(*src, expected, i, message) ? kOk : kCorrupt;
+}
+
 // crcs as int64 [n] (kept alive in `holder`), or nullptr when not given.
 const int64_t* crc_table(const c10::optional<at::Tensor>& crcs, int64_t n, const char* op, at::Tensor* holder) {
   if (!crcs.has_value()) return nullptr;
@@ -429,12 +438,8 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
           char* message = outcomes.message(i);
           thread_local std::vector<uint8_t> file;
           Bytes src;
-          st[i] = views.load(i, max_bytes, file, &src, message, kMessageSize);
+          st[i] = load_checked(views, i, max_bytes, file, &src, expected, message);
           if (st[i] != kOk) return;
-          if (!crc_matches(src, expected, i, message)) {
-            st[i] = kCorrupt;
-            return;
-          }
           const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
           st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, message, kMessageSize);
         },
@@ -463,12 +468,8 @@ py::tuple verify_jpegs_py(const py::sequence& buffers, int threads, bool strict,
           char* message = outcomes.message(i);
           thread_local std::vector<uint8_t> file;
           Bytes src;
-          st[i] = views.load(i, max_bytes, file, &src, message, kMessageSize);
+          st[i] = load_checked(views, i, max_bytes, file, &src, expected, message);
           if (st[i] != kOk) return;
-          if (!crc_matches(src, expected, i, message)) {
-            st[i] = kCorrupt;
-            return;
-          }
           st[i] = verify_jpeg(src.data, src.size, limits, message, kMessageSize);
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });

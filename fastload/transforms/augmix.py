@@ -22,7 +22,7 @@ import torch
 
 from .. import ops, rng
 from .color import _table
-from .functional import OPS, PhotometricTable, photometric
+from .functional import OPS, photometric
 from .mixing import _GAMMA_COLUMNS, _log_gamma
 from .policies import _PHOTOMETRIC, _check_fill, _check_interpolation, _lin, _none, _posterize, geometric_matrices
 

@@ -24,7 +24,6 @@ original image (see ``GeometryPlanner.plan`` for where this differs from torchvi
 """
 import collections.abc
 import copy
-import math
 import numbers
 import warnings
 from typing import NamedTuple
@@ -349,6 +348,15 @@ class RandomVerticalFlip(RandomHorizontalFlip):
     axis = 1  # y
 
 
+def _keep_resampling(t, interpolation, fill, center):
+    """RandomAffine's and RandomRotation's interpolation, fill and center, checked as torchvision checks them."""
+    _interpolation(interpolation)
+    _check_fill(fill)
+    if center is not None:
+        _check_sequence_input(center, "center", req_sizes=(2,))
+    t.interpolation, t.fill, t.center = interpolation, fill, center
+
+
 class RandomAffine(_Geometry):
     """torchvision's ``RandomAffine``. Per sample, from columns 0-5 of its stream: angle, translate (x, y; rounded
     as torchvision rounds them), scale, shear (x, y) -- each uniform on torchvision's range, unused ones ignored.
@@ -372,13 +380,7 @@ class RandomAffine(_Geometry):
                     raise ValueError("scale values should be positive")
         self.scale = scale
         self.shear = _setup_angle(shear, name="shear", req_sizes=(2, 4)) if shear is not None else None
-        self.interpolation = interpolation
-        _interpolation(interpolation)
-        _check_fill(fill)
-        self.fill = fill
-        if center is not None:
-            _check_sequence_input(center, "center", req_sizes=(2,))
-        self.center = center
+        _keep_resampling(self, interpolation, fill, center)
 
     def _draw(self, heights, widths, u):
         b = len(u)
@@ -414,14 +416,8 @@ class RandomRotation(_Geometry):
 
     def __init__(self, degrees, interpolation="nearest", expand=False, center=None, fill=0):
         self.degrees = _setup_angle(degrees, name="degrees", req_sizes=(2,))
-        self.interpolation = interpolation
-        _interpolation(interpolation)
         self.expand = expand
-        _check_fill(fill)
-        self.fill = fill
-        if center is not None:
-            _check_sequence_input(center, "center", req_sizes=(2,))
-        self.center = center
+        _keep_resampling(self, interpolation, fill, center)
 
     def _draw(self, heights, widths, u):
         lo, hi = self.degrees

@@ -23,7 +23,6 @@ than once per op with ``interpolation`` (validated and kept, as torchvision does
 and a photometric op that torchvision applies before a geometric op of the same sample (e.g. AutoAugment's
 ("Posterize", "Rotate")) sees the fill pixels too. AugMix, whose chains cannot fold into the warp, is in augmix.py.
 """
-import math
 from enum import Enum
 
 import numpy as np
