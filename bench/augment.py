@@ -58,8 +58,9 @@ def stage_bench(ds, size, batch):
             erasing, boxes = pipeline.erasing[0], params.erase[0]
             rows.append((f"  {spec}: RandomErasing(0.1) (in the stage)",
                          cuda_time(lambda: erasing.apply(out, boxes, 0, 0, idx))))
+            plan = pipeline.batch_plan(0, 0, 1, batch)
             rows.append((f"  {spec}: MixUp/CutMix on the batch",
-                         cuda_time(lambda: pipeline.apply_batch_ops(out, y, 0, 0, 1))))
+                         cuda_time(lambda: pipeline.apply_batch_ops(out, y, plan))))
     return rows
 
 

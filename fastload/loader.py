@@ -316,18 +316,23 @@ class FastLoader:
         pipeline, channels_last, stats = self.pipeline, self.channels_last, self._stats
 
         def stage(batch):
+            """(x, y): the stage, then the batch ops (MixUp/CutMix) with the parameters the producer drew."""
             t = time.perf_counter()
             x = pipeline.run(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.params,
                              channels_last=channels_last)
+            y = batch.labels
+            if batch.batch_plan is not None:
+                x, y = pipeline.apply_batch_ops(x, y, batch.batch_plan)
             stats.add(stage=time.perf_counter() - t)
-            return x
+            return x, y
         return stage
 
     def _device_pipe(self):
         if self._pipe is None:  # one persistent side stream per loader; the same stage as the CPU's
             from .prefetch.pipe import DevicePipe
             self._pipe = DevicePipe(self.device, self.pipeline.out_size, self.mean, self.std, self.dtype,
-                                    self.channels_last, in_scale=self._in_scale, stage=self.pipeline.run)
+                                    self.channels_last, in_scale=self._in_scale, stage=self.pipeline.run,
+                                    batch_ops=self.pipeline.apply_batch_ops)
         return self._pipe
 
 
@@ -516,7 +521,7 @@ class _Producers:
                 slot.wait_reusable()
                 batch = self.maker.make(self.batches[k], self.epoch, slot, k)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
-                    item = (self.stage(batch), batch.labels, batch.counts)
+                    item = (*self.stage(batch), batch.counts)
                     self.free[w].put(slot)
                 else:
                     item = batch
@@ -597,8 +602,6 @@ class _EpochIterator:
             if self.next_batch < len(self.batches):  # keep the GPU one batch ahead
                 self.pending = self._submit(pipe, self._next_item())
             x, y = pipe.receive(current)
-        if loader.pipeline.batch_ops:  # MixUp/CutMix on the finished batch, keyed by its index in the epoch
-            x, y = loader.pipeline.apply_batch_ops(x, y, loader.seed, self.epoch, loader._batches_done)
         loader._batches_done += 1
         loader._stats.add(images=len(y), batches=1, **counts)
         return x, y
@@ -606,7 +609,7 @@ class _EpochIterator:
     def _submit(self, pipe, batch):
         t = time.perf_counter()
         handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes,
-                             params=batch.params)
+                             params=batch.params, batch_plan=batch.batch_plan)
         # A host slot is free once copied; a device one (decoder="nvjpeg") once the kernel has read it.
         batch.slot.copied = handle.ready if batch.data.is_cuda else handle.copied
         p = self.producers

@@ -49,6 +49,7 @@ class RaggedBatch:
     counts: dict = field(default_factory=dict)
     indices: np.ndarray = None  # the samples it holds (after on_error="skip" replacements)
     params: object = None       # transforms.pipeline.SampleParams: what the stage applies after the warp, or None
+    batch_plan: object = None   # the batch ops' parameters (Pipeline.batch_plan), or None
 
 
 class Slot:
@@ -223,6 +224,7 @@ class BatchMaker:
         if batch is None:
             batch = self._make_on_cpu(indices, epoch, slot)
         batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices)
+        batch.batch_plan = self.pipeline.batch_plan(self.seed, epoch, k, len(batch.indices))
         return batch
 
     def _make_on_cpu(self, indices, epoch, slot):

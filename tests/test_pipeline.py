@@ -67,6 +67,20 @@ def test_batch_ops_give_soft_targets(imagenet_dir):
     torch.testing.assert_close(y.sum(1), torch.ones(8))
 
 
+def test_batch_ops_mix_batch_k_with_batch_ks_draws(imagenet_dir):
+    """MixUp/CutMix run where the batch is finished (producer on CPU, side stream on CUDA) with parameters drawn
+    when the batch was made: batch k equals the un-mixed pipeline's batch k mixed by the op for (seed, epoch, k)."""
+    ds = fl.FolderDataset(imagenet_dir)
+    mix = T.RandomChoice([T.MixUp(alpha=0.2, num_classes=4), T.CutMix(alpha=1.0, num_classes=4)])
+    mixed = list(fl.FastLoader(ds, batch_size=8, seed=2, transform=_policy_pipeline(extra=[mix])))
+    plain = list(fl.FastLoader(ds, batch_size=8, seed=2, transform=_policy_pipeline()))
+    assert len(mixed) == len(plain) == 6
+    for k, ((xm, ym), (xp, yp)) in enumerate(zip(mixed, plain)):
+        xr, yr = mix.apply(xp, yp, 2, 0, k)  # mix.stream: set when the first loader built its pipeline
+        assert torch.equal(xm, xr) and torch.equal(ym, yr), k
+    assert len({mix.choose(2, 0, k) for k in range(6)}) == 2  # both ops were exercised
+
+
 def test_uint8_output_without_todtype(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)
     x, _ = next(iter(fl.FastLoader(ds, batch_size=4, transform=T.Compose([T.RandomResizedCrop(32),
@@ -156,7 +170,7 @@ def test_a_harmless_libjpeg_warning_is_decoded_and_counted(imagenet_dir, tmp_pat
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("spec", ["trivialaugment", "randaugment"])
+@pytest.mark.parametrize("spec", ["trivialaugment", "randaugment", "torchvision_v2"])
 def test_cuda_batches_follow_the_cpu_ones(imagenet_dir, spec):
     """Same draws on both devices (the tables are made on the host), same stage maths. The warps differ by up to
     0.024 pixel values before rounding to uint8 (the CUDA fast path's integer row weights, README), so a pixel can

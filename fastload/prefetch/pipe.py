@@ -57,10 +57,14 @@ class Handle:
 
 
 class DevicePipe:
-    def __init__(self, device, size, mean, std, dtype, channels_last, *, in_scale=1.0 / 255, stage=None):
+    def __init__(self, device, size, mean, std, dtype, channels_last, *, in_scale=1.0 / 255, stage=None,
+                 batch_ops=None):
         """stage: what runs after the copy, ``stage(pixels, offsets, shapes, matrices, params, channels_last=,
-        hwc=, channels=)`` (FastLoader's transforms.Pipeline.run); by default the fused warp + normalise."""
+        hwc=, channels=)`` (FastLoader's transforms.Pipeline.run); by default the fused warp + normalise.
+        batch_ops: ``batch_ops(x, y, plan)`` after the stage for batches submitted with a batch_plan (MixUp/CutMix:
+        Pipeline.apply_batch_ops), on the side stream too."""
         self.stage = stage
+        self.batch_ops = batch_ops
         self.device = torch.device(device)
         self.size = size
         self.mean, self.std, self.in_scale = mean, std, in_scale
@@ -70,7 +74,7 @@ class DevicePipe:
         self.stream = torch.cuda.Stream(self.device, priority=-1)
 
     def submit(self, data, offsets, shapes, matrices, labels, nbytes, *, hwc=True, in_scale=None, size=None,
-               params=None):
+               params=None, batch_plan=None):
         """Queues copy + stage on the side stream; returns at once. data must be pinned for a real overlap.
         labels: any dtype and shape [B, ...] (class indices, float or multi-dimensional targets), kept as they are.
         in_scale: the pipe's own unless given."""
@@ -98,6 +102,8 @@ class DevicePipe:
                 x = ops.warp_ragged(pixels, offs, shps, mats, size or self.size, mean=self.mean, std=self.std,
                                     in_scale=in_scale, out_dtype=self.dtype, channels_last=self.channels_last,
                                     hwc=hwc, channels=int(shapes[0, 2]))
+            if batch_plan is not None:
+                x, y = self.batch_ops(x, y, batch_plan)
             ready = torch.cuda.Event()
             ready.record(self.stream)
             return Handle(x, y, ready, copied)

@@ -155,19 +155,31 @@ class _Mix:
                     raise ValueError(f"label {int(y[s])} of sample {s} of the batch is outside [0, num_classes="
                                      f"{self.num_classes})")
 
-    def apply(self, x, y, seed, epoch, batch_index):
-        """(x float [B, C, H, W] on any device, y int64 [B] or soft [B, num_classes]) -> (mixed x, soft targets
-        float [B, num_classes] on x's device). x is not modified."""
-        self._check(x, y)
-        b, _, height, width = x.shape
-        p = self.params(seed, epoch, batch_index, b, height, width)
-        # torchvision multiplies by the Python floats lam and 1.0 - lam: the same float32 weights here
-        host = np.zeros((b, 6), dtype=np.float32)
+    def plan(self, seed, epoch, batch_index, size, height, width):
+        """The batch's weights, drawn on the host where the batch is made: float32 [size, 6] (lam, 1 - lam, then
+        CutMix's box y1, y2, x1, x2). torchvision multiplies by the Python floats lam and 1.0 - lam: the same
+        float32 weights here."""
+        p = self.params(seed, epoch, batch_index, size, height, width)
+        host = np.zeros((size, 6), dtype=np.float32)
         host[:, 0] = p.lam
         host[:, 1] = 1.0 - p.lam
         if p.box is not None:
             host[:, 2:] = p.box
-        w = torch.from_numpy(host).to(x.device, non_blocking=True)
+        return torch.from_numpy(host)
+
+    def apply(self, x, y, seed, epoch, batch_index):
+        """(x float [B, C, H, W] on any device, y int64 [B] or soft [B, num_classes]) -> (mixed x, soft targets
+        float [B, num_classes] on x's device). x is not modified."""
+        self._check(x, y)  # before x.shape is read: torchvision's messages for a batch of the wrong shape
+        b, _, height, width = x.shape
+        return self.apply_planned(x, y, self.plan(seed, epoch, batch_index, b, height, width))
+
+    def apply_planned(self, x, y, plan):
+        """apply() with the weights ``plan()`` drew (FastLoader draws them in its producers, and mixes on the
+        batch's stream right after the stage)."""
+        self._check(x, y)
+        b = x.shape[0]
+        w = plan.to(x.device, non_blocking=True)
         x = self._mix_images(x, w)
         if y.ndim == 1:
             y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=x.device).scatter_(
@@ -273,3 +285,12 @@ class RandomChoice:
 
     def apply(self, x, y, seed, epoch, batch_index):
         return self.transforms[self.choose(seed, epoch, batch_index)].apply(x, y, seed, epoch, batch_index)
+
+    def plan(self, seed, epoch, batch_index, size, height, width):
+        """(the chosen transform's index, its plan)."""
+        k = self.choose(seed, epoch, batch_index)
+        return k, self.transforms[k].plan(seed, epoch, batch_index, size, height, width)
+
+    def apply_planned(self, x, y, plan):
+        k, weights = plan
+        return self.transforms[k].apply_planned(x, y, weights)

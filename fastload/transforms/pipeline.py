@@ -366,9 +366,18 @@ class Pipeline:
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
         return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
-    def apply_batch_ops(self, x, y, seed, epoch, batch_index):
-        for op in self.batch_ops:
-            x, y = op.apply(x, y, seed, epoch, batch_index)
+    def batch_plan(self, seed, epoch, batch_index, size):
+        """The batch ops' parameters for batch ``batch_index`` of ``epoch`` (host tensors), or None without batch
+        ops: drawn where the batch is made, applied on its device right after the stage (apply_batch_ops)."""
+        if not self.batch_ops:
+            return None
+        h, w = self.size_at(epoch)
+        return [op.plan(seed, epoch, batch_index, size, h, w) for op in self.batch_ops]
+
+    def apply_batch_ops(self, x, y, plan):
+        """MixUp/CutMix on the finished batch x [B, C, H, W] and its labels, with ``batch_plan``'s parameters."""
+        for op, p in zip(self.batch_ops, plan):
+            x, y = op.apply_planned(x, y, p)
         return x, y
 
     def __repr__(self):
