@@ -11,6 +11,8 @@ from PIL import Image
 
 from fastload.transforms.erasing import RandomErasing
 
+from distributions import chi2_same  # tests/distributions.py
+
 H, W = 24, 40  # small, non-square: rows and columns cannot be swapped unnoticed
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CUDA = pytest.param("cuda", marks=pytest.mark.cuda)
@@ -23,18 +25,6 @@ def photos(imagenet_dir):
     imgs = [np.asarray(Image.open(p).convert("RGB").resize((W, H), Image.BILINEAR)) for p in paths]
     x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float().div(255)
     return (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
-
-
-def chi2_same(a, b, bins=12):
-    """p-value of a two-sample chi-square test on pooled-quantile bins (equal samples: same distribution). The
-    statistics are discrete (integer boxes): both must be float64, or equal values could fall on both sides of an
-    edge."""
-    edges = np.unique(np.quantile(np.concatenate([a, b]), np.linspace(0, 1, bins + 1)))
-    edges[-1] = np.inf
-    ca, _ = np.histogram(a, edges)
-    cb, _ = np.histogram(b, edges)
-    keep = (ca + cb) > 0
-    return st.chi2_contingency(np.stack([ca[keep], cb[keep]])).pvalue
 
 
 # ---------------------------------------------------------------- the boxes

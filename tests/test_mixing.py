@@ -12,6 +12,8 @@ from PIL import Image
 from fastload.transforms.mixing import CutMix, MixUp, RandomChoice, beta_from_uniforms, _COLUMNS
 from fastload import rng
 
+from distributions import chi2_same  # tests/distributions.py
+
 H, W = 24, 40  # small, non-square: rows and columns cannot be swapped unnoticed
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CUDA = pytest.param("cuda", marks=pytest.mark.cuda)
@@ -166,16 +168,6 @@ def test_lambdas_are_beta_alpha_alpha(alpha):
     # the sampler itself, straight from uniforms
     lam = beta_from_uniforms(alpha, rng.uniforms(2, 0, np.arange(4000), _COLUMNS))
     assert st.kstest(np.minimum(lam, 1 - lam), lambda t: 2 * st.beta(alpha, alpha).cdf(t)).pvalue > 1e-3
-
-
-def chi2_same(a, b, bins=12):
-    """p-value of a two-sample chi-square test on pooled-quantile bins (equal samples: same distribution)."""
-    edges = np.unique(np.quantile(np.concatenate([a, b]), np.linspace(0, 1, bins + 1)))
-    edges[-1] = np.inf
-    ca, _ = np.histogram(a, edges)
-    cb, _ = np.histogram(b, edges)
-    keep = (ca + cb) > 0
-    return st.chi2_contingency(np.stack([ca[keep], cb[keep]])).pvalue
 
 
 def test_cutmix_boxes_follow_torchvision():
