@@ -72,11 +72,13 @@ def test_batch_ops_mix_batch_k_with_batch_ks_draws(imagenet_dir):
     when the batch was made: batch k equals the un-mixed pipeline's batch k mixed by the op for (seed, epoch, k)."""
     ds = fl.FolderDataset(imagenet_dir)
     mix = T.RandomChoice([T.MixUp(alpha=0.2, num_classes=4), T.CutMix(alpha=1.0, num_classes=4)])
-    mixed = list(fl.FastLoader(ds, batch_size=8, seed=2, transform=_policy_pipeline(extra=[mix])))
+    loader = fl.FastLoader(ds, batch_size=8, seed=2, transform=_policy_pipeline(extra=[mix]))
+    mixed = list(loader)
     plain = list(fl.FastLoader(ds, batch_size=8, seed=2, transform=_policy_pipeline()))
     assert len(mixed) == len(plain) == 6
+    mix = loader.pipeline.batch_ops[0]  # the pipeline's copy, with the stream of its position
     for k, ((xm, ym), (xp, yp)) in enumerate(zip(mixed, plain)):
-        xr, yr = mix.apply(xp, yp, 2, 0, k)  # mix.stream: set when the first loader built its pipeline
+        xr, yr = mix.apply(xp, yp, 2, 0, k)
         assert torch.equal(xm, xr) and torch.equal(ym, yr), k
     assert len({mix.choose(2, 0, k) for k in range(6)}) == 2  # both ops were exercised
 
@@ -125,6 +127,18 @@ def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error,
     with pytest.raises(error) as e:
         fl.FastLoader(ds, batch_size=4, transform=bad())
     assert words in str(e.value)
+
+
+def test_a_transform_shared_by_two_pipelines_keeps_each_pipelines_draws(imagenet_dir):
+    """Pipelines copy their transforms: the stream a position gives a shared object in one pipeline does not
+    change the draws of another pipeline that holds it elsewhere."""
+    ds = fl.FolderDataset(imagenet_dir)
+    policy = T.TrivialAugmentWide()
+    first = fl.FastLoader(ds, batch_size=8, seed=1, transform=T.Compose([T.RandomResizedCrop(48), policy]))
+    before = next(iter(first))[0]
+    fl.FastLoader(ds, batch_size=8, seed=1, transform=T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(),
+                                                                 policy]))
+    assert torch.equal(next(iter(first))[0], before)
 
 
 def test_transform_and_shorthand_arguments_are_one_way(imagenet_dir):

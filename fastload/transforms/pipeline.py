@@ -17,6 +17,7 @@ before an epoch's batches are made). Every step that depends on it takes the epo
 (``GeometryPlanner.with_size`` / the crop planner's ``with_size``: windows, DCT downscale, matrices), the policies'
 canvas, RandomErasing's boxes and the stage's output (carried by each batch's SampleParams).
 """
+import copy
 import threading
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -184,6 +185,11 @@ class Pipeline:
     def build(cls, transform):
         """A Pipeline from a Compose (or a single transform). Refuses, naming it, anything fastload cannot run."""
         items = transform.flat() if isinstance(transform, Compose) else [transform]
+        for t in items:
+            _check_transform(t)
+        # The pipeline's own copies: each gets the random stream of its position, and a transform object shared
+        # with another pipeline (at another position) must not change that pipeline's draws.
+        items = copy.deepcopy(items)
         geometry, photometric, erasing, batch_ops = [], [], [], []
         dtype, scale, mean, std = None, False, None, None
         for position, t in enumerate(items):
