@@ -223,7 +223,8 @@ class BatchMaker:
             batch = self._make_on_gpu(indices, epoch, slot)
         if batch is None:
             batch = self._make_on_cpu(indices, epoch, slot)
-        batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices)
+        batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices,
+                                                   pin=self.device is not None and self.device.type == "cuda")
         batch.batch_plan = self.pipeline.batch_plan(self.seed, epoch, k, len(batch.indices))
         return batch
 

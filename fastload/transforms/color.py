@@ -43,7 +43,7 @@ class _Photometric:
         return _table(ops, params)
 
     def _fill_table(self, u, ops, params):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _fill_table")
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "stream")

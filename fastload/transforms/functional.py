@@ -31,7 +31,7 @@ from torch.nn.functional import conv2d, pad
 from ..ops import _norm_params
 
 __all__ = [
-    "OPS", "PhotometricTable", "apply_table", "photometric",
+    "OPS", "PhotometricTable", "CheckedTable", "checked_table", "apply_table", "photometric",
     "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_sharpness",
     "posterize", "solarize", "autocontrast", "equalize", "invert", "rgb_to_grayscale", "gaussian_blur",
 ]
@@ -594,7 +594,7 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
     mean/std). A host table is checked as apply_table checks it and copied to x's device (pinned, non-blocking);
     a table already on x's CUDA device is trusted (a sample whose slot it cannot run is left unchanged there).
     """
-    ops, params = table
+    ops, params = table[0], table[1]
     _check_image(x, "photometric", channels=(3,))
     if x.dtype != torch.uint8:
         raise TypeError(f"photometric: x must be uint8 (0-255), got {x.dtype}")
@@ -606,16 +606,37 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
         alpha, beta = _norm_params(3, None, None, 1.0, x.device)
     else:
         alpha, beta = _norm_params(3, mean, std, in_scale, x.device)
-    if ops.device.type == "cpu" and params.device.type == "cpu":
-        table = PhotometricTable(ops, params)
-        _check_table(table, x, "photometric")
-        _check_blur_sizes(table, x, "photometric")
-        ops, params = ops.to(torch.int64).contiguous(), params.to(torch.float32).contiguous()
-        if x.is_cuda:
-            ops, params = ops.pin_memory(), params.pin_memory()
+    if isinstance(table, CheckedTable):  # checked (and pinned for a GPU) where the loader made it
+        if table.ops.shape[0] != x.shape[0] or table.size != tuple(x.shape[-2:]):
+            raise ValueError(f"photometric: the table was checked for {table.ops.shape[0]} images of "
+                             f"{table.size}, x is {tuple(x.shape)}")
+    elif ops.device.type == "cpu" and params.device.type == "cpu":
+        table = checked_table(PhotometricTable(ops, params), *x.shape[-2:], batch=x.shape[0], pin=x.is_cuda)
+        ops, params = table.ops, table.params
     ops = ops.to(device=x.device, dtype=torch.int64, non_blocking=True).contiguous()
     params = params.to(device=x.device, dtype=torch.float32, non_blocking=True).contiguous()
     return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last)
+
+
+class CheckedTable(NamedTuple):
+    """A PhotometricTable checked for a batch of ``ops.shape[0]`` images of ``size`` (H, W): int64 ops and float32
+    params, contiguous, pinned when it goes to a GPU. ``photometric`` runs it without checking it again."""
+    ops: Tensor
+    params: Tensor
+    size: tuple
+
+
+def checked_table(table, height, width, *, batch=None, pin=False):
+    """``table`` checked as apply_table checks it, for uint8 images of height x width (done once per batch where
+    the loader makes it, in a producer thread, rather than in the training loop's thread)."""
+    batch = table.ops.shape[0] if batch is None else batch
+    shape = torch.empty((batch, 3, height, width), dtype=torch.uint8, device="meta")  # shape and dtype only
+    _check_table(table, shape, "photometric")
+    _check_blur_sizes(table, shape, "photometric")
+    ops, params = table.ops.to(torch.int64).contiguous(), table.params.to(torch.float32).contiguous()
+    if pin:
+        ops, params = ops.pin_memory(), params.pin_memory()
+    return CheckedTable(ops, params, (int(height), int(width)))
 
 
 def _check_blur_sizes(table, x, name):

@@ -194,7 +194,7 @@ class _Geometry:
         return {}
 
     def _step(self, params, heights, widths):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _step")
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "stream")

@@ -324,15 +324,20 @@ class Pipeline:
                  else t.table(seed, epoch, indices) for t in transforms]
         return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
 
-    def sample_params(self, seed, epoch, indices):
+    def sample_params(self, seed, epoch, indices, *, pin=False):
         """SampleParams of a batch with these (final: after on_error="skip" replacements) sample indices: its
-        output size, and what the stage applies per sample after the warp (table None, erase []: nothing)."""
+        output size, and what the stage applies per sample after the warp (table None, erase []: nothing).
+        Photometric tables come checked (pinned with ``pin``, for a GPU), so the stage runs them as they are."""
         size = self.size_at(epoch)
         indices = np.asarray(indices, dtype=np.int64)
         segments, augmix = self._segments()
-        mixes = tuple((self.table(seed, epoch, indices, before), a, a.plan(seed, epoch, indices, *size))
-                      for before, a in zip(segments, augmix))
-        return SampleParams(self.table(seed, epoch, indices),
+        from .functional import checked_table
+
+        def table(transforms=None):
+            t = self.table(seed, epoch, indices, transforms)
+            return None if t is None else checked_table(t, *size, pin=pin)
+        mixes = tuple((table(before), a, a.plan(seed, epoch, indices, *size)) for before, a in zip(segments, augmix))
+        return SampleParams(table(),
                             [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size,
                             mixes)
 

@@ -310,7 +310,7 @@ class _Policy:
         return self._names
 
     def _draw(self, u, height, width):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _draw")
 
     def _signs(self, op, u):
         """-1 where the op is signed and the sign draw says so (torchvision: ``rand() <= 0.5``), else +1."""
