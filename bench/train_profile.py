@@ -1,0 +1,172 @@
+"""Where the time goes when FastLoader feeds a fast model (issue 18: ResNet-18 at 160 px on one GPU).
+
+Trains for a few epochs and reports, per decoder:
+- the training thread: time waiting for the next batch (``next()``), time launching the step (Python + kernel
+  launches, the GPU running asynchronously), and the GPU's busy time per step (CUDA events around the step);
+- the producers' summed read / decode / stage seconds (``loader.stats()``);
+- GIL pressure: the excess wake-up latency of a probe thread that sleeps 0.5 ms in a loop (the time it waits for
+  the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max;
+- with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
+  thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
+
+    python -m bench.train_profile DATA --model resnet18 --size 160 --decoder cpu nvjpeg hybrid [--py-spy OUT]
+"""
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+from fastload import FastLoader
+from fastload.benchmark import ceiling_rate, open_dataset, training_step
+from fastload.transforms.planners import RandomResizedCrop
+
+
+class GilProbe(threading.Thread):
+    """Sleeps ``nap`` seconds in a loop and records how late it wakes: waiting for the GIL shows up as lateness."""
+
+    def __init__(self, nap=0.0005):
+        super().__init__(daemon=True, name="gil-probe")
+        self.nap, self.late, self.stop = nap, [], threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            time.sleep(self.nap)
+            self.late.append(time.perf_counter() - t - self.nap)
+
+    def summary(self):
+        a = np.asarray(self.late) * 1e3
+        return {"gil_late_mean_ms": float(a.mean()), "gil_late_p50_ms": float(np.percentile(a, 50)),
+                "gil_late_p99_ms": float(np.percentile(a, 99)), "gil_late_max_ms": float(a.max())}
+
+
+def _spy(pid, seconds, path, gil):
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    cmd = [exe, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200", "--format", "raw",
+           "--threads", "--nonblocking", "-o", path] + (["--gil"] if gil else [])
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(path + ".err", "w"))
+
+
+def _summarise_spy(path, top=12):
+    """Samples per thread and the frames with the most self samples (collapsed stacks: 'a;b;c count')."""
+    if not os.path.exists(path):
+        return f"  (no profile: {open(path + '.err').read().strip()[-300:] if os.path.exists(path + '.err') else '?'})"
+    threads, leaves = collections.Counter(), collections.Counter()
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            n = int(count)
+            threads[frames[0]] += n
+            leaves[(frames[0].split(" ")[0] if frames else "?", frames[-1])] += n
+    total = sum(threads.values()) or 1
+    out = [f"  {n:6d} samples ({n / total:5.1%})  {t}" for t, n in threads.most_common(8)]
+    out.append("  top self frames:")
+    out += [f"  {n:6d} ({n / total:5.1%})  [{t[:24]}] {leaf[:110]}" for (t, leaf), n in leaves.most_common(top)]
+    return "\n".join(out)
+
+
+def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None):
+    device = torch.device("cuda")
+    dataset = open_dataset(data)
+    step = training_step(model, device, batch_size)
+    ceiling = ceiling_rate(step, batch_size, size, device)
+    loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
+                        decoder=decoder, crop=RandomResizedCrop(size))
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    probe = GilProbe()
+    waits, launches, gpu_ms = [], [], []
+    events = []
+    spies = []
+    images, start = 0, None
+    for epoch in range(epochs + 1):
+        loader.set_epoch(epoch)
+        if epoch == 1:
+            torch.cuda.synchronize()
+            probe.start()
+            if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
+                seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
+                spies = [(p, _spy(os.getpid(), seconds, p, gil)) for p, gil in
+                         ((os.path.join(spy_dir, f"spy_{decoder}_all.txt"), False),
+                          (os.path.join(spy_dir, f"spy_{decoder}_gil.txt"), True))]
+            start = time.perf_counter()
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            if epoch >= 1:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+            step(x, y)
+            if epoch >= 1:
+                e1.record()
+                events.append((e0, e1))
+                waits.append(t1 - t0)
+                launches.append(time.perf_counter() - t1)
+                images += len(y)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    probe.stop.set()
+    probe.join()
+    gpu_ms = [a.elapsed_time(b) for a, b in events]
+    stats = loader.stats()
+    loader.close()
+    for _, p in spies:
+        if p is not None:
+            p.wait(timeout=60)
+    rate = images / seconds
+    row = {"decoder": decoder, "model": model, "size": size, "ceiling": ceiling, "images_per_s": rate,
+           "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
+           "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
+           "launch_ms": float(np.mean(launches)) * 1e3, "gpu_ms": float(np.mean(gpu_ms)),
+           "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
+           "threads": loader.threads, "cores": os.cpu_count(), **probe.summary()}
+    return row, [(p, _summarise_spy(p)) for p, _ in spies]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("data")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--size", type=int, default=160)
+    p.add_argument("--decoder", nargs="+", default=["cpu"])
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=4, help="timed epochs after one warm-up epoch")
+    p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
+    p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
+    args = p.parse_args(argv)
+    if args.py_spy:
+        os.makedirs(args.py_spy, exist_ok=True)
+    rows = []
+    for d in args.decoder:
+        row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
+                             args.switch_interval)
+        rows.append(row)
+        print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+        for path, text in spies:
+            print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
+    cols = ("decoder", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
+            "launch_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
