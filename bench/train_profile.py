@@ -75,13 +75,29 @@ def _summarise_spy(path, top=12):
     return "\n".join(out)
 
 
-def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None):
+def ceiling_launch(step, batch_size, size, device, steps=30):
+    """Mean ms the training thread takes to launch one step on a fixed batch (nothing else running)."""
+    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch_size,), device=device)
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return float(np.median(times)) * 1e3
+
+
+def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
+            workers=None):
     device = torch.device("cuda")
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
+    launch_alone = ceiling_launch(step, batch_size, size, device)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
-                        decoder=decoder, crop=RandomResizedCrop(size))
+                        decoder=decoder, crop=RandomResizedCrop(size), threads=threads, workers=workers)
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
@@ -132,9 +148,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     row = {"decoder": decoder, "model": model, "size": size, "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
-           "launch_ms": float(np.mean(launches)) * 1e3, "gpu_ms": float(np.mean(gpu_ms)),
+           "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
-           "threads": loader.threads, "cores": os.cpu_count(), **probe.summary()}
+           "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary()}
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
 
 
@@ -147,6 +163,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=4, help="timed epochs after one warm-up epoch")
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
+    p.add_argument("--threads", type=int, help="FastLoader(threads=)")
+    p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
     if args.py_spy:
@@ -154,14 +172,14 @@ def main(argv=None):
     rows = []
     for d in args.decoder:
         row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                             args.switch_interval)
+                             args.switch_interval, args.threads, args.workers)
         rows.append(row)
         print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
         for path, text in spies:
             print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
-    cols = ("decoder", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
-            "launch_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
+    cols = ("decoder", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
+            "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
