@@ -13,6 +13,7 @@ Trains for a few epochs and reports, per decoder:
 """
 import argparse
 import collections
+import ctypes
 import os
 import shutil
 import subprocess
@@ -154,6 +155,20 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
 
 
+def _pad_nvjpeg(nbytes):
+    """Experiment: nvJPEG's memory paddings (device and pinned), so its buffers are not reallocated (each
+    cudaFree / cudaFreeHost synchronises the whole device) when the images grow."""
+    from fastload import nvjpeg
+    init = nvjpeg.HardwareDecoder.__init__
+
+    def padded(self, max_batch):
+        init(self, max_batch)
+        lib = nvjpeg.library()
+        nvjpeg._check(lib.nvjpegSetDeviceMemoryPadding(ctypes.c_size_t(nbytes), self._handle), "device padding")
+        nvjpeg._check(lib.nvjpegSetPinnedMemoryPadding(ctypes.c_size_t(nbytes), self._handle), "pinned padding")
+    nvjpeg.HardwareDecoder.__init__ = padded
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("data")
@@ -165,10 +180,13 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, help="FastLoader(threads=)")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--nvjpeg-padding", type=int, help="experiment: nvJPEG memory padding in MB")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
+    if args.nvjpeg_padding:
+        _pad_nvjpeg(args.nvjpeg_padding << 20)
     rows = []
     for d in args.decoder:
         row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
