@@ -454,6 +454,10 @@ class _Producers:
         self.maker = loader._maker
         self.device = loader.device
         self.stage = loader._stage_cpu() if loader.device.type == "cpu" else None
+        # CUDA: each producer queues its batch's copy + stage on the side stream itself, so the training
+        # thread only waits on an event (it launches the model's kernels; bench/RESULTS.md, "Eighth session").
+        self.pipe = loader._device_pipe() if loader.device.type == "cuda" else None
+        self.stats = loader._stats
         self.epoch = epoch
         self.batches = batches
         self.stop = threading.Event()
@@ -522,13 +526,22 @@ class _Producers:
                 batch = self.maker.make(self.batches[k], self.epoch, slot, k)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
                     item = (*self.stage(batch), batch.counts)
-                    self.free[w].put(slot)
-                else:
-                    item = batch
+                else:  # CUDA: queued on the side stream; the slot is reusable once the copy (or kernel) read it
+                    item = (self.submit(batch), batch.counts)
+                self.free[w].put(slot)
                 if not self.put(self.queues[w], item):
                     return
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
+
+    def submit(self, batch):
+        t = time.perf_counter()
+        handle = self.pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels,
+                                  batch.nbytes, params=batch.params, batch_plan=batch.batch_plan)
+        # A host slot is free once copied; a device one (decoder="nvjpeg") once the kernel has read it.
+        batch.slot.copied = handle.ready if batch.data.is_cuda else handle.copied
+        self.stats.add(stage=time.perf_counter() - t)
+        return handle
 
     def close(self, timeout=5.0):
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run(), so none is
@@ -550,7 +563,6 @@ class _EpochIterator:
         self.batches = batches
         self.next_batch = start
         self.epoch = epoch
-        self.pending = None  # CUDA: the batch already submitted to the GPU, handed out next
         self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
         self.producers = _Producers(loader, batches, start, epoch)
 
@@ -592,30 +604,14 @@ class _EpochIterator:
             if self.next_batch >= len(self.batches):
                 return self._finish()
             x, y, counts = self._next_item()
-        else:
-            pipe = loader._device_pipe()
-            if self.pending is None:
-                if self.next_batch >= len(self.batches):
-                    return self._finish()
-                self.pending = self._submit(pipe, self._next_item())
-            (current, counts), self.pending = self.pending, None
-            if self.next_batch < len(self.batches):  # keep the GPU one batch ahead
-                self.pending = self._submit(pipe, self._next_item())
-            x, y = pipe.receive(current)
+        else:  # the producers queued the batch on the side stream: the training stream waits for it
+            if self.next_batch >= len(self.batches):
+                return self._finish()
+            handle, counts = self._next_item()
+            x, y = loader._device_pipe().receive(handle)
         loader._batches_done += 1
         loader._stats.add(images=len(y), batches=1, **counts)
         return x, y
-
-    def _submit(self, pipe, batch):
-        t = time.perf_counter()
-        handle = pipe.submit(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.labels, batch.nbytes,
-                             params=batch.params, batch_plan=batch.batch_plan)
-        # A host slot is free once copied; a device one (decoder="nvjpeg") once the kernel has read it.
-        batch.slot.copied = handle.ready if batch.data.is_cuda else handle.copied
-        p = self.producers
-        p.free[(self.next_batch - 1) % len(p.queues)].put(batch.slot)
-        self.loader._stats.add(stage=time.perf_counter() - t)
-        return handle, batch.counts
 
     def _finish(self):
         self.loader._finished_epoch = True
