@@ -106,7 +106,8 @@ if [[ +$what+ == *+augtrain+* ]]; then
 fi
 if [[ +$what+ == *+example+* ]]; then  # examples/train_imagenet.py --recipe torchvision_v2 with ResNet-50, a few steps
   timeout 300 python3 examples/train_imagenet.py --train $data --recipe torchvision_v2 --arch resnet50 --epochs 1 \
-    --limit-steps ${STEPS_LIMIT:-20} --print-every 5 --checkpoint /tmp/example.pt 2>&1 | tee "$OUT/example$tag.log" | tail -6
+    --limit-steps ${STEPS_LIMIT:-20} --print-every 5 --checkpoint /tmp/example.pt 2>&1 | tee "$OUT/example$tag.log" | \
+    tail -6
 fi
 if [[ +$what+ == *+profile+* ]]; then
   /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \
