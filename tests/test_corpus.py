@@ -150,3 +150,13 @@ def test_sensor_noise_is_shot_plus_read_noise_in_linear_light():
         lin = corpus._LINEAR[np.asarray(corpus._sensor_noise(rng, flat, full_well, 0.0, chroma))]
         signal = corpus._LINEAR[60] * full_well
         assert lin.std() == pytest.approx(np.sqrt(signal + read * read) / full_well, rel=0.02)
+
+
+def test_bench_loader_names_its_corpora(tmp_path, capsys):
+    """`python -m bench.loader --sets` takes ImageNet-dense beside the others and refuses unknown names before
+    building anything."""
+    from bench import loader
+    with pytest.raises(SystemExit) as e:
+        loader.main(["--data", str(tmp_path), "--sets", "ImageNet-dense,ImageNet-huge"])
+    assert e.value.code == 2 and "unknown ImageNet-huge" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
