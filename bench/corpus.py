@@ -5,6 +5,7 @@ decoding costs what it costs on real data. Same seed, same bytes (for a given Pi
 A folder that already holds exactly the requested corpus (checked against its manifest.json) is left alone.
 
     python -m bench.corpus imagenet data/imagenet [--classes 8 --per-class 32 --seed 0]
+    python -m bench.corpus imagenet-dense data/imagenet-dense [--classes 8 --per-class 32 --seed 0]
     python -m bench.corpus hd data/hd [--count 32 --seed 0]
     python -m bench.corpus kinds data/kinds
 """
@@ -13,18 +14,21 @@ import fcntl
 import hashlib
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
-__all__ = ["source_photos", "make_imagenet_like", "make_hd", "make_kinds", "seekable_store", "KINDS"]
+__all__ = ["source_photos", "make_imagenet_like", "make_imagenet_dense", "make_hd", "make_kinds", "seekable_store",
+           "density", "describe", "KINDS"]
 
 VERSION = 1  # bump whenever the generator would write different bytes: cached folders then rebuild
 MANIFEST = "manifest.json"
@@ -108,6 +112,31 @@ def _aspect(rng):
     if rng.random() < 0.6:
         return (4 / 3, 4 / 3, 3 / 4, 3 / 2, 1.0, 16 / 9)[rng.integers(6)]
     return float(np.exp(rng.uniform(np.log(3 / 4), np.log(16 / 9))))
+
+
+# ---- camera noise: what makes real photos dense ---------------------------------------------------------------
+
+def _srgb_to_linear(v):
+    return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+
+# Both curves come from Python's scalar maths and the noise from + * sqrt on float64 arrays (correctly rounded on
+# every CPU): no vectorised pow/exp, whose SIMD variants differ in the last bit between CPUs and would move roundings.
+_LINEAR = np.array([_srgb_to_linear(k / 255) for k in range(256)])  # uint8 code -> linear light
+_CUTS = np.array([_srgb_to_linear((k + 0.5) / 255) for k in range(255)])  # linear light -> nearest code
+
+
+def _sensor_noise(rng, img, full_well, read_noise, chroma):
+    """``img`` as a camera would have recorded it: shot noise (variance = signal, in electrons, ``full_well`` at
+    white) plus read noise (``read_noise`` electrons), added in linear light, so shadows get the large relative
+    noise real photos have once gamma-encoded. Mostly luminance noise: every channel shares one normal draw, and
+    ``chroma`` (0-1) mixes in independent per-channel draws (camera pipelines suppress chroma noise)."""
+    signal = _LINEAR[np.asarray(img)] * full_well
+    h, w, _ = signal.shape
+    z = rng.standard_normal((h, w, 1)) * np.sqrt(1 - chroma * chroma) + rng.standard_normal((h, w, 3)) * chroma
+    noisy = signal + np.sqrt(signal + read_noise * read_noise) * z
+    codes = np.searchsorted(_CUTS, noisy / full_well).astype(np.uint8)  # clips to 0..255 too
+    return Image.fromarray(codes, "RGB")
 
 
 def _encode(img, quality, **options):
@@ -232,6 +261,55 @@ def make_imagenet_like(root, classes=8, per_class=32, seed=0):
     return _build(root, "imagenet", {"classes": classes, "per_class": per_class, "seed": seed}, items)
 
 
+#: make_imagenet_dense's camera: full well (electrons at white) drawn log-uniformly per image, as ISO varies from
+#: photo to photo (mid-grey noise ~10 to ~3 levels of 255 before sharpening), read noise in electrons, chroma share
+#: (_sensor_noise), then the in-camera sharpening (Pillow UnsharpMask radius, percent, threshold) that also
+#: sharpens the noise. Tuned so the corpus carries ImageNet's ~0.6 bytes per pixel (0.32 with neither noise nor
+#: sharpening, 0.39 sharpened only; with both, full well 300-3000 gave 0.56, 200-2000 0.59 on 96 images).
+DENSE_FULL_WELL = (200.0, 2000.0)
+DENSE_READ_NOISE = 3.0
+DENSE_CHROMA = 0.35
+DENSE_SHARPEN = (1.0, 80, 0)
+
+
+def _imagenet_shape(rng):
+    """(h, w) as ImageNet's photos come: most have a 500-pixel long side (Flickr's size), the rest a short side
+    of 300-500; the short side always within 300-500."""
+    aspect = _aspect(rng)
+    if rng.random() < 0.75:
+        short = min(max(round(500 / max(aspect, 1 / aspect)), 300), 500)
+        long = 500
+    else:
+        short = int(rng.integers(300, 501))
+        long = round(short * max(aspect, 1 / aspect))
+    return (short, long) if aspect >= 1 else (long, short)
+
+
+def make_imagenet_dense(root, classes=8, per_class=32, seed=0):
+    """ImageFolder corpus ``root/class_XX/img_XXXX.jpg`` as dense as ImageNet's JPEGs (~0.6 bytes per pixel, ~115 KB
+    for ~0.2 MP; make_imagenet_like's carry ~0.23): the same kind of pictures, through a camera (sensor noise at a
+    level drawn per image, then sharpening: DENSE_*), encoded at quality 90-96, baseline 4:2:0, in ImageNet's
+    geometry (_imagenet_shape). Its own RNG streams: not the imagenet-like pictures plus noise."""
+    def one(key):
+        c, i = key
+        rng = np.random.default_rng([seed, c, i, 600])
+        h, w = _imagenet_shape(rng)
+        img = _picture(rng, h, w, mosaic=0.25, grids=((1, 2), (2, 1), (2, 2)), favourite=c)
+        full_well = math.exp(rng.uniform(math.log(DENSE_FULL_WELL[0]), math.log(DENSE_FULL_WELL[1])))
+        img = _sensor_noise(rng, img, full_well, DENSE_READ_NOISE, DENSE_CHROMA)
+        img = img.filter(ImageFilter.UnsharpMask(*DENSE_SHARPEN))
+        return f"class_{c:02d}/img_{i:04d}.jpg", _encode(img, rng.integers(90, 97), subsampling=2)
+
+    def items():  # ~50 ms of numpy and Pillow per image, mostly without the GIL: one thread per core
+        _photos()
+        with ThreadPoolExecutor(os.cpu_count()) as pool:
+            yield from pool.map(one, [(c, i) for c in range(classes) for i in range(per_class)])
+
+    params = {"classes": classes, "per_class": per_class, "seed": seed, "full_well": list(DENSE_FULL_WELL),
+              "read_noise": DENSE_READ_NOISE, "chroma": DENSE_CHROMA, "sharpen": list(DENSE_SHARPEN)}
+    return _build(root, "imagenet-dense", params, items)
+
+
 def make_hd(root, count=32, seed=0, classes=4):
     """ImageFolder corpus of 1920x1080 photos (every sixth one 1080x1920 portrait), quality 75-95, baseline 4:2:0.
     Mostly mosaics: the source photos are smaller than 1080p, and mosaic cells keep them near native sharpness."""
@@ -291,6 +369,23 @@ def linked_copies(src, dst, times):
     return dst
 
 
+def density(root):
+    """(JPEG count, total bytes, total pixels) of the corpus folder ``root``; the pixels from the headers."""
+    files = sorted(Path(root).rglob("*.jpg"))
+    pixels = 0
+    for f in files:
+        with Image.open(f) as im:
+            pixels += im.width * im.height
+    return len(files), sum(f.stat().st_size for f in files), pixels
+
+
+def describe(root):
+    """One line: count, size, mean file size and bytes per pixel of the corpus folder ``root``."""
+    n, size, pixels = density(root)
+    return (f"{root}: {n} JPEGs, {size / 1e6:.1f} MB, mean {size / max(n, 1) / 1e3:.1f} KB at "
+            f"{pixels / max(n, 1) / 1e6:.3f} MP, {size / max(pixels, 1):.3f} bytes/pixel")
+
+
 def seekable_store(root):
     """The store `fastload pack --seekable` makes of the folder ``root``, beside it (ROOT.seekable.lmdb), packed
     the first time it is asked for (an interrupted pack resumes)."""
@@ -303,7 +398,7 @@ def seekable_store(root):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.corpus", description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("imagenet", "hd", "kinds"))
+    p.add_argument("kind", choices=("imagenet", "imagenet-dense", "hd", "kinds"))
     p.add_argument("dir", type=Path)
     p.add_argument("--classes", type=int, default=8)
     p.add_argument("--per-class", type=int, default=32)
@@ -313,13 +408,13 @@ def main(argv=None):
     t0 = time.perf_counter()
     if a.kind == "imagenet":
         make_imagenet_like(a.dir, a.classes, a.per_class, a.seed)
+    elif a.kind == "imagenet-dense":
+        make_imagenet_dense(a.dir, a.classes, a.per_class, a.seed)
     elif a.kind == "hd":
         make_hd(a.dir, a.count, a.seed)
     else:
         make_kinds(a.dir)
-    files = sorted(a.dir.rglob("*.jpg"))
-    size = sum(f.stat().st_size for f in files)
-    print(f"{a.dir}: {len(files)} JPEGs, {size / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)")
+    print(describe(a.dir) + f" ({time.perf_counter() - t0:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@
 #   --kernel-only and bench.gpu --kernel-only), an Nsight Compute summary and per-SASS counts ($OUT/sass.csv), then
 #   VARIANTS: sed expressions for warp_cuda.cu separated by ";;", each rebuilt and timed (the source restored
 #   after); all = tests+bench+train; none: only the build.
+# CORPUS=dense: bench, train, aug, augtrain and example run on the ImageNet-density corpus (bench.corpus
+# imagenet-dense, ~0.6 bytes/pixel, built here from the same photos) instead of data/imagenet-like (~0.23); their
+# output files get a _dense suffix. train takes SIZE (crop size, default 224; files then suffixed _SIZE) and LINKS
+# (default 6: 12,000 samples). E.g. CORPUS=dense SIZE=160 LINKS=4 bash bench/device_run.sh train
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,8 +39,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t )) s"; grep -i "warning" "$OUT/build.log" | head -5
+case ${CORPUS:-like} in
+  like) base=data/imagenet-like tag="" ;;
+  dense) base=data/imagenet-dense tag=_dense ;;
+  *) echo "CORPUS must be 'like' (the default) or 'dense', not '$CORPUS'"; exit 1 ;;
+esac
 python3 -m bench.corpus imagenet data/imagenet-like --classes 10 --per-class 200 &
 corpus=$!
+dense=""
+if [[ $base == data/imagenet-dense ]]; then  # ~1-2 min on 16 cores, beside the build
+  python3 -m bench.corpus imagenet-dense $base --classes 10 --per-class 200 &
+  dense=$!
+fi
 [[ $what == all ]] && what=tests+bench+train
 # Per-SASS-instruction execution counts of the tiled kernel (bench.kernel_probe), to see where the instructions go.
 sass_counts() {
@@ -57,25 +71,26 @@ if [[ +$what+ == *+gputests+* ]]; then
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal Python" "$OUT/gputests2.log" | tail -15
 fi
 wait $corpus
+[[ -n $dense ]] && { wait $dense || { echo "the dense corpus failed to build"; exit 1; }; }
 if [[ +$what+ == *+bench+* ]]; then
   # LINKS links to each JPEG (default 4: 8,000 samples, 31 batches of 256 per epoch): with the bare 2,000 (7
   # batches) epoch start and end dominate the loader rows, which then vary by +-20% from run to run.
-  links=${LINKS:-4} data=data/imagenet-like
+  links=${LINKS:-4} data=$base
   if (( links > 1 )); then
     python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
     data=$data-x$links
   fi
-  python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | \
+  python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu$tag.json" 2>&1 | tee "$OUT/gpu$tag.log" | \
     grep -v "^fastload stats"
 fi
 if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* || +$what+ == *+example+* ]]; then
-  links=${LINKS:-4} data=data/imagenet-like
+  links=${LINKS:-4} data=$base
   python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
   data=$data-x$links
 fi
 if [[ +$what+ == *+aug+* ]]; then
-  python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment.json" $AUGARGS 2>&1 | \
-    tee "$OUT/augment.log" | grep -v "%|"
+  python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment$tag.json" $AUGARGS 2>&1 | \
+    tee "$OUT/augment$tag.log" | grep -v "%|"
 fi
 if [[ +$what+ == *+augprobe+* ]]; then  # Nsight Compute on one TrivialAugmentWide stage: each kernel's time
   /usr/local/cuda/bin/ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
@@ -86,12 +101,13 @@ if [[ +$what+ == *+augprobe+* ]]; then  # Nsight Compute on one TrivialAugmentWi
 fi
 if [[ +$what+ == *+augtrain+* ]]; then
   timeout ${TRAIN_TIMEOUT:-500} python3 -m fastload bench $data --device cuda --model resnet50 --size ${SIZE:-176} \
-    --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q --json "$OUT/augtrain.json" \
-    2>"$OUT/augtrain.err" | tee "$OUT/augtrain.log" | tail -8
+    --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q --json "$OUT/augtrain$tag.json" \
+    2>"$OUT/augtrain$tag.err" | tee "$OUT/augtrain$tag.log" | tail -8
 fi
 if [[ +$what+ == *+example+* ]]; then  # examples/train_imagenet.py --recipe torchvision_v2 with ResNet-50, a few steps
   timeout 300 python3 examples/train_imagenet.py --train $data --recipe torchvision_v2 --arch resnet50 --epochs 1 \
-    --limit-steps ${STEPS_LIMIT:-20} --print-every 5 --checkpoint /tmp/example.pt 2>&1 | tee "$OUT/example.log" | tail -6
+    --limit-steps ${STEPS_LIMIT:-20} --print-every 5 --checkpoint /tmp/example.pt 2>&1 | tee "$OUT/example$tag.log" | \
+    tail -6
 fi
 if [[ +$what+ == *+profile+* ]]; then
   /usr/local/cuda/bin/ncu --kernel-name regex:warp_tiled --launch-skip 2 --launch-count 1 --section SpeedOfLight \
@@ -126,17 +142,17 @@ if [[ +$what+ == *+kernel+* ]]; then
   fi
 fi
 if [[ +$what+ == *+train+* ]]; then
-  # 12,000 samples (6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
+  # 12,000 samples (LINKS=6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
   # epoch start/end effects stay small for both loaders.
-  python3 -c "from bench.corpus import linked_copies; linked_copies('data/imagenet-like', 'data/imagenet-like-x6', 6)"
-  python3 -m fastload pack data/imagenet-like-x6 data/imagenet-like-x6.seekable.lmdb --seekable --workers 16 -q \
-    --resume 2>&1 | tail -1
+  links=${LINKS:-6}; data=$base-x$links; suffix=$tag${SIZE:+_$SIZE}
+  python3 -c "from bench.corpus import linked_copies; linked_copies('$base', '$data', $links)"
+  python3 -m fastload pack $data $data.seekable.lmdb --seekable --workers 16 -q --resume 2>&1 | tail -1
   for m in ${MODELS:-resnet18 resnet50}; do
     for d in ${DECODER:-cpu}; do  # the torchvision baseline with the first decoder only
       [[ $d == ${DECODER%% *} || -z $DECODER ]] && baseline="--baseline torchvision" || baseline=""
-      timeout ${TRAIN_TIMEOUT:-1200} python3 -m fastload bench data/imagenet-like-x6.seekable.lmdb --device cuda \
-        --decoder $d $baseline --model $m \
-        --epochs 2 --json "$OUT/train_${m}_$d.json" 2>"$OUT/train_${m}_$d.err" | tee "$OUT/train_${m}_$d.log" | tail -8
+      timeout ${TRAIN_TIMEOUT:-1200} python3 -m fastload bench $data.seekable.lmdb --device cuda \
+        --decoder $d $baseline --model $m --size ${SIZE:-224} --epochs 2 --json "$OUT/train_${m}_$d$suffix.json" \
+        2>"$OUT/train_${m}_$d$suffix.err" | tee "$OUT/train_${m}_$d$suffix.log" | tail -8
     done
   done
 fi

@@ -1,5 +1,6 @@
 """FastLoader(device="cpu") against torchvision's ImageFolder + DataLoader, side by side in one run, on the
-ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing). FastLoader runs twice:
+ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if missing; --sets ImageNet-dense adds
+the corpus with ImageNet's ~0.6 bytes per pixel). FastLoader runs twice:
 on the folder itself and on the store `fastload pack --seekable` makes of it (packed once, kept in --data).
 
     python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--transform SPEC] [--json out.json]
@@ -25,13 +26,20 @@ def main(argv=None):
     p.add_argument("--transform", default=None, choices=benchmark.TRANSFORMS,
                    help="the same torchvision v2 pipeline in both loaders (default: the crop= shorthand and "
                         "torchvision's classic transforms)")
-    p.add_argument("--sets", default="ImageNet-like,1080p", help="which corpora, comma-separated")
+    p.add_argument("--sets", default="ImageNet-like,1080p",
+                   help="which corpora, comma-separated: ImageNet-like, ImageNet-dense, 1080p")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     makers = {"ImageNet-like": lambda: corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"),
                                                                  classes=10, per_class=100),
+              "ImageNet-dense": lambda: corpus.make_imagenet_dense(os.path.join(args.data, "imagenet-dense"),
+                                                                   classes=10, per_class=100),
               "1080p": lambda: corpus.make_hd(os.path.join(args.data, "hd"), count=192)}
-    sets = {name: makers[name]() for name in args.sets.split(",")}
+    names = args.sets.split(",")
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        p.error(f"--sets: unknown {', '.join(unknown)} (choose from {', '.join(makers)})")
+    sets = {name: makers[name]() for name in names}
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)
@@ -47,8 +55,10 @@ def main(argv=None):
                                  "images_per_s": tv}]
     for name, rows in results.items():
         print()
-        print(benchmark.format_table(rows, f"{name}: {len(FolderDataset(sets[name]))} images, batch "
-                                           f"{args.batch_size}, {args.cores} cores, transforms: "
+        n, size, pixels = corpus.density(sets[name])
+        print(benchmark.format_table(rows, f"{name}: {n} images ({size / n / 1e3:.0f} KB mean, "
+                                           f"{size / pixels:.2f} bytes/pixel), batch {args.batch_size}, "
+                                           f"{args.cores} cores, transforms: "
                                            f"{args.transform or 'crop + flip + normalise'}"))
     if args.json:
         with open(args.json, "w") as f:

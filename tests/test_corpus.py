@@ -1,7 +1,10 @@
 """bench/corpus.py: the corpora have the promised shapes, are deterministic, and are rebuilt only when needed."""
+import io
 import json
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from bench import corpus
 from fastload import ops
@@ -67,3 +70,93 @@ def test_kinds_are_real_photos_at_odd_sizes(kinds):
         assert info.height % 2 and info.width % 2, (kind, info)  # no side a multiple of any MCU size
     assert ops.read_header(kinds["large"].read_bytes())[:2] == (3000, 4000)
     assert corpus.source_photos()[0].shape == (512, 512, 3)  # astronaut.png, the first photo
+
+
+# ---- the ImageNet-density corpus ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    """8 images of the ImageNet-density corpus (2 classes x 4)."""
+    return corpus.make_imagenet_dense(tmp_path_factory.mktemp("dense") / "d", classes=2, per_class=4)
+
+
+def _quality_tables():
+    """{quality: the quantisation tables Pillow writes at that quality}, for 85-100."""
+    tables = {}
+    for q in range(85, 101):
+        with Image.open(io.BytesIO(corpus._encode(Image.new("RGB", (16, 16)), q, subsampling=2))) as im:
+            tables[q] = im.quantization
+    return tables
+
+
+def test_imagenet_dense_shapes_quality_and_subsampling(dense_dir):
+    names = _jpegs(dense_dir)
+    assert names == [f"class_{c:02d}/img_{i:04d}.jpg" for c in range(2) for i in range(4)]
+    by_tables = {tuple(tuple(t) for t in tables.values()): q for q, tables in _quality_tables().items()}
+    qualities = []
+    for name in names:
+        data = (dense_dir / name).read_bytes()
+        info = ops.read_header(data)
+        short, long = sorted((info.height, info.width))
+        assert 300 <= short <= 500 and long <= 889, (name, info)
+        assert (info.subsampling, info.progressive, info.arithmetic) == ("4:2:0", False, False)
+        with Image.open(io.BytesIO(data)) as im:
+            qualities.append(by_tables.get(tuple(tuple(t) for t in im.quantization.values())))
+    assert all(q is not None and 90 <= q <= 96 for q in qualities), qualities
+    assert len(set(qualities)) > 1, qualities  # drawn per image
+
+
+def test_imagenet_dense_has_imagenet_density(dense_dir, imagenet_dir):
+    """ImageNet's training JPEGs carry ~0.6 bytes per pixel (~110 KB); the imagenet-like corpus ~0.23. The noise
+    level is drawn per image (0.31-0.94 B/px over 256 images), so a few images are held to a +-25% band."""
+    n, size, pixels = corpus.density(dense_dir)
+    assert n == 8 and 0.45 <= size / pixels <= 0.75, size / pixels
+    assert 70e3 <= size / n <= 160e3, size / n
+    n, size, pixels = corpus.density(imagenet_dir)
+    assert size / pixels < 0.3, size / pixels  # what the dense corpus is for
+
+
+def test_imagenet_dense_same_bytes_any_threads(dense_dir, tmp_path, monkeypatch):
+    """Each image has its own RNG stream and the noise only IEEE-exact float maths: a smaller build on one thread
+    reproduces the first images of the bigger, threaded one; another seed gives other bytes."""
+    monkeypatch.setattr(corpus.os, "cpu_count", lambda: 1)
+    small = corpus.make_imagenet_dense(tmp_path / "small", classes=1, per_class=3)
+    for name in _jpegs(small):
+        assert (small / name).read_bytes() == (dense_dir / name).read_bytes(), name
+    other = corpus.make_imagenet_dense(tmp_path / "other", classes=1, per_class=1, seed=1)
+    assert (other / "class_00/img_0000.jpg").read_bytes() != (dense_dir / "class_00/img_0000.jpg").read_bytes()
+    manifest = json.loads((dense_dir / corpus.MANIFEST).read_text())
+    assert manifest["kind"] == "imagenet-dense" and manifest["complete"] and len(manifest["files"]) == 8
+
+
+def test_sensor_noise_is_shot_plus_read_noise_in_linear_light():
+    """On flat grey patches the noise has the variance of the model, signal + read^2 electrons in linear light, and
+    the channels share 1 - chroma^2 of it (mostly luminance noise)."""
+    rng = np.random.default_rng(0)
+    full_well, read, chroma = 400.0, 3.0, 0.35
+    for code in (60, 128, 220):  # darker codes clip at 0 at this level
+        flat = Image.new("RGB", (400, 400), (code,) * 3)
+        lin = corpus._LINEAR[np.asarray(corpus._sensor_noise(rng, flat, full_well, read, chroma))]
+        signal = corpus._LINEAR[code] * full_well
+        sigma = np.sqrt(signal + read * read) / full_well
+        noise = lin.reshape(-1, 3) - corpus._LINEAR[code]
+        # 160,000 draws a channel: ~0.2% sampling error on sigma; rounding to 8-bit codes adds <0.3%: +-2%.
+        assert abs(noise.mean()) < 0.05 * sigma, code
+        assert noise.std(axis=0) == pytest.approx([sigma] * 3, rel=0.02), code
+        r = np.corrcoef(noise.T)[np.triu_indices(3, 1)]
+        assert r == pytest.approx([1 - chroma * chroma] * 3, abs=0.01), code
+    with pytest.raises(AssertionError):  # the test can fail: without read noise the shadows are cleaner
+        flat = Image.new("RGB", (400, 400), (60,) * 3)
+        lin = corpus._LINEAR[np.asarray(corpus._sensor_noise(rng, flat, full_well, 0.0, chroma))]
+        signal = corpus._LINEAR[60] * full_well
+        assert lin.std() == pytest.approx(np.sqrt(signal + read * read) / full_well, rel=0.02)
+
+
+def test_bench_loader_names_its_corpora(tmp_path, capsys):
+    """`python -m bench.loader --sets` takes ImageNet-dense beside the others and refuses unknown names before
+    building anything."""
+    from bench import loader
+    with pytest.raises(SystemExit) as e:
+        loader.main(["--data", str(tmp_path), "--sets", "ImageNet-dense,ImageNet-huge"])
+    assert e.value.code == 2 and "unknown ImageNet-huge" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
