@@ -322,7 +322,7 @@ class FastLoader:
                              channels_last=channels_last)
             y = batch.labels
             if batch.batch_plan is not None:
-                x, y = pipeline.apply_batch_ops(x, y, batch.batch_plan)
+                x, y = pipeline.apply_batch_ops(x, y, batch.batch_plan, batch.params)
             stats.add(stage=time.perf_counter() - t)
             return x, y
         return stage

@@ -2,12 +2,13 @@
 
 ``table`` draws every sample's box on the host from the counter RNG, reproducing torchvision's ``make_params``
 (p draw, 10 attempts with the area uniform in ``scale`` and the log aspect ratio uniform, the first box that fits
-wins, then uniform integer top/left); ``apply`` erases all boxes at once with a mask built from aranges, on the
-batch's device.
+wins, then uniform integer top/left); ``apply`` erases all boxes in one native pass on the batch's device
+(transforms.batch_ops, which also fuses the erase with MixUp/CutMix when a pipeline has both).
 
 ``value="random"``: the noise is drawn on the host, from fastload.rng (its own stream), as float64 Box-Muller
-normals rounded to float32, only for the erased pixels, and pasted with one ``masked_scatter``. So it is the same
-on CPU and CUDA bit for bit (the device only copies numbers), and exactly N(0, 1) up to float32 rounding. A
+normals rounded to float32, only for the erased pixels, in the order ``masked_scatter`` would paste them (sample,
+channel, row, column), and the native op copies them into the boxes. So it is the same on CPU and CUDA bit for bit
+(the device only copies numbers), and exactly N(0, 1) up to float32 rounding. A
 device-side integer hash would save the host work (about 50 ns per erased value on one core: ~0.1 s for a batch of
 256 at 176 px with p=0.5) and the transfer, but turning its bits into normals needs log/cos, which CUDA and the host
 round differently, so CPU and CUDA batches would differ. The constant values (the default, and torchvision's
@@ -133,9 +134,10 @@ class RandomErasing:
         return torch.from_numpy(z[keep].astype(np.float32))
 
     # --- execution (the batch's device) -----------------------------------------------------------------------
-    def apply(self, x, table, seed, epoch, indices):
-        """Erase each sample's box of float x [B, C, H, W] (CPU or CUDA). Returns a new tensor unless inplace=True
-        (x is then modified and returned); x itself when nothing is erased."""
+    def op_args(self, x, table, seed, epoch, indices):
+        """The erase's part of transforms.batch_ops.run for float x [B, C, H, W] and this batch's table: (columns
+        int32 [B, 5]: top, left, h, w and where the sample's noise starts; fill float32 [C], the value as x's dtype
+        holds it, or None; noise float32 [N], value="random" only), or None when no sample is erased."""
         if not isinstance(x, torch.Tensor) or x.ndim != 4 or not x.is_floating_point():
             raise TypeError(f"RandomErasing.apply needs a float [B, C, H, W] tensor, got "
                             f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}")
@@ -153,15 +155,24 @@ class RandomErasing:
             raise ValueError(f"RandomErasing: the box of sample {s} (top, left, h, w = {table[s].tolist()}) does not "
                              f"fit the {height}x{width} batch: the table was planned for another size")
         if not (h > 0).any():
+            return None
+        columns = np.zeros((b, 5), dtype=np.int32)
+        columns[:, :4] = table.numpy()
+        if self.value is None:  # the noise in masked_scatter's order: sample by sample, (channel, row, column)
+            counts = c * columns[:, 2].astype(np.int64) * columns[:, 3]
+            columns[:, 4] = np.cumsum(counts) - counts
+            return columns, None, self.noise(seed, epoch, indices, table, c).numpy()
+        # torch.tensor(value, dtype=x.dtype): the value rounded once to x's dtype, exact as float32
+        fill = torch.tensor(self.value, dtype=x.dtype).float().expand(c).numpy()
+        return columns, fill, np.zeros(0, np.float32)
+
+    def apply(self, x, table, seed, epoch, indices):
+        """Erase each sample's box of float x [B, C, H, W] (CPU or CUDA; contiguous or channels_last) in one
+        native pass (transforms.batch_ops). Returns a new tensor unless inplace=True (x is then overwritten and
+        returned); x itself when nothing is erased."""
+        args = self.op_args(x, table, seed, epoch, indices)
+        if args is None:
             return x
-        box = table.to(x.device, non_blocking=True)[:, :, None, None, None].unbind(1)  # each [B, 1, 1, 1]
-        top, left, h, w = box
-        rows = torch.arange(height, device=x.device, dtype=torch.float32)[:, None]
-        cols = torch.arange(width, device=x.device, dtype=torch.float32)
-        mask = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)  # [B, 1, H, W]
-        if self.value is None:
-            noise = self.noise(seed, epoch, indices, table, c).to(x.device, x.dtype, non_blocking=True)
-            mask = mask.expand(b, c, height, width)
-            return x.masked_scatter_(mask, noise) if self.inplace else x.masked_scatter(mask, noise)
-        value = torch.tensor(self.value, dtype=x.dtype).view(1, -1, 1, 1).to(x.device, non_blocking=True)
-        return torch.where(mask, value, x, out=x) if self.inplace else torch.where(mask, value, x)
+        from .batch_ops import run
+        out = run(x, erase=args)
+        return x.copy_(out) if self.inplace else out

@@ -89,8 +89,8 @@ def _labels_getter(labels_getter):
 
 
 class _Mix:
-    """What MixUp and CutMix share: arguments, draws, checks, targets. Each defines ``params(seed, epoch,
-    batch_index, size, height, width) -> MixParams`` and ``_mix_images(x, weights)``."""
+    """What MixUp and CutMix share: arguments, draws, checks, targets, the native pass. Each defines
+    ``params(seed, epoch, batch_index, size, height, width) -> MixParams`` and ``_op_kind`` (batch_ops.run's)."""
 
     kind = "batch"
 
@@ -174,13 +174,16 @@ class _Mix:
         b, _, height, width = x.shape
         return self.apply_planned(x, y, self.plan(seed, epoch, batch_index, b, height, width))
 
-    def apply_planned(self, x, y, plan):
+    def apply_planned(self, x, y, plan, erase=None):
         """apply() with the weights ``plan()`` drew (FastLoader draws them in its producers, and mixes on the
-        batch's stream right after the stage)."""
+        batch's stream right after the stage). The images are mixed in one native pass (transforms.batch_ops),
+        which also runs a RandomErasing first when given ``erase`` (its ``op_args``): Pipeline.apply_batch_ops
+        fuses the pipeline's last erase with the mixing so. x is not modified."""
+        from .batch_ops import run
         self._check(x, y)
         b = x.shape[0]
+        x = run(x, erase=erase, mix=self.op_args(plan))
         w = plan.to(x.device, non_blocking=True)
-        x = self._mix_images(x, w)
         if y.ndim == 1:
             y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=x.device).scatter_(
                 1, y.to(x.device, torch.int64)[:, None], 1.0)
@@ -190,6 +193,15 @@ class _Mix:
         own, other = w[:, 0:1].to(y.dtype), w[:, 1:2].to(y.dtype)
         y_soft = self._partner(y).mul_(other).add_(y.mul(own))  # torchvision's _mixup_label, per sample
         return x, y_soft
+
+    def op_args(self, plan):
+        """The mixing's part of transforms.batch_ops.run for a batch's ``plan()``: (kind, partner, columns int32
+        [B, 6]: CutMix's box y1, y2, x1, x2, then the float32 weights lam and 1 - lam as bit patterns)."""
+        plan = torch.as_tensor(plan, dtype=torch.float32).cpu().numpy()
+        columns = np.zeros((len(plan), 6), dtype=np.int32)
+        columns[:, :4] = plan[:, 2:]
+        columns[:, 4:] = np.ascontiguousarray(plan[:, :2]).view(np.int32)
+        return self._op_kind, "roll" if self.mode == "batch" else "flip", columns
 
     def _partner(self, t):
         """t's rows in partner order: row i of the result is row partner[i] (a new tensor)."""
@@ -205,9 +217,7 @@ class MixUp(_Mix):
         lam, _, partner = self._draws(seed, epoch, batch_index, size)
         return MixParams(lam, partner, None)
 
-    def _mix_images(self, x, w):
-        own, other = (w[:, k, None, None, None].to(x.dtype) for k in (0, 1))
-        return self._partner(x).mul_(other).add_(x.mul(own))  # torchvision's order of operations
+    _op_kind = "mixup"  # transforms.batch_ops: x[partner] * (1 - lam) + x * lam, torchvision's order of operations
 
 
 class CutMix(_Mix):
@@ -232,13 +242,7 @@ class CutMix(_Mix):
         lam = 1.0 - (x2 - x1) * (y2 - y1) / (width * height)
         return MixParams(lam, partner, box)
 
-    def _mix_images(self, x, w):
-        _, _, height, width = x.shape
-        y1, y2, x1, x2 = w[:, 2:, None, None, None].unbind(1)  # each [B, 1, 1, 1]
-        rows = torch.arange(height, device=x.device, dtype=torch.float32)[:, None]
-        cols = torch.arange(width, device=x.device, dtype=torch.float32)
-        inside = (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)  # [B, 1, H, W]
-        return torch.where(inside, self._partner(x), x)
+    _op_kind = "cutmix"  # transforms.batch_ops: the partner's pixels inside the box
 
 
 class RandomChoice:
@@ -291,6 +295,6 @@ class RandomChoice:
         k = self.choose(seed, epoch, batch_index)
         return k, self.transforms[k].plan(seed, epoch, batch_index, size, height, width)
 
-    def apply_planned(self, x, y, plan):
+    def apply_planned(self, x, y, plan, erase=None):
         k, weights = plan
-        return self.transforms[k].apply_planned(x, y, weights)
+        return self.transforms[k].apply_planned(x, y, weights, erase=erase)

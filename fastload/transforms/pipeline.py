@@ -352,16 +352,18 @@ class Pipeline:
         """The stage, on the batch's device (CPU or CUDA, same maths): the warp to the batch's size, then
         ``params`` (SampleParams; None: the pipeline's own size, nothing after the warp). Without photometric ops,
         one fused warp + normalise; with them, the warp writes uint8 (rounded, as torchvision's uint8 resize does),
-        the ops run on it, then ToDtype + Normalize, then RandomErasing."""
+        the ops run on it, then ToDtype + Normalize, then RandomErasing (one native pass each, in the output's
+        layout). With batch ops the last RandomErasing is left to ``apply_batch_ops``, which fuses it with the
+        mixing: pass it the same params."""
         mean, std, in_scale = self.normalise_params()
         photometric = params is not None and (params.table is not None or bool(params.augmix))
-        after = photometric or (params is not None and bool(params.erase))  # anything after the warp
         x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size if params is None else params.size,
                             mean=None if photometric else mean, std=None if photometric else std,
                             in_scale=1.0 if photometric else in_scale,
                             out_dtype=torch.uint8 if photometric else self.dtype,
-                            channels_last=channels_last and not after, fill=self.fill[0], hwc=hwc, channels=channels)
-        if not after:
+                            channels_last=channels_last and not photometric, fill=self.fill[0], hwc=hwc,
+                            channels=channels)
+        if params is None:
             return x
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
@@ -372,8 +374,9 @@ class Pipeline:
             table = params.table if params.table is not None else PhotometricTable(
                 torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3))  # Normalize only
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
-                          channels_last=channels_last and not self.erasing)
-        for e, boxes in zip(self.erasing, params.erase):
+                          channels_last=channels_last)
+        erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: apply_batch_ops
+        for e, boxes in zip(erasing, params.erase):
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
         return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
@@ -385,10 +388,16 @@ class Pipeline:
         h, w = self.size_at(epoch)
         return [op.plan(seed, epoch, batch_index, size, h, w) for op in self.batch_ops]
 
-    def apply_batch_ops(self, x, y, plan):
-        """MixUp/CutMix on the finished batch x [B, C, H, W] and its labels, with ``batch_plan``'s parameters."""
-        for op, p in zip(self.batch_ops, plan):
-            x, y = op.apply_planned(x, y, p)
+    def apply_batch_ops(self, x, y, plan, params=None):
+        """MixUp/CutMix on the finished batch x [B, C, H, W] and its labels, with ``batch_plan``'s parameters,
+        and the pipeline's last RandomErasing (which ``run`` leaves to it) with ``params``, the SampleParams that
+        ``run`` got: erase and mix in one native pass (transforms.batch_ops). params None: no erase, as ``run``
+        with params None erases nothing."""
+        erase = None
+        if self.erasing and params is not None:
+            erase = self.erasing[-1].op_args(x, params.erase[-1], params.seed, params.epoch, params.indices)
+        for k, (op, p) in enumerate(zip(self.batch_ops, plan)):
+            x, y = op.apply_planned(x, y, p, erase=erase if k == 0 else None)
         return x, y
 
     def __repr__(self):

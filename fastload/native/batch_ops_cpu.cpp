@@ -1,0 +1,141 @@
+// `fastload::batch_ops`: RandomErasing and MixUp/CutMix in one pass over the finished batch,
+//   out[i] = mix_i(erase_i(x[i]), erase_j(x[j])),  j = partner(i)  (x.roll(1, 0) or x.flip(0)),
+// written to a new tensor in x's layout (contiguous or channels_last): reading partner pixels while writing in
+// place would race. Schema, the checks both backends share, and the CPU kernel (one sample per task); the
+// per-value maths is batch_ops.h's, shared with the CUDA kernel (batch_ops_cuda.cu).
+
+// torch computes each float op with one rounding; a contracted a * b + c would round once where it rounds twice.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include "batch_ops.h"
+#include "check.h"
+
+namespace fastload {
+
+using namespace batch_ops;
+
+// The checks both kernels share; returns the output (x's shape, strides and device).
+at::Tensor prepare_batch_ops_output(const at::Tensor& x, const at::Tensor& table, const at::Tensor& fill,
+                                    const at::Tensor& noise, int64_t mix, int64_t partner) {
+  FL_CHECK(x.dim() == 4, "batch_ops: x must be a [B, C, H, W] batch, got %lld dimensions",
+           static_cast<long long>(x.dim()));
+  const auto dtype = x.scalar_type();
+  FL_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kByte,
+           "batch_ops: x must be float32, float16, bfloat16 or uint8, got %s", c10::toString(dtype));
+  TORCH_CHECK(x.is_contiguous() || x.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "batch_ops: x must be contiguous (NCHW) or channels_last");
+  const int64_t batch = x.size(0), channels = x.size(1), h = x.size(2), w = x.size(3);
+  // Kernels index within a sample with int: C * H * W must stay below 2^31 (checked by division: no overflow).
+  FL_CHECK(channels <= 0 || h <= 0 || w <= 0 || h <= INT32_MAX / channels / w,
+           "batch_ops: samples of %lld x %lld x %lld values are too large (C * H * W must be below 2^31)",
+           static_cast<long long>(channels), static_cast<long long>(h), static_cast<long long>(w));
+  FL_CHECK(table.dim() == 2 && table.size(0) == batch && table.size(1) == kColumns &&
+               table.scalar_type() == at::kInt && table.is_contiguous(),
+           "batch_ops: table must be a contiguous int32 [B, %d] tensor with B = x.size(0)", kColumns);
+  TORCH_CHECK(fill.dim() == 1 && (fill.numel() == 0 || fill.numel() == channels) &&
+                  fill.scalar_type() == at::kFloat && fill.is_contiguous(),
+              "batch_ops: fill must be a contiguous float32 [C] tensor, or empty (the erase writes noise)");
+  TORCH_CHECK(noise.dim() == 1 && noise.scalar_type() == at::kFloat && noise.is_contiguous(),
+              "batch_ops: noise must be a contiguous float32 [N] tensor");
+  FL_CHECK(mix == kNone || mix == kMixUp || mix == kCutMix, "batch_ops: mix must be 0 (none), 1 (MixUp) or 2 "
+           "(CutMix), got %lld", static_cast<long long>(mix));
+  FL_CHECK(partner == kRoll || partner == kFlip, "batch_ops: partner must be 0 (roll) or 1 (flip), got %lld",
+           static_cast<long long>(partner));
+  // torch has no uint8 MixUp (mul_ by a float weight refuses to cast back) and no uint8 noise
+  TORCH_CHECK(dtype != at::kByte || mix != kMixUp, "batch_ops: MixUp needs a float batch");
+  TORCH_CHECK(dtype != at::kByte || noise.numel() == 0, "batch_ops: noise needs a float batch");
+  for (const at::Tensor* t : {&table, &fill, &noise})
+    FL_CHECK(t->device() == x.device(), "batch_ops: table, fill and noise must be on x's device (%s)",
+             x.device().str().c_str());
+  return at::empty_like(x);  // dense x: its strides, so out[i] and x[i] share a layout
+}
+
+namespace {
+
+// The table's values, checked on the host before any pixel is touched (the CUDA op cannot read them without a
+// sync: there, transforms/batch_ops.py checks the host table and the kernel keeps every read in bounds).
+void check_table(const at::Tensor& table, const at::Tensor& fill, const at::Tensor& noise, int64_t channels) {
+  const int32_t* t = table.data_ptr<int32_t>();
+  for (int64_t i = 0; i < table.size(0); ++i) {
+    const int32_t* row = t + i * kColumns;
+    const long long h = row[kHeight], w = row[kWidth], start = row[kNoise];
+    FL_CHECK(h >= 0 && w >= 0, "batch_ops: sample %lld: negative erase box size %lld x %lld",
+             static_cast<long long>(i), h, w);
+    if (fill.numel() == 0 && h > 0 && w > 0)
+      FL_CHECK(start >= 0 && start + channels * h * w <= noise.numel(),
+               "batch_ops: sample %lld: noise values %lld..%lld are outside the %lld given",
+               static_cast<long long>(i), start, start + channels * h * w, static_cast<long long>(noise.numel()));
+  }
+}
+
+template <typename T>
+void batch_ops_cpu_impl(const at::Tensor& x, const at::Tensor& table, const at::Tensor& fill,
+                        const at::Tensor& noise, int mix, int partner, at::Tensor& out) {
+  const int64_t batch = x.size(0);
+  const int channels = static_cast<int>(x.size(1)), h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
+  const int64_t sc = x.stride(1), sh = x.stride(2), sw = x.stride(3), sn = x.stride(0);
+  const T* in = x.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const int32_t* t = table.data_ptr<int32_t>();
+  const float* f = fill.numel() ? fill.data_ptr<float>() : nullptr;
+  const float* z = noise.data_ptr<float>();
+  const int64_t nz = noise.numel();
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t j = partner_of(i, batch, partner);
+      const int32_t *ri = t + i * kColumns, *rj = t + j * kColumns;
+      const T *xi = in + i * sn, *xj = in + j * sn;
+      T* oi = o + i * sn;
+      auto value = [&](int c, int r, int col) {
+        const int64_t k = c * sc + r * sh + col * sw;
+        const T a = erased<T>(xi[k], ri, c, r, col, f, z, nz);
+        oi[k] = mix == kNone ? a : mixed<T>(a, erased<T>(xj[k], rj, c, r, col, f, z, nz), ri, mix, r, col);
+      };
+      if (sc == 1 && channels > 1) {  // channels_last: memory order
+        for (int r = 0; r < h; ++r)
+          for (int col = 0; col < w; ++col)
+            for (int c = 0; c < channels; ++c) value(c, r, col);
+      } else {
+        for (int c = 0; c < channels; ++c)
+          for (int r = 0; r < h; ++r)
+            for (int col = 0; col < w; ++col) value(c, r, col);
+      }
+    }
+  });
+}
+
+at::Tensor batch_ops_cpu(const at::Tensor& x, const at::Tensor& table, const at::Tensor& fill,
+                         const at::Tensor& noise, int64_t mix, int64_t partner) {
+  at::Tensor out = prepare_batch_ops_output(x, table, fill, noise, mix, partner);
+  check_table(table, fill, noise, x.size(1));
+  if (out.numel() == 0) return out;
+  const int m = static_cast<int>(mix), p = static_cast<int>(partner);
+  switch (x.scalar_type()) {
+    case at::kFloat: batch_ops_cpu_impl<float>(x, table, fill, noise, m, p, out); break;
+    case at::kHalf: batch_ops_cpu_impl<c10::Half>(x, table, fill, noise, m, p, out); break;
+    case at::kBFloat16: batch_ops_cpu_impl<c10::BFloat16>(x, table, fill, noise, m, p, out); break;
+    default: batch_ops_cpu_impl<uint8_t>(x, table, fill, noise, m, p, out); break;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastload, m) {
+  m.def("batch_ops(Tensor x, Tensor table, Tensor fill, Tensor noise, int mix, int partner) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("batch_ops", &batch_ops_cpu); }
+
+}  // namespace fastload
