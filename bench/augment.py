@@ -52,15 +52,18 @@ def stage_bench(ds, size, batch):
             rows.append((f"  {spec}: photometric op ({table.ops.shape[1]} slot(s)), float32 channels_last",
                          cuda_time(lambda: fl.transforms.functional.photometric(x, table, mean=MEAN, std=STD,
                                                                                 channels_last=True))))
-        if pipeline.batch_ops:  # MixUp/CutMix on the finished batch, in the training loop's hand-off
+        if pipeline.batch_ops:  # the stage leaves the last RandomErasing to the batch ops: one fused pass
             out = run()
             y = torch.arange(batch, device="cuda") % 1000
-            erasing, boxes = pipeline.erasing[0], params.erase[0]
-            rows.append((f"  {spec}: RandomErasing(0.1) (in the stage)",
-                         cuda_time(lambda: erasing.apply(out, boxes, 0, 0, idx))))
-            plan = pipeline.batch_plan(0, 0, 1, batch)
-            rows.append((f"  {spec}: MixUp/CutMix on the batch",
-                         cuda_time(lambda: pipeline.apply_batch_ops(out, y, plan))))
+            op = pipeline.batch_ops[0]
+            plans = {}  # a batch per batch op RandomChoice picks among (MixUp, CutMix)
+            for k in range(64):
+                plan = pipeline.batch_plan(0, 0, k, batch)
+                plans.setdefault(plan[0][0] if hasattr(op, "transforms") else 0, plan)
+            for choice, plan in sorted(plans.items()):
+                name = type(op.transforms[choice] if hasattr(op, "transforms") else op).__name__
+                rows.append((f"  {spec}: RandomErasing + {name}, one pass after the stage (+ labels)",
+                             cuda_time(lambda: pipeline.apply_batch_ops(out, y, plan, params))))
     return rows
 
 

@@ -149,6 +149,30 @@ def test_p_zero_and_one(photos, p, mix):
         assert out is photos  # nothing erased: x itself, as before
 
 
+def _subnormal_case(photos, dtype):
+    """Weights and pixels around the smallest normal float32 (Beta with a small alpha gives such lambdas):
+    products and weights that are subnormal, which a flush-to-zero build would zero."""
+    x = photos.clone()
+    x[:, 0, :4, :4] = torch.tensor([1e-39, -3e-39, 1e-45, 2e-38])[:, None]
+    lam = np.float32([1e-40, 3e-39, 1e-30, 2e-38, 0.0, 1.0, 0.5] * 2)[:B]
+    plan = torch.zeros(B, 6)
+    plan[:, 0] = torch.from_numpy(lam)
+    plan[:, 1] = torch.from_numpy(np.float32(1.0) - lam)
+    plan[::2, 0], plan[::2, 1] = plan[::2, 1].clone(), plan[::2, 0].clone()  # tiny weights on either side
+    return x.to(dtype), plan
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["batch", "pair"])
+def test_mixup_subnormals(photos, dtype, mode):
+    x, plan = _subnormal_case(photos, dtype)
+    erase, mixing, expected = _case(x, None, (MixUp, mode), plan=plan)
+    out = _fused(x, erase, mixing)
+    assert torch.equal(out, expected)
+    if dtype == torch.float32:
+        assert (out.abs() < 1.1754944e-38).logical_and(out != 0).any()  # subnormal results were made
+
+
 def test_inplace_erasing_overwrites_x(photos):
     e = RandomErasing(p=1.0, value=(0.25, -2.0, 1.75), inplace=True)
     indices = np.arange(B)
@@ -309,6 +333,16 @@ def test_cuda_unaligned_and_borders(photos, mix):
     x = base[1:].view(photos.shape).copy_(photos.cuda())
     erase, mixing, _ = _case(photos, "random", mix, table=_border_table(B, H, W), plan=_border_plan(B, H, W))
     assert torch.equal(_fused(x, erase, mixing).cpu(), _fused(photos, erase, mixing))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["batch", "pair"])
+def test_cuda_mixup_subnormals(photos, dtype, mode):
+    """No flush to zero on CUDA (the extension is built with --use_fast_math)."""
+    x, plan = _subnormal_case(photos, dtype)
+    erase, mixing, _ = _case(x, None, (MixUp, mode), plan=plan)
+    assert torch.equal(_fused(x.cuda(), erase, mixing).cpu(), _fused(x, erase, mixing))
 
 
 @pytest.mark.cuda

@@ -5,16 +5,34 @@
 //   CutMix: torch.where(inside, x[partner], x)                        -> a select
 //   MixUp:  x[partner].mul_(other).add_(x.mul(own))                   -> three ops, each computed in float and
 //           rounded to x's dtype (torch's opmath for float16/bfloat16; float32 rounds once per op). Never
-//           contracted into an fma: on CUDA the _rn intrinsics, on the CPU the file turns contraction off.
+//           contracted into an fma (the CPU file turns contraction off), and on CUDA never flushing subnormals:
+//           setup.py builds with --use_fast_math (-ftz=true, which can flush in the _rn intrinsics too), torch does not,
+//           and a tiny lam (Beta with a small alpha) gives subnormal weights and products.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
-#include "augment.h"  // mul_rn, add_rn
-#include "warp.h"     // FL_HD
+#include "warp.h"  // FL_HD
 
 namespace fastload {
 namespace batch_ops {
+
+// One IEEE multiply / add, rounded to nearest even, subnormals kept.
+#if defined(__CUDA_ARCH__)
+FL_HD float mul_ieee(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+FL_HD float add_ieee(float a, float b) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
+FL_HD float mul_ieee(float a, float b) { return a * b; }
+FL_HD float add_ieee(float a, float b) { return a + b; }
+#endif
 
 // Columns of the int32 [B, kColumns] per-sample table (transforms/batch_ops.py builds it on the host).
 enum Column : int {
@@ -60,14 +78,12 @@ FL_HD T mixed(T a, T b, const int32_t* row, int mix, int r, int col) {
   if (mix == kCutMix)
     return r >= row[kY1] && r < row[kY2] && col >= row[kX1] && col < row[kX2] ? b : a;
   if (mix == kMixUp) {
-    using augment::add_rn;
-    using augment::mul_rn;
     // own/other as torch holds them: w.to(x.dtype)
     const float own = static_cast<float>(cast<T>(bits_to_float(row[kOwn])));
     const float other = static_cast<float>(cast<T>(bits_to_float(row[kOther])));
-    const T t1 = cast<T>(mul_rn(static_cast<float>(b), other));  // x[partner].mul_(other)
-    const T t2 = cast<T>(mul_rn(static_cast<float>(a), own));    // x.mul(own)
-    return cast<T>(add_rn(static_cast<float>(t1), static_cast<float>(t2)));  // .add_()
+    const T t1 = cast<T>(mul_ieee(static_cast<float>(b), other));  // x[partner].mul_(other)
+    const T t2 = cast<T>(mul_ieee(static_cast<float>(a), own));    // x.mul(own)
+    return cast<T>(add_ieee(static_cast<float>(t1), static_cast<float>(t2)));  // .add_()
   }
   return a;
 }

@@ -183,7 +183,7 @@ class _Mix:
         self._check(x, y)
         b = x.shape[0]
         x = run(x, erase=erase, mix=self.op_args(plan))
-        w = plan.to(x.device, non_blocking=True)
+        w = plan.pin_memory().to(x.device, non_blocking=True) if x.is_cuda and not plan.is_cuda else plan.to(x.device)
         if y.ndim == 1:
             y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=x.device).scatter_(
                 1, y.to(x.device, torch.int64)[:, None], 1.0)
