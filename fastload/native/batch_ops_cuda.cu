@@ -1,7 +1,8 @@
 // CUDA kernel of `fastload::batch_ops` (schema, checks and the CPU twin in batch_ops_cpu.cpp; per-value maths in
-// batch_ops.h, so both backends compute the same bits). One launch on the current stream. Each thread takes 16
-// bytes of a sample (V values: 4 float32, 8 float16/bfloat16, 16 uint8; one value where the sample's size or
-// the pointers do not allow 16-byte accesses) and a group of samples, so that x is read once per value:
+// batch_ops.h, so both backends compute the same bits). One launch on the current stream. Each thread takes V
+// consecutive values of a sample (4 float32, 8 float16/bfloat16, 8 uint8: one 16- or 8-byte access; one value
+// where the sample's size or the pointers do not allow it) and a group of samples, so that x is read once per
+// value:
 //   no mixing   a group is one sample;
 //   flip        a group is a pair (i, B - 1 - i): both read once, both written (the middle one of an odd batch
 //               mixes with itself);
@@ -76,15 +77,18 @@ __device__ __forceinline__ void coordinates(int e, const Args& a, int* c, int* r
   }
 }
 
-// Sample i's V values at value e, erased.
 template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_erased(const T* x, int64_t i, int e, const Args& a, const int* c,
-                                                 const int* r, const int* col) {
-  Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(x + i * a.chw + e);
+__device__ __forceinline__ Vec<T, V> load(const T* x, int64_t i, int e, const Args& a) {
+  return *reinterpret_cast<const Vec<T, V>*>(x + i * a.chw + e);
+}
+
+// Sample i's erase on its V values.
+template <typename T, int V>
+__device__ __forceinline__ void erase(Vec<T, V>& v, int64_t i, const Args& a, const int* c, const int* r,
+                                      const int* col) {
   const int32_t* row = a.table + i * kColumns;
 #pragma unroll
   for (int k = 0; k < V; ++k) v.v[k] = erased<T>(v.v[k], row, c[k], r[k], col[k], a.fill, a.noise, a.n_noise);
-  return v;
 }
 
 template <typename T, int V>
@@ -97,6 +101,7 @@ __device__ __forceinline__ void store_mixed(T* out, int64_t i, int e, const Args
   *reinterpret_cast<Vec<T, V>*>(out + i * a.chw + e) = o;
 }
 
+// Every load of a group is issued before any value is used: memory-bound, the loads in flight set the speed.
 template <typename T, int V, bool kNHWC>
 __global__ void __launch_bounds__(kThreads) batch_ops_kernel(const T* __restrict__ x, T* __restrict__ out, Args a) {
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -106,22 +111,32 @@ __global__ void __launch_bounds__(kThreads) batch_ops_kernel(const T* __restrict
   coordinates<V, kNHWC>(e, a, c, r, col);
   const int64_t g = blockIdx.y;
   if (a.mix == kNone) {
-    const Vec<T, V> v = load_erased<T, V>(x, g, e, a, c, r, col);
+    Vec<T, V> v = load<T, V>(x, g, e, a);
+    erase<T, V>(v, g, a, c, r, col);
     *reinterpret_cast<Vec<T, V>*>(out + g * a.chw + e) = v;
   } else if (a.partner == kFlip) {
     const int64_t j = a.batch - 1 - g;
-    const Vec<T, V> vi = load_erased<T, V>(x, g, e, a, c, r, col);
-    const Vec<T, V> vj = j == g ? vi : load_erased<T, V>(x, j, e, a, c, r, col);
+    Vec<T, V> vi = load<T, V>(x, g, e, a);
+    Vec<T, V> vj = load<T, V>(x, j, e, a);
+    erase<T, V>(vi, g, a, c, r, col);
+    erase<T, V>(vj, j, a, c, r, col);
     store_mixed<T, V>(out, g, e, a, vi, vj, r, col);
     if (j != g) store_mixed<T, V>(out, j, e, a, vj, vi, r, col);
   } else {
-    const int64_t i0 = g * kRollChunk;
-    const int64_t i1 = i0 + kRollChunk < a.batch ? i0 + kRollChunk : a.batch;
-    Vec<T, V> prev = load_erased<T, V>(x, partner_of(i0, a.batch, kRoll), e, a, c, r, col);
-    for (int64_t i = i0; i < i1; ++i) {
-      const Vec<T, V> cur = load_erased<T, V>(x, i, e, a, c, r, col);
-      store_mixed<T, V>(out, i, e, a, cur, prev, r, col);
-      prev = cur;
+    const int64_t i0 = g * kRollChunk, first = partner_of(i0, a.batch, kRoll);
+    const int n = a.batch - i0 < kRollChunk ? static_cast<int>(a.batch - i0) : kRollChunk;
+    Vec<T, V> v[kRollChunk + 1];  // v[0]: the sample before i0; v[k + 1]: sample i0 + k
+    v[0] = load<T, V>(x, first, e, a);
+#pragma unroll
+    for (int k = 0; k < kRollChunk; ++k)
+      if (k < n) v[k + 1] = load<T, V>(x, i0 + k, e, a);
+    erase<T, V>(v[0], first, a, c, r, col);
+#pragma unroll
+    for (int k = 0; k < kRollChunk; ++k) {
+      if (k < n) {
+        erase<T, V>(v[k + 1], i0 + k, a, c, r, col);
+        store_mixed<T, V>(out, i0 + k, e, a, v[k + 1], v[k], r, col);
+      }
     }
   }
 }
@@ -145,12 +160,13 @@ void run(const at::Tensor& x, const Args& a, at::Tensor& out) {
   TORCH_CHECK(groups <= 65535, "batch_ops: batch too large for the CUDA kernel (at most 65535 groups)");
   // channels_last, unless the two layouts are the same order (C == 1, or 1 x 1 images)
   const bool nhwc = !x.is_contiguous();
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = sizeof(T) == 1 ? 8 : 16 / sizeof(T);  // uint8: 8 (16 costs 128 registers of coordinates)
   const T* in = x.data_ptr<T>();
   T* o = out.data_ptr<T>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool aligned = a.chw % V == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(o) % 16 == 0;
+  constexpr uintptr_t kBytes = sizeof(Vec<T, V>);
+  const bool aligned = a.chw % V == 0 && reinterpret_cast<uintptr_t>(in) % kBytes == 0 &&
+                       reinterpret_cast<uintptr_t>(o) % kBytes == 0;
   if (aligned)
     launch<T, V>(in, o, a, nhwc, static_cast<unsigned>(groups), stream);
   else

@@ -8,7 +8,8 @@ batch, in three places (CONTRACT.md beside this file):
   the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize, then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
   fused with ToDtype + Normalize);
-- in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch.
+- in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch, fused with the last
+  RandomErasing into one native pass (transforms.batch_ops); without batch ops the erase ends the stage.
 Every random number is a pure function of (seed, epoch, sample index) (batch index for batch ops), so CPU and CUDA
 make the same draws and a resumed loader the same batches.
 
