@@ -119,22 +119,21 @@ def test_equals_the_torch_chain(photos, value, mix, dtype, channels_last):
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-@pytest.mark.parametrize("mix", MIXES[1:], ids=str)
+@pytest.mark.parametrize("mix", MIXES, ids=str)
 @pytest.mark.parametrize("value", [None, 0.5, "random"], ids=str)
 def test_boxes_at_the_borders(photos, value, mix, channels_last):
+    if value is None and mix is None:
+        pytest.skip("nothing to do")
     x = _layout(photos, channels_last)
     table = _border_table(B, H, W)
-    plan = _border_plan(B, H, W)
-    erase, mixing, expected = _case(x, value, mix, table=table, plan=plan)
+    erase, mixing, expected = _case(x, value, mix, table=table, plan=_border_plan(B, H, W))
     out = _fused(x, erase, mixing)
     assert torch.equal(out, expected)
-    if value is not None:  # the boxes erased what they name (the reference agrees with a slice assignment)
-        s = 4  # the whole image
-        if mix is not None and mix[0] is CutMix:
-            return
-        e_only = erase[0].apply(x, table, 4, 1, erase[2])
-        if value == 0.5:
-            assert (e_only[s] == 0.5).all()
+    if value == 0.5 and mix is None:  # the boxes are the slices they name
+        for i, (top, left, h, w) in enumerate(table.long().tolist()):
+            inside = torch.zeros(H, W, dtype=torch.bool)
+            inside[top:top + h, left:left + w] = True
+            assert (out[i][:, inside] == 0.5).all() and torch.equal(out[i][:, ~inside], x[i][:, ~inside])
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0])
@@ -272,7 +271,7 @@ def test_opcheck(photos, device):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("photometric", [False, True], ids=["plain", "policy"])
-@pytest.mark.parametrize("mixer", ["mixup", "cutmix", "none"])
+@pytest.mark.parametrize("mixer", ["mixup", "cutmix", "choice", "none"])
 def test_pipeline_runs_erase_and_mix_as_the_chain(imagenet_dir, mixer, photometric, channels_last):
     ds = fl.FolderDataset(imagenet_dir)
     stem = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
@@ -280,7 +279,9 @@ def test_pipeline_runs_erase_and_mix_as_the_chain(imagenet_dir, mixer, photometr
     stem += [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
     erasing = [T.RandomErasing(p=0.6, value=0.5), T.RandomErasing(p=0.9, value="random")]
     mixing = {"mixup": [T.MixUp(alpha=0.5, num_classes=4, mode="elem")],
-              "cutmix": [T.CutMix(alpha=1.0, num_classes=4, mode="batch")], "none": []}[mixer]
+              "cutmix": [T.CutMix(alpha=1.0, num_classes=4, mode="batch")],
+              "choice": [T.RandomChoice([T.MixUp(alpha=0.2, num_classes=4), T.CutMix(alpha=1.0, num_classes=4)])],
+              "none": []}[mixer]
     pipeline = T.Pipeline.build(T.Compose(stem + erasing + mixing))
     plain = T.Pipeline.build(T.Compose(stem))  # the same stage without erasing and mixing (same streams)
     idx = np.arange(11)
@@ -298,10 +299,17 @@ def test_pipeline_runs_erase_and_mix_as_the_chain(imagenet_dir, mixer, photometr
     assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     y = torch.from_numpy(np.asarray(ds.labels)[idx])
     if mixing:
-        batch_plan = pipeline.batch_plan(3, 0, 2, len(idx))
-        expected = ref.mix(pipeline.batch_ops[0], expected, batch_plan[0])
-        x, _ = pipeline.apply_batch_ops(x, y, batch_plan, params)
-    assert torch.equal(x, expected)
+        for k in range(4):  # RandomChoice: both picks among these batches
+            batch_plan = pipeline.batch_plan(3, 0, k, len(idx))
+            op, plan = pipeline.batch_ops[0], batch_plan[0]
+            if mixer == "choice":
+                op, plan = op.transforms[plan[0]], plan[1]
+            out, _ = pipeline.apply_batch_ops(x, y, batch_plan, params)
+            assert torch.equal(out, ref.mix(op, expected, plan))
+        if mixer == "choice":
+            assert {pipeline.batch_plan(3, 0, k, len(idx))[0][0] for k in range(4)} == {0, 1}
+    else:
+        assert torch.equal(x, expected)
 
 
 # ---------------------------------------------------------------- CUDA: bit for bit the CPU op

@@ -6,8 +6,8 @@
 //   MixUp:  x[partner].mul_(other).add_(x.mul(own))                   -> three ops, each computed in float and
 //           rounded to x's dtype (torch's opmath for float16/bfloat16; float32 rounds once per op). Never
 //           contracted into an fma (the CPU file turns contraction off), and on CUDA never flushing subnormals:
-//           setup.py builds with --use_fast_math (-ftz=true, which can flush in the _rn intrinsics too), torch does not,
-//           and a tiny lam (Beta with a small alpha) gives subnormal weights and products.
+//           setup.py builds with --use_fast_math (-ftz=true, which can flush in the _rn intrinsics too), torch
+//           does not, and a tiny lam (Beta with a small alpha) gives subnormal weights and products.
 #pragma once
 #include <cstdint>
 #include <cstring>
