@@ -62,7 +62,9 @@ def stage_bench(ds, size, batch):
                 plans.setdefault(plan[0][0] if hasattr(op, "transforms") else 0, plan)
             for choice, plan in sorted(plans.items()):
                 name = type(op.transforms[choice] if hasattr(op, "transforms") else op).__name__
-                rows.append((f"  {spec}: RandomErasing + {name}, one pass after the stage (+ labels)",
+                rows.append((f"  {spec}: RandomErasing + {name}, one pass after the stage",
+                             cuda_time(lambda: pipeline.mix_images(out, plan, params))))
+                rows.append((f"  {spec}: the same + the targets on the GPU (FastLoader makes them on the host)",
                              cuda_time(lambda: pipeline.apply_batch_ops(out, y, plan, params))))
     return rows
 

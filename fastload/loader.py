@@ -320,11 +320,10 @@ class FastLoader:
             t = time.perf_counter()
             x = pipeline.run(batch.data, batch.offsets, batch.shapes, batch.matrices, batch.params,
                              channels_last=channels_last)
-            y = batch.labels
-            if batch.batch_plan is not None:
-                x, y = pipeline.apply_batch_ops(x, y, batch.batch_plan, batch.params)
+            if batch.batch_plan is not None:  # the labels came mixed from the producer
+                x = pipeline.mix_images(x, batch.batch_plan, batch.params)
             stats.add(stage=time.perf_counter() - t)
-            return x, y
+            return x, batch.labels
         return stage
 
     def _device_pipe(self):
@@ -332,7 +331,7 @@ class FastLoader:
             from .prefetch.pipe import DevicePipe
             self._pipe = DevicePipe(self.device, self.pipeline.out_size, self.mean, self.std, self.dtype,
                                     self.channels_last, in_scale=self._in_scale, stage=self.pipeline.run,
-                                    batch_ops=self.pipeline.apply_batch_ops)
+                                    batch_ops=self.pipeline.mix_images)
         return self._pipe
 
 

@@ -226,6 +226,8 @@ class BatchMaker:
         batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices,
                                                    pin=self.device is not None and self.device.type == "cuda")
         batch.batch_plan = self.pipeline.batch_plan(self.seed, epoch, k, len(batch.indices))
+        if batch.batch_plan is not None:  # soft targets made here: the stage then only mixes the images
+            batch.labels = self.pipeline.mix_targets(batch.labels, batch.batch_plan)
         return batch
 
     def _make_on_cpu(self, indices, epoch, slot):

@@ -61,8 +61,9 @@ class DevicePipe:
                  batch_ops=None):
         """stage: what runs after the copy, ``stage(pixels, offsets, shapes, matrices, params, channels_last=,
         hwc=, channels=)`` (FastLoader's transforms.Pipeline.run); by default the fused warp + normalise.
-        batch_ops: ``batch_ops(x, y, plan, params)`` after the stage for batches submitted with a batch_plan
-        (MixUp/CutMix, and the erase the stage left to them: Pipeline.apply_batch_ops), on the side stream too."""
+        batch_ops: ``batch_ops(x, plan, params)`` after the stage for batches submitted with a batch_plan
+        (MixUp/CutMix's images, and the erase the stage left to them: Pipeline.mix_images), on the side stream
+        too; their labels come mixed (Pipeline.mix_targets, in the producer)."""
         self.stage = stage
         self.batch_ops = batch_ops
         self.device = torch.device(device)
@@ -103,7 +104,7 @@ class DevicePipe:
                                     in_scale=in_scale, out_dtype=self.dtype, channels_last=self.channels_last,
                                     hwc=hwc, channels=int(shapes[0, 2]))
             if batch_plan is not None:
-                x, y = self.batch_ops(x, y, batch_plan, params)
+                x = self.batch_ops(x, batch_plan, params)
             ready = torch.cuda.Event()
             ready.record(self.stream)
             return Handle(x, y, ready, copied)

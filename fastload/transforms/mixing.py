@@ -127,6 +127,17 @@ class _Mix:
     # --- execution (the batch's device) -----------------------------------------------------------------------
     def _check(self, x, y):
         """torchvision's checks (messages and types) on the batch and the labels."""
+        self._check_targets(y)
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            raise ValueError(f"Expected a batched input with 4 dims, but got {getattr(x, 'ndim', type(x))} "
+                             f"dimensions instead.")
+        if not x.is_floating_point():
+            raise TypeError(f"{type(self).__name__} needs a float batch (after ToDtype), got {x.dtype}")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"The batch size of the image or video does not match the batch size of the labels: "
+                             f"{x.shape[0]} != {y.shape[0]}.")
+
+    def _check_targets(self, y):
         if not isinstance(y, torch.Tensor):
             raise ValueError(f"The labels must be a tensor, but got {type(y)} instead.")
         if y.ndim not in (1, 2):
@@ -137,14 +148,6 @@ class _Mix:
                              f"num_classes: {y.shape[-1]} != {self.num_classes}. You can Leave num_classes to None.")
         if y.ndim == 1 and self.num_classes is None:
             raise ValueError("num_classes must be passed if the labels are index-based (1D)")
-        if not isinstance(x, torch.Tensor) or x.ndim != 4:
-            raise ValueError(f"Expected a batched input with 4 dims, but got {getattr(x, 'ndim', type(x))} "
-                             f"dimensions instead.")
-        if not x.is_floating_point():
-            raise TypeError(f"{type(self).__name__} needs a float batch (after ToDtype), got {x.dtype}")
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(f"The batch size of the image or video does not match the batch size of the labels: "
-                             f"{x.shape[0]} != {y.shape[0]}.")
         if y.ndim == 1:
             if y.is_floating_point() or y.dtype == torch.bool:
                 raise TypeError(f"1D labels must be integer class indices, got {y.dtype}")
@@ -175,24 +178,31 @@ class _Mix:
         return self.apply_planned(x, y, self.plan(seed, epoch, batch_index, b, height, width))
 
     def apply_planned(self, x, y, plan, erase=None):
-        """apply() with the weights ``plan()`` drew (FastLoader draws them in its producers, and mixes on the
-        batch's stream right after the stage). The images are mixed in one native pass (transforms.batch_ops),
-        which also runs a RandomErasing first when given ``erase`` (its ``op_args``): Pipeline.apply_batch_ops
-        fuses the pipeline's last erase with the mixing so. x is not modified."""
-        from .batch_ops import run
+        """apply() with the weights ``plan()`` drew: ``mix_images`` and ``mix_targets``. x is not modified."""
         self._check(x, y)
-        b = x.shape[0]
-        x = run(x, erase=erase, mix=self.op_args(plan))
-        w = plan.pin_memory().to(x.device, non_blocking=True) if x.is_cuda and not plan.is_cuda else plan.to(x.device)
+        return self.mix_images(x, plan, erase), self.mix_targets(y.to(x.device), plan)
+
+    def mix_images(self, x, plan, erase=None):
+        """The images of apply_planned, mixed in one native pass (transforms.batch_ops), which also runs a
+        RandomErasing first when given ``erase`` (its ``op_args``): Pipeline.mix_images fuses the pipeline's last
+        erase with the mixing so."""
+        from .batch_ops import run
+        return run(x, erase=erase, mix=self.op_args(plan))
+
+    def mix_targets(self, y, plan):
+        """The targets of apply_planned, on y's device: [B] class indices or [B, num_classes] targets ->
+        float [B, num_classes]. FastLoader computes them on the host where the batch is made (the same bits as on
+        a GPU: one rounding per multiply and per add, as torch's kernels), so the GPU only mixes the images."""
+        self._check_targets(y)
+        b = y.shape[0]
+        w = plan.to(y.device, non_blocking=True) if y.is_cuda and not plan.is_cuda else plan.to(y.device)
         if y.ndim == 1:
-            y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=x.device).scatter_(
-                1, y.to(x.device, torch.int64)[:, None], 1.0)
+            y = torch.zeros(b, self.num_classes, dtype=torch.float32, device=y.device).scatter_(
+                1, y.to(torch.int64)[:, None], 1.0)
         else:
-            y = y.to(x.device)
             y = y if y.is_floating_point() else y.float()
         own, other = w[:, 0:1].to(y.dtype), w[:, 1:2].to(y.dtype)
-        y_soft = self._partner(y).mul_(other).add_(y.mul(own))  # torchvision's _mixup_label, per sample
-        return x, y_soft
+        return self._partner(y).mul_(other).add_(y.mul(own))  # torchvision's _mixup_label, per sample
 
     def op_args(self, plan):
         """The mixing's part of transforms.batch_ops.run for a batch's ``plan()``: (kind, partner, columns int32
@@ -298,3 +308,11 @@ class RandomChoice:
     def apply_planned(self, x, y, plan, erase=None):
         k, weights = plan
         return self.transforms[k].apply_planned(x, y, weights, erase=erase)
+
+    def mix_images(self, x, plan, erase=None):
+        k, weights = plan
+        return self.transforms[k].mix_images(x, weights, erase)
+
+    def mix_targets(self, y, plan):
+        k, weights = plan
+        return self.transforms[k].mix_targets(y, weights)

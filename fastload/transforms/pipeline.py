@@ -354,7 +354,7 @@ class Pipeline:
         ``params`` (SampleParams; None: the pipeline's own size, nothing after the warp). Without photometric ops,
         one fused warp + normalise; with them, the warp writes uint8 (rounded, as torchvision's uint8 resize does),
         the ops run on it, then ToDtype + Normalize, then RandomErasing (one native pass each, in the output's
-        layout). With batch ops the last RandomErasing is left to ``apply_batch_ops``, which fuses it with the
+        layout). With batch ops the last RandomErasing is left to ``mix_images``, which fuses it with the
         mixing: pass it the same params."""
         mean, std, in_scale = self.normalise_params()
         photometric = params is not None and (params.table is not None or bool(params.augmix))
@@ -376,30 +376,41 @@ class Pipeline:
                 torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3))  # Normalize only
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
                           channels_last=channels_last)
-        erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: apply_batch_ops
+        erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: mix_images
         for e, boxes in zip(erasing, params.erase):
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
         return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
     def batch_plan(self, seed, epoch, batch_index, size):
         """The batch ops' parameters for batch ``batch_index`` of ``epoch`` (host tensors), or None without batch
-        ops: drawn where the batch is made, applied on its device right after the stage (apply_batch_ops)."""
+        ops: drawn where the batch is made, applied on its device right after the stage (mix_images; their targets: mix_targets)."""
         if not self.batch_ops:
             return None
         h, w = self.size_at(epoch)
         return [op.plan(seed, epoch, batch_index, size, h, w) for op in self.batch_ops]
 
     def apply_batch_ops(self, x, y, plan, params=None):
-        """MixUp/CutMix on the finished batch x [B, C, H, W] and its labels, with ``batch_plan``'s parameters,
-        and the pipeline's last RandomErasing (which ``run`` leaves to it) with ``params``, the SampleParams that
-        ``run`` got: erase and mix in one native pass (transforms.batch_ops). params None: no erase, as ``run``
-        with params None erases nothing."""
+        """MixUp/CutMix on the finished batch x [B, C, H, W] and its labels y, with ``batch_plan``'s parameters:
+        ``mix_images`` and ``mix_targets``."""
+        return self.mix_images(x, plan, params), self.mix_targets(y.to(x.device), plan)
+
+    def mix_images(self, x, plan, params=None):
+        """The batch ops' images, and the pipeline's last RandomErasing (which ``run`` leaves to them) with
+        ``params``, the SampleParams that ``run`` got: erase and mix in one native pass (transforms.batch_ops).
+        params None: no erase, as ``run`` with params None erases nothing."""
         erase = None
         if self.erasing and params is not None:
             erase = self.erasing[-1].op_args(x, params.erase[-1], params.seed, params.epoch, params.indices)
         for k, (op, p) in enumerate(zip(self.batch_ops, plan)):
-            x, y = op.apply_planned(x, y, p, erase=erase if k == 0 else None)
-        return x, y
+            x = op.mix_images(x, p, erase if k == 0 else None)
+        return x
+
+    def mix_targets(self, y, plan):
+        """The batch ops' targets (float [B, num_classes]) on y's device: FastLoader's producers compute them on
+        the host when they draw ``plan``, and the labels travel mixed."""
+        for op, p in zip(self.batch_ops, plan):
+            y = op.mix_targets(y, p)
+        return y
 
     def __repr__(self):
         return "Pipeline(" + ", ".join(repr(t) for t in self.transforms) + ")"
