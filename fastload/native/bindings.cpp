@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <memory>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -390,42 +391,49 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
   return py::make_tuple(status, std::string(message), status == kOk ? py::cast(out) : py::none());
 }
 
-// Batch decode into a caller-provided ragged buffer. windows: int64 [B, 5] = (top, left, height, width,
-// downscale). Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
-py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+// Batch decode into a caller-provided ragged buffer, shared by decode_crops and decode_batch: windows int64
+// [B, 5] = (top, left, height, width, downscale); the layout is made before anything is decoded, the reads
+// (files or buffers), CRC checks and decodes run on native threads without the GIL.
+struct CropBatch {
+  explicit CropBatch(int64_t n) : offsets(at::zeros({n}, at::kLong)), shapes(at::zeros({n, 3}, at::kLong)), outcomes(n) {}
+  at::Tensor offsets, shapes;
+  Outcomes outcomes;
+};
+
+std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
+                                             int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
+                                             const c10::optional<at::Tensor>& crcs, const char* op) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   at::Tensor crc_values;
   // CRC-32 of each buffer as stored, or -1: checked before decoding
-  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "decode_crops", &crc_values);
-  BufferViews views(buffers, "decode_crops", true);
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), op, &crc_values);
+  BufferViews views(buffers, op, true);
   const int64_t n = static_cast<int64_t>(views.size());
   FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
                windows.device().is_cpu(),
-           "decode_crops: windows must be an int64 CPU tensor of shape [%lld, 5]", static_cast<long long>(n));
-  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(),
-              "decode_crops: out must be a contiguous uint8 CPU tensor");
+           "%s: windows must be an int64 CPU tensor of shape [%lld, 5]", op, static_cast<long long>(n));
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(), op,
+              ": out must be a contiguous uint8 CPU tensor");
   const at::Tensor win = windows.contiguous();
   const int64_t* wp = win.data_ptr<int64_t>();
-  at::Tensor offsets = at::zeros({n}, at::kLong);
-  at::Tensor shapes = at::zeros({n, 3}, at::kLong);
-  Outcomes outcomes(n);
-  int64_t* op = offsets.data_ptr<int64_t>();
-  int64_t* sp = shapes.data_ptr<int64_t>();
+  auto batch = std::make_unique<CropBatch>(n);
+  int64_t* op_ = batch->offsets.data_ptr<int64_t>();
+  int64_t* sp = batch->shapes.data_ptr<int64_t>();
   int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
     const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
     int64_t h = 0, wd = 0;
     // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
     if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
-    op[i] = total;
+    op_[i] = total;
     sp[i * 3] = h;
     sp[i * 3 + 1] = wd;
     sp[i * 3 + 2] = 3;
     total += h * wd * 3;
   }
-  FL_CHECK(total <= out.numel(), "decode_crops: out holds %lld bytes, the batch needs %lld",
+  FL_CHECK(total <= out.numel(), "%s: out holds %lld bytes, the batch needs %lld", op,
            static_cast<long long>(out.numel()), static_cast<long long>(total));
+  Outcomes& outcomes = batch->outcomes;
   {
     py::gil_scoped_release nogil;
     uint8_t* base = out.data_ptr<uint8_t>();
@@ -441,11 +449,36 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
           st[i] = load_checked(views, i, max_bytes, file, &src, expected, message);
           if (st[i] != kOk) return;
           const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
-          st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, message, kMessageSize);
+          st[i] = decode_window(src.data, src.size, w, base + op_[i], room, limits, message, kMessageSize);
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
-  return py::make_tuple(offsets, shapes, outcomes.status, outcomes.message_list());
+  return batch;
+}
+
+// Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
+py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_crops");
+  return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, b->outcomes.message_list());
+}
+
+// The loader's per-batch call: as decode_crops, but only the samples with something to say come back as Python
+// objects. Returns (offsets, shapes, status, {i: message} for the failed and warned samples, count of OK samples
+// with a warning): a batch that decodes cleanly costs its producer no per-sample Python work.
+py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_batch");
+  const int32_t* st = b->outcomes.st();
+  py::dict said;
+  int64_t warned = 0;
+  for (size_t i = 0; i < b->outcomes.messages.size(); ++i) {
+    const char* m = b->outcomes.messages[i].data();
+    if (st[i] == kOk && m[0] == '\0') continue;
+    if (st[i] == kOk) ++warned;  // an OK sample's message is a warning let through (see read_header_py)
+    said[py::int_(i)] = std::string(m);
+  }
+  return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, said, warned);
 }
 
 // Whether each JPEG would decode in full under the decoder's policy, without decoding pixels (entropy decoding
@@ -557,6 +590,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none());
+  m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
