@@ -57,7 +57,7 @@ def _hooks(maker):
     """(object, attribute, step) of the calls that read and decode, wherever this checkout has them."""
     if hasattr(maker, "_sources"):  # before fastload.decoders: the producer reads, ops.decode_crops decodes
         return [(maker, "_sources", "read"), (ops, "decode_crops", "decode")]
-    return [(maker.decoder, "read", "read"), (maker.decoder, "decode", "decode")]
+    return [(maker.decoder.crops, "read", "read"), (maker.decoder.crops, "decode", "decode")]
 
 
 def profile(dataset, batch_size, epochs, threads):

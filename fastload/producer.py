@@ -117,11 +117,12 @@ class BatchMaker:
     def plan(self, indices, epoch):
         plan = self.pipeline.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)
         windows, matrices = plan.windows, plan.matrices
-        other = torch.from_numpy(self.formats[indices] != _FORMAT_JPEG)
-        if bool(other.any()):
+        other = self.formats[indices] != _FORMAT_JPEG  # bool numpy [B]: samples Pillow decodes
+        if other.any():
             full_w, full_m = full_resolution(windows, matrices)
-            windows = torch.where(other[:, None], full_w, windows)
-            matrices = torch.where(other[:, None, None], full_m, matrices)
+            mask = torch.from_numpy(other)
+            windows = torch.where(mask[:, None], full_w, windows)
+            matrices = torch.where(mask[:, None, None], full_m, matrices)
         return windows, matrices, other
 
     def make(self, indices, epoch, slot, k=0):
