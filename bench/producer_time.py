@@ -3,7 +3,7 @@ and the native work it does itself with or without the GIL) and wall time, split
 on its own threads (threads >= 2), so the producer's CPU time inside ``decode`` is the Python and binding work
 around it: what competes with the training loop's thread for the GIL.
 
-    python -m bench.producer_time [--data data] [--batch-size 256] [--epochs 2] [--threads 2]
+    python -m bench.producer_time [--data data] [--batch-size 256] [--epochs 2] [--threads 2] [--gil]
 
 Steps: plan (crop plans, Pipeline.plan), read (the reader's sources: paths or LMDB views), decode (the native
 batch call, GIL released inside), params (Pipeline.sample_params + batch_plan), stage (the CPU warp/normalise,
@@ -14,6 +14,8 @@ import collections
 import contextlib
 import os
 import statistics
+import sys
+import threading
 import time
 
 import numpy as np
@@ -60,6 +62,21 @@ def _hooks(maker):
     return [(maker.decoder.crops, "read", "read"), (maker.decoder.crops, "decode", "decode")]
 
 
+def torch_calls(maker, indices, epoch, slot, k):
+    """torch functions and tensor methods make() calls (a TorchFunctionMode count): each that runs a kernel gives
+    the GIL up and must get it back, behind the training loop's Python."""
+    from torch.overrides import TorchFunctionMode
+    names = collections.Counter()
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names[getattr(func, "__name__", str(func))] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        maker.make(indices, epoch, slot, k)
+    return names
+
+
 def profile(dataset, batch_size, epochs, threads):
     loader = FastLoader(dataset, batch_size=batch_size, threads=threads, drop_last=True, shuffle=True)
     maker, pipeline = loader._maker, loader.pipeline
@@ -78,8 +95,45 @@ def profile(dataset, batch_size, epochs, threads):
             with clock.step("stage"):
                 stage(batch)
             clock.end_batch()
+    calls = torch_calls(maker, indices, epoch, slot, k)
+    print(f"torch calls in one make(): {sum(calls.values())} ({', '.join(f'{n} x{c}' for n, c in calls.most_common())})")
     loader.close()
     return clock.rows[len(clock.rows) // epochs:]  # after the first epoch: what is cached is not paid for
+
+
+def gil_waits(dataset, batch_size, epochs, threads, interval=0.02):
+    """How many times per batch the producer gives the GIL up and must get it back: make() beside a Python thread
+    that never sleeps (a stand-in for the training loop) with a switch interval of ``interval`` s. A thread that
+    wants the GIL back waits up to that interval before the holder is made to drop it, so the extra wall time
+    over make() alone, divided by the interval, counts the handoffs (each costs up to 5 ms at Python's default
+    interval when the training thread runs Python). Returns (median make() ms alone, beside it, handoffs)."""
+    loader = FastLoader(dataset, batch_size=batch_size, threads=threads, drop_last=True, shuffle=True)
+    maker, slot = loader._maker, producer.Slot(pin=False)
+    batches = [(epoch, k, b) for epoch in range(epochs) for k, b in enumerate(loader._epoch_batches(epoch))]
+    for epoch, k, b in batches[:2]:  # warm: the reader, caches
+        maker.make(b, epoch, slot, k)
+
+    def walls():
+        out = []
+        for epoch, k, b in batches[2:]:
+            w = time.perf_counter()
+            maker.make(b, epoch, slot, k)
+            out.append(time.perf_counter() - w)
+        return statistics.median(out) * 1e3
+    alone = walls()
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        t.start()
+        beside = walls()
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(before)
+    loader.close()
+    return alone, beside, (beside - alone) / (interval * 1e3)
 
 
 def table(rows, title):
@@ -102,9 +156,15 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--gil", action="store_true", help="instead: GIL handoffs per batch (gil_waits)")
     args = p.parse_args(argv)
     root = corpus.make_imagenet_like(os.path.join(args.data, "imagenet-like"), classes=10, per_class=100)
     for what, ds in (("folder", FolderDataset(root)), ("pack --seekable", LMDBDataset(corpus.seekable_store(root)))):
+        if args.gil:
+            alone, beside, handoffs = gil_waits(ds, args.batch_size, args.epochs, args.threads)
+            print(f"{what}: make() {alone:.1f} ms alone, {beside:.1f} ms beside a busy Python thread (switch "
+                  f"interval 20 ms): ~{handoffs:.1f} GIL handoffs per batch of {args.batch_size}")
+            continue
         rows = profile(ds, args.batch_size, args.epochs, args.threads)
         table(rows, f"ImageNet-like, {what}, batch {args.batch_size}, {args.threads} decode threads")
 

@@ -57,7 +57,7 @@ class RaggedBatch:
 def decoded_nbytes(windows):
     """Bytes the decoder will write for [B, 5] windows, int64 numpy [B] (same formula as ops.decoded_shape,
     vectorised; in numpy, whose small-array ops cost the producer's thread a tenth of torch's)."""
-    top, left, h, w, d = np.asarray(windows, dtype=np.int64).T
+    top, left, h, w, d = (windows.numpy() if isinstance(windows, torch.Tensor) else np.asarray(windows)).T
     rows = (top + h + d - 1) // d - top // d
     cols = (left + w + d - 1) // d - left // d
     return rows * cols * 3
@@ -161,10 +161,9 @@ class JpegCrops:
 
     def decode(self, sources, crcs, windows, out, unreadable=None):
         """Decodes the windows [n, 5] of ``sources`` into ``out`` (1-D uint8, laid out in order from 0)."""
-        windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 5)
-        offsets, shapes, status, messages, warned = ops.C.decode_batch(
+        offsets, shapes, status, messages, warned = ops.C.decode_batch(  # checks windows: int64 [n, 5]
             sources, windows, out, self.threads, self.strict, self.max_pixels, ops.MAX_BYTES,
-            None if crcs is None else torch.as_tensor(crcs, dtype=torch.int64))
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
         for k, message in (unreadable or {}).items():  # decoded as empty buffers: report them as what they are
             status[k] = ops.CORRUPT
             messages[k] = message

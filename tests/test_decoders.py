@@ -193,3 +193,34 @@ def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
         assert [torch.equal(a[1], b[1]) for a, b in zip(got, cpu)] == [True] * len(cpu)
         gpu = loader.stats()["gpu_decoded"]
         assert gpu == (len(ds) if name == "nvjpeg" else 2 * 16), (name, gpu)
+
+
+def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(imagenet_dir, monkeypatch):
+    """Each torch kernel a producer calls gives the GIL up and must get it back behind the training loop's Python
+    (up to the 5 ms switch interval each time): the batch path of decoders.py and producer.py calls none, only
+    tensor accessors, and reads + decodes the whole batch in one native call."""
+    import sys
+    from torch.overrides import TorchFunctionMode
+    ds = fl.FolderDataset(imagenet_dir)
+    maker = _maker(ds)
+    calls, ours = [], ("decoders.py", "producer.py")
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            frame = sys._getframe(1)
+            while frame is not None and not frame.f_code.co_filename.endswith(ours) \
+                    and "fastload" not in frame.f_code.co_filename:
+                frame = frame.f_back  # the first frame outside torch: who called it
+            if frame is not None and frame.f_code.co_filename.endswith(ours):
+                calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+    native = []
+    decode_batch = ops.C.decode_batch
+    monkeypatch.setattr(ops.C, "decode_batch", lambda *a: native.append(len(a[0])) or decode_batch(*a))
+    slot = Slot(pin=False)
+    maker.make(np.arange(len(ds)), 0, slot)  # the slot's buffer allocated once (torch.empty), then reused
+    native.clear()
+    with Count():
+        batch = maker.make(np.arange(len(ds))[::-1].copy(), 1, slot)
+    assert batch.counts == {"fallback": 0, "skipped": 0, "warnings": 0}
+    assert native == [len(ds)] and set(calls) <= {"numpy", "numel"}, calls
