@@ -18,7 +18,6 @@ turns "auto" (and a name the device cannot run) into one of them, in one place.
 """
 import io
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -108,30 +107,11 @@ def read_sources(reader, indices, unreadable=None):
 
 
 def read_file(path, max_bytes=ops.MAX_BYTES):
-    """(bytes, "") of a file, or (None, why) — with the native reader's protections: opened non-blocking (a FIFO
-    put where an image was must not hang the producer), regular files only, at most ``max_bytes``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        return None, f"cannot read: {e.strerror or e}"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "cannot read: not a regular file"
-        if st.st_size > max_bytes:
-            return None, f"file is {st.st_size} bytes, over the per-image limit of {max_bytes}"
-        chunks, left = [], st.st_size
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                return None, "cannot read: file shrank while reading"
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), ""
-    except OSError as e:
-        return None, f"cannot read: {e.strerror or e}"
-    finally:
-        os.close(fd)
+    """(bytes, "") of a file, or (None, why): the native reader's read (Engines._buffers' for a whole batch)
+    with its protections: opened non-blocking (a FIFO put where an image was must not hang the producer),
+    regular files only, at most ``max_bytes``."""
+    data, _, status, failed = ops.C.read_batch([os.fspath(path)], 1, max_bytes)
+    return (bytes(data.numpy()), "") if int(status[0]) == ops.OK else (None, failed[0])
 
 
 # ---- per-sample decoders ------------------------------------------------------------------------------------
@@ -438,19 +418,19 @@ class Engines:
 
     def _buffers(self, reader, indices):
         """The bytes of these samples for the engines, or None where they cannot go: a record that cannot be
-        read or fails its packed CRC-32, a file that cannot be read safely (read_file). The CPU path then reads
-        them again and reports what it finds."""
+        read or fails its packed CRC-32, a file that cannot be read safely (read_file's rules). One native call
+        reads every file (GIL released: no Python open/stat/read/close per file, each of which would give the GIL
+        up and wait for it back) and checks every CRC. The CPU path then reads the failed ones again and reports
+        what it finds."""
         unreadable = {}
-        buffers, crcs = read_sources(reader, indices, unreadable)
-        buffers = [None if k in unreadable else read_file(b)[0] if isinstance(b, str) else b
-                   for k, b in enumerate(buffers)]
-        if crcs is not None:  # the CPU path checks these natively as it decodes; here, before
-            present = [k for k, b in enumerate(buffers) if b is not None]
-            got = ops.C.crc32s([buffers[k] for k in present], self.maker.threads).numpy()
-            for k, crc in zip(present, got.tolist()):
-                if crcs[k] >= 0 and crc != crcs[k]:
-                    buffers[k] = None
-        return buffers
+        sources, crcs = read_sources(reader, indices, unreadable)
+        data, lengths, _, failed = ops.C.read_batch(
+            sources, self.maker.threads, ops.MAX_BYTES,
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
+        files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
+        ends = np.cumsum(lengths.numpy()).tolist()
+        return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
+                else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
 
 
 class Alternating:

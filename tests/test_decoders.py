@@ -15,6 +15,7 @@ from fastload.datasets.pack import pack
 from fastload.errors import DecodeError
 from fastload.loader import LoaderStats
 from fastload.producer import BatchMaker, Slot
+from pack_corpus import flip_middle_byte, rewrite_record
 
 
 def _junk_before_sos(jpeg):
@@ -224,3 +225,56 @@ def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(i
         batch = maker.make(np.arange(len(ds))[::-1].copy(), 1, slot)
     assert batch.counts == {"fallback": 0, "skipped": 0, "warnings": 0}
     assert native == [len(ds)] and set(calls) <= {"numpy", "numel"}, calls
+
+
+def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tmp_path):
+    """The engines' read: files packed back to back, byte for byte; buffers left where they are; the same
+    refusals as the decoders' reader (missing, not a regular file, over max_bytes, checksum)."""
+    sources, _, crcs = batch_inputs
+    (tmp_path / "dir.jpg").mkdir()
+    sources = sources + [str(tmp_path / "dir.jpg"), sources[0]]
+    crcs = torch.cat([crcs, torch.tensor([-1, zlib.crc32(Path(sources[0]).read_bytes()) ^ 1])])
+    data, lengths, status, failed = ops.C.read_batch(sources, 3, 0, crcs)
+    ends = np.cumsum(lengths.numpy())
+    for i, s in enumerate(sources):
+        if isinstance(s, bytes) or i in failed:
+            assert lengths[i] == 0
+        else:
+            assert bytes(data[ends[i] - lengths[i]:ends[i]].numpy()) == Path(s).read_bytes()
+    assert status.tolist() == [ops.OK, ops.OK, ops.OK, ops.OK, ops.UNREADABLE, ops.UNREADABLE, ops.CORRUPT, ops.OK,
+                               ops.UNREADABLE, ops.CORRUPT]
+    assert failed[4] == "cannot read: No such file or directory" and failed[5] == failed[8] == \
+        "cannot read: not a regular file" and failed[6].startswith("checksum mismatch")
+    assert failed[9].startswith("checksum mismatch") and set(failed) == {4, 5, 6, 8, 9}
+    size = Path(sources[0]).stat().st_size
+    _, lengths, status, failed = ops.C.read_batch([sources[0], b"x" * size], 1, size - 1)
+    assert status.tolist() == [ops.UNREADABLE] * 2 and lengths.tolist() == [0, 0]
+    assert failed == {0: f"file is {size} bytes, over the per-image limit of {size - 1}",
+                      1: f"buffer is {size} bytes, over the per-image limit of {size - 1}"}
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
+def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store):
+    """Engines._buffers (CPU work, no GPU needed): the bytes of each sample, None for one that cannot go to the
+    engines (a file gone, a record whose bytes changed since packing), for the cores to report."""
+    root = tmp_path / "ds"
+    (root / "a").mkdir(parents=True)
+    for i, f in enumerate(sorted(Path(imagenet_dir).rglob("*.jpg"))[:8]):
+        (root / "a" / f"{i}.jpg").write_bytes(f.read_bytes())
+    if store:
+        pack(root, tmp_path / "s.lmdb", progress=False, log=lambda m: None)
+        rewrite_record(tmp_path / "s.lmdb", 3, flip_middle_byte)  # its bytes no longer match their CRC-32
+        ds = LMDBDataset(tmp_path / "s.lmdb")
+    else:
+        ds = fl.FolderDataset(root)
+    with ds.reader() as reader:
+        want = {i: bytes(reader.get(i)) for i in range(8)}  # what the dataset stores, the files as packed
+    if not store:
+        os.remove(ds.paths[3])
+    broken = {3}
+    engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
+    assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
+    with ds.reader() as reader:
+        got = engines._buffers(reader, np.arange(8)[::-1].copy())[::-1]
+        assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
+        assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)

@@ -135,6 +135,7 @@ class BufferViews {
       : BufferViews(py::make_tuple(data), op, paths_allowed, true) {}
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
+  bool is_path(size_t i) const { return !paths_[i].empty(); }
   // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
   int load(size_t i, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message,
            size_t size) const {
@@ -481,6 +482,56 @@ py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows
   return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, said, warned);
 }
 
+// The engines' read: every sample's bytes in host memory, in one call per batch without the GIL. File paths are
+// read by native threads (read_file's protections: non-blocking open, regular files only, max_bytes) and packed
+// back to back into one uint8 tensor; buffers stay where they are (length 0 here). A given CRC-32 is checked for
+// both. Returns (data uint8 [total], lengths int64 [B]: sample i's bytes follow the lengths before it, 0 for
+// buffers and failures; status int32 [B]; {i: message} for the samples that failed).
+py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_bytes,
+                        const c10::optional<at::Tensor>& crcs) {
+  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
+  at::Tensor crc_values;
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "read_batch", &crc_values);
+  BufferViews views(buffers, "read_batch", true);
+  const int64_t n = static_cast<int64_t>(views.size());
+  Outcomes outcomes(n);
+  at::Tensor lengths = at::zeros({n}, at::kLong);
+  at::Tensor data;
+  {
+    py::gil_scoped_release nogil;
+    int32_t* st = outcomes.st();
+    int64_t* len = lengths.data_ptr<int64_t>();
+    std::vector<std::vector<uint8_t>> files(static_cast<size_t>(n));  // each read whole first: sizes unknown
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          Bytes src;
+          st[i] = load_checked(views, i, max_bytes, files[i], &src, expected, outcomes.message(i));
+          if (st[i] == kOk && views.is_path(i)) len[i] = static_cast<int64_t>(files[i].size());
+          else std::vector<uint8_t>().swap(files[i]);
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
+    std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
+    for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + len[i];
+    data = at::empty({offsets[n]}, at::kByte);  // no Python object: fine without the GIL
+    uint8_t* base = data.data_ptr<uint8_t>();
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          if (len[i] > 0) std::memcpy(base + offsets[i], files[i].data(), static_cast<size_t>(len[i]));
+          std::vector<uint8_t>().swap(files[i]);
+        },
+        [&](int64_t i, const char* what) {  // memcpy throws nothing; kept for run_parallel's contract
+          outcomes.fail(i, what);
+        });
+  }
+  const int32_t* st = outcomes.st();
+  py::dict failed;
+  for (int64_t i = 0; i < n; ++i)
+    if (st[i] != kOk) failed[py::int_(i)] = std::string(outcomes.message(i));
+  return py::make_tuple(data, lengths, outcomes.status, failed);
+}
+
 // Whether each JPEG would decode in full under the decoder's policy, without decoding pixels (entropy decoding
 // only): the check of decoders (nvJPEG) that do not report damaged data. Returns (status int32 [B], messages).
 py::tuple verify_jpegs_py(const py::sequence& buffers, int threads, bool strict, int64_t max_pixels,
@@ -594,6 +645,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("crcs") = py::none());
   m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none());
+  m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
         py::arg("max_pixels") = 0, py::arg("max_bytes") = 0, py::arg("crcs") = py::none());
