@@ -8,6 +8,9 @@ around it: what competes with the training loop's thread for the GIL.
 Steps: plan (crop plans, Pipeline.plan), read (the reader's sources: paths or LMDB views), decode (the native
 batch call, GIL released inside), params (Pipeline.sample_params + batch_plan), stage (the CPU warp/normalise,
 which a CUDA loader runs on the GPU instead), other (make() minus the above: reserving, tables, counts, labels).
+Then the torch functions one make() calls (each that runs a kernel gives the GIL up and waits to get it back).
+--gil: instead, make() beside a busy Python thread, and the GIL handoffs per batch that implies (gil_waits).
+Works on older checkouts too (before fastload.decoders), for before/after figures.
 """
 import argparse
 import collections
@@ -17,8 +20,6 @@ import statistics
 import sys
 import threading
 import time
-
-import numpy as np
 
 from bench import corpus
 from fastload import FastLoader, ops, producer
@@ -143,7 +144,7 @@ def table(rows, title):
         inner_w = sum(r.get(s, (0, 0))[1] for s in ("plan", "read", "decode", "params"))
         r["other"] = (r["make"][0] - inner, r["make"][1] - inner_w)
     print(f"\n{title} ({len(rows)} batches, medians in ms per batch)")
-    print(f"| step | producer CPU (ms) | wall (ms) |\n|---|---:|---:|")
+    print("| step | producer CPU (ms) | wall (ms) |\n|---|---:|---:|")
     for s in steps:
         cpu = statistics.median(r.get(s, (0, 0))[0] for r in rows) * 1e3
         wall = statistics.median(r.get(s, (0, 0))[1] for r in rows) * 1e3
