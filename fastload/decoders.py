@@ -110,8 +110,8 @@ def read_file(path, max_bytes=ops.MAX_BYTES):
     """(bytes, "") of a file, or (None, why): the native reader's read (Engines._buffers' for a whole batch)
     with its protections: opened non-blocking (a FIFO put where an image was must not hang the producer),
     regular files only, at most ``max_bytes``."""
-    data, _, status, failed = ops.C.read_batch([os.fspath(path)], 1, max_bytes)
-    return (bytes(data.numpy()), "") if int(status[0]) == ops.OK else (None, failed[0])
+    data, lengths, status, failed = ops.C.read_batch([os.fspath(path)], 1, max_bytes)
+    return (bytes(data[:int(lengths[0])].numpy()), "") if int(status[0]) == ops.OK else (None, failed[0])
 
 
 # ---- per-sample decoders ------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ class Engines:
         if not len(chosen):
             return None
         with m.ds.reader() as reader:
-            buffers = self._buffers(reader, indices[chosen])
+            buffers = self._buffers(reader, indices[chosen], slot)
             keep = engine_ready(self.decodable, verdicts[chosen], buffers, threads=m.threads,
                                 max_pixels=m.max_pixels)
             # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose
@@ -416,17 +416,21 @@ class Engines:
                             torch.cuda.Stream(device, priority=-1))
         return self.handles
 
-    def _buffers(self, reader, indices):
+    def _buffers(self, reader, indices, slot=None):
         """The bytes of these samples for the engines, or None where they cannot go: a record that cannot be
         read or fails its packed CRC-32, a file that cannot be read safely (read_file's rules). One native call
         reads every file (GIL released: no Python open/stat/read/close per file, each of which would give the GIL
         up and wait for it back) and checks every CRC. The CPU path then reads the failed ones again and reports
-        what it finds."""
+        what it finds. The files land in ``slot``'s host buffer for bitstreams (kept: no fresh memory to fault in
+        each batch); the engines are done with them before the slot is reused."""
         unreadable = {}
         sources, crcs = read_sources(reader, indices, unreadable)
         data, lengths, _, failed = ops.C.read_batch(
             sources, self.maker.threads, ops.MAX_BYTES,
-            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
+            None if slot is None else slot.bitstreams)
+        if slot is not None:
+            slot.bitstreams = data
         files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
         return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)

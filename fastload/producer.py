@@ -29,6 +29,7 @@ class Slot:
         self.pin = pin
         self.buffer = torch.empty(0, dtype=torch.uint8)
         self.device_buffer = None  # decoder="nvjpeg": the hardware decoder's output
+        self.bitstreams = None  # decoder="nvjpeg": the files the engines read (decoders.Engines._buffers)
         self.copied = None  # CUDA event: the buffer may be rewritten once the copy (or kernel) it guards is done
 
     def reserve(self, nbytes):

@@ -50,40 +50,59 @@ struct Bytes {
 
 constexpr int64_t kDefaultMaxBytes = int64_t(256) << 20;  // per image: no JPEG worth training on is larger
 
-// Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
-int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
-  // O_NONBLOCK: a FIFO (or device) put where an image was must not block the open; fstat then refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
+// Opens a file with the reader's rules: non-blocking (a FIFO or device put where an image was must not block the
+// open; fstat then refuses it), regular files only, at most max_bytes. kOk with *fd open and *bytes its size, or
+// kUnreadable (nothing left open).
+int open_file(const std::string& path, int64_t max_bytes, int* fd, int64_t* bytes, char* message, size_t size) {
+  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (*fd < 0) {
     std::snprintf(message, size, "cannot read: %s", std::strerror(errno));
     return kUnreadable;
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int status = kOk;
+  if (::fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     std::snprintf(message, size, "cannot read: not a regular file");
-    ::close(fd);
-    return kUnreadable;
-  }
-  if (st.st_size > max_bytes) {
+    status = kUnreadable;
+  } else if (st.st_size > max_bytes) {
     std::snprintf(message, size, "file is %lld bytes, over the per-image limit of %lld",
                   static_cast<long long>(st.st_size), static_cast<long long>(max_bytes));
-    ::close(fd);
-    return kUnreadable;
+    status = kUnreadable;
   }
-  out.resize(static_cast<size_t>(st.st_size));
+  if (status != kOk) {
+    ::close(*fd);
+    *fd = -1;
+    return status;
+  }
+  *bytes = static_cast<int64_t>(st.st_size);
+  return kOk;
+}
+
+// Reads exactly n bytes of fd into dst, then closes fd. Returns a Status.
+int read_all(int fd, uint8_t* dst, size_t n, char* message, size_t size) {
   size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::snprintf(message, size, "cannot read: %s", n < 0 ? std::strerror(errno) : "file shrank while reading");
+  while (done < n) {
+    const ssize_t got = ::read(fd, dst + done, n - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      std::snprintf(message, size, "cannot read: %s", got < 0 ? std::strerror(errno) : "file shrank while reading");
       ::close(fd);
       return kUnreadable;
     }
-    done += static_cast<size_t>(n);
+    done += static_cast<size_t>(got);
   }
   ::close(fd);
   return kOk;
+}
+
+// Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
+int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
+  int fd = -1;
+  int64_t bytes = 0;
+  const int status = open_file(path, max_bytes, &fd, &bytes, message, size);
+  if (status != kOk) return status;
+  out.resize(static_cast<size_t>(bytes));
+  return read_all(fd, out.data(), out.size(), message, size);
 }
 
 // A Python error with a printf-formatted message, raised with the GIL held.
@@ -136,6 +155,7 @@ class BufferViews {
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
   bool is_path(size_t i) const { return !paths_[i].empty(); }
+  const std::string& path(size_t i) const { return paths_[i]; }
   // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
   int load(size_t i, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message,
            size_t size) const {
@@ -483,15 +503,20 @@ py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows
 }
 
 // The engines' read: every sample's bytes in host memory, in one call per batch without the GIL. File paths are
-// read by native threads (read_file's protections: non-blocking open, regular files only, max_bytes) and packed
-// back to back into one uint8 tensor; buffers stay where they are (length 0 here). A given CRC-32 is checked for
-// both. Returns (data uint8 [total], lengths int64 [B]: sample i's bytes follow the lengths before it, 0 for
-// buffers and failures; status int32 [B]; {i: message} for the samples that failed).
+// read by native threads (read_file's rules) straight into one uint8 buffer, back to back: their sizes first (open,
+// fstat), then each file read into its place (a file whose size changed in between is unreadable: the CPU path
+// reads it again). `out` is reused when it holds them all, else a new buffer (25% headroom) is returned. Buffers
+// stay where they are (length 0 here). A given CRC-32 is checked for both. Returns (data uint8: the buffer used,
+// lengths int64 [B]: file i's room, after the rooms before it (0 for buffers and files refused before reading);
+// status int32 [B]; {i: message} for the samples that failed, whose room holds nothing of use).
 py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_bytes,
-                        const c10::optional<at::Tensor>& crcs) {
+                        const c10::optional<at::Tensor>& crcs, const c10::optional<at::Tensor>& out) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   at::Tensor crc_values;
   const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "read_batch", &crc_values);
+  if (out.has_value())
+    TORCH_CHECK(out->scalar_type() == at::kByte && out->device().is_cpu() && out->is_contiguous() && out->dim() == 1,
+                "read_batch: out must be a contiguous 1-D uint8 CPU tensor");
   BufferViews views(buffers, "read_batch", true);
   const int64_t n = static_cast<int64_t>(views.size());
   Outcomes outcomes(n);
@@ -501,29 +526,44 @@ py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_by
     py::gil_scoped_release nogil;
     int32_t* st = outcomes.st();
     int64_t* len = lengths.data_ptr<int64_t>();
-    std::vector<std::vector<uint8_t>> files(static_cast<size_t>(n));  // each read whole first: sizes unknown
+    std::vector<uint8_t> unused;
     run_parallel(
         n, threads,
         [&](int64_t i) {
-          Bytes src;
-          st[i] = load_checked(views, i, max_bytes, files[i], &src, expected, outcomes.message(i));
-          if (st[i] == kOk && views.is_path(i)) len[i] = static_cast<int64_t>(files[i].size());
-          else std::vector<uint8_t>().swap(files[i]);
+          char* message = outcomes.message(i);
+          if (!views.is_path(i)) {  // a buffer: its limit and checksum, no copy
+            Bytes src;
+            st[i] = load_checked(views, i, max_bytes, unused, &src, expected, message);
+            return;
+          }
+          int fd = -1;
+          st[i] = open_file(views.path(i), max_bytes, &fd, &len[i], message, kMessageSize);
+          if (st[i] == kOk) ::close(fd);
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
     std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
-    for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + len[i];
-    data = at::empty({offsets[n]}, at::kByte);  // no Python object: fine without the GIL
+    for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + (st[i] == kOk ? len[i] : (len[i] = 0));
+    data = out.has_value() && out->numel() >= offsets[n] ? *out : at::empty({offsets[n] + offsets[n] / 4}, at::kByte);
     uint8_t* base = data.data_ptr<uint8_t>();
     run_parallel(
         n, threads,
         [&](int64_t i) {
-          if (len[i] > 0) std::memcpy(base + offsets[i], files[i].data(), static_cast<size_t>(len[i]));
-          std::vector<uint8_t>().swap(files[i]);
+          if (!views.is_path(i) || st[i] != kOk) return;
+          char* message = outcomes.message(i);
+          int fd = -1;
+          int64_t now = 0;
+          st[i] = open_file(views.path(i), max_bytes, &fd, &now, message, kMessageSize);
+          if (st[i] == kOk && now != len[i]) {
+            ::close(fd);
+            std::snprintf(message, kMessageSize, "cannot read: file changed size while reading (%lld, then %lld bytes)",
+                          static_cast<long long>(len[i]), static_cast<long long>(now));
+            st[i] = kUnreadable;
+          }
+          if (st[i] == kOk) st[i] = read_all(fd, base + offsets[i], static_cast<size_t>(len[i]), message, kMessageSize);
+          if (st[i] == kOk && !crc_matches(Bytes{base + offsets[i], static_cast<size_t>(len[i])}, expected, i, message))
+            st[i] = kCorrupt;
         },
-        [&](int64_t i, const char* what) {  // memcpy throws nothing; kept for run_parallel's contract
-          outcomes.fail(i, what);
-        });
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
   const int32_t* st = outcomes.st();
   py::dict failed;
@@ -647,7 +687,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
   m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
-        py::arg("crcs") = py::none());
+        py::arg("crcs") = py::none(), py::arg("out") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
         py::arg("max_pixels") = 0, py::arg("max_bytes") = 0, py::arg("crcs") = py::none());
   m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,
