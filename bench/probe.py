@@ -130,7 +130,7 @@ def nvjpeg_workers(ds):
         loader._stats = type(loader._stats)()
         loader._maker.stats = loader._stats
         lock = loader._maker._hardware_lock = _Timed(loader._maker._hardware_lock)
-        lib = loader._maker._hardware[0]._lib  # the process's one ctypes.CDLL: restored below
+        lib = loader._maker.decoder.handles[0]._lib  # the process's one ctypes.CDLL: restored below
         submit = lib.nvjpegDecodeBatchedEx = _Timed(lib.nvjpegDecodeBatchedEx)
         t, n = time.perf_counter(), 0
         for _ in range(3):

@@ -19,9 +19,9 @@ import weakref
 import numpy as np
 import torch
 
-from . import nvjpeg, ops
+from . import decoders, ops
 from .datasets.source import SubsetSource, as_source
-from .producer import HYBRID_PERIOD, BatchMaker, Slot
+from .producer import BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
 from .transforms.pipeline import Pipeline
@@ -112,23 +112,14 @@ class FastLoader:
         dtype = _check_dtype(dtype)
         self.mean, self.std, self._in_scale = _normalisation(mean, std, dtype)
         self.device = _resolve_device(device)
-        self.decoder = _resolve_decoder(decoder, self.device)
+        kind = decoders.resolve(decoder, self.device)  # its worker and thread defaults: decoders.KINDS
+        self.decoder = kind.name
         # Under torchrun the processes of one machine share its cores.
         cores = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-        if workers is None:  # nvjpeg: one producer has the engines while the other reads and plans
-            if self.decoder == "nvjpeg":
-                workers = 2  # more contend for the GIL and the engines (bench/RESULTS.md, probe --nvjpeg-workers)
-            elif self.decoder == "hybrid":
-                workers = HYBRID_PERIOD  # one producer makes the cores' batches, the others the engines'
-            else:
-                workers = min(4, max(2, cores // 4)) if self.device.type == "cuda" else 2
-        # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one
-        # per core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads"). With
-        # nvjpeg the cores decode only the few samples the engines cannot take; with hybrid, one batch in three,
-        # leaving a core to the engines' producers and one to the training loop.
-        shared = self.device.type == "cuda" and self.decoder == "cpu"
-        own = max(1, cores - 2) if self.decoder == "hybrid" else cores
-        self.threads = threads or (max(1, cores // max(1, workers)) if shared else own)
+        cuda = self.device.type == "cuda"
+        if workers is None:
+            workers = kind.workers(cores, cuda)
+        self.threads = threads or kind.threads(cores, workers, cuda)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
             _check_positive_int(name, value)
         dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
@@ -161,7 +152,7 @@ class FastLoader:
         # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
         source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
         self._maker = BatchMaker(source, self.pipeline, seed, self.threads, on_error, strict, max_pixels, self._stats,
-                                 device=self.device, decoder=self.decoder)
+                                 device=self.device, decoder=kind)
         if size_schedule is not None and not callable(size_schedule):
             raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")
         self.size_schedule = size_schedule
@@ -431,18 +422,8 @@ def _resolve_device(device):
 
 
 def _resolve_decoder(decoder, device):
-    if decoder not in ("cpu", "nvjpeg", "hybrid", "auto"):
-        raise ValueError(f"decoder must be 'cpu', 'nvjpeg', 'hybrid' or 'auto', got {decoder!r}")
-    if decoder == "cpu" or (decoder == "auto" and device.type != "cuda"):
-        return "cpu"
-    if device.type != "cuda":
-        raise ValueError(f"decoder={decoder!r} decodes on the GPU: it needs device='cuda'")
-    ok, why = nvjpeg.available(device)
-    if ok:
-        return "nvjpeg" if decoder == "auto" else decoder
-    if decoder == "auto":
-        return "cpu"
-    raise RuntimeError(f"decoder={decoder!r} cannot be used on {device}: {why}")
+    """The name of the decoder ``decoder=`` gives on ``device`` (decoders.resolve: "auto" resolved there)."""
+    return decoders.resolve(decoder, device).name
 
 
 class _Producers:

@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <memory>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -49,40 +50,59 @@ struct Bytes {
 
 constexpr int64_t kDefaultMaxBytes = int64_t(256) << 20;  // per image: no JPEG worth training on is larger
 
-// Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
-int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
-  // O_NONBLOCK: a FIFO (or device) put where an image was must not block the open; fstat then refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
+// Opens a file with the reader's rules: non-blocking (a FIFO or device put where an image was must not block the
+// open; fstat then refuses it), regular files only, at most max_bytes. kOk with *fd open and *bytes its size, or
+// kUnreadable (nothing left open).
+int open_file(const std::string& path, int64_t max_bytes, int* fd, int64_t* bytes, char* message, size_t size) {
+  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (*fd < 0) {
     std::snprintf(message, size, "cannot read: %s", std::strerror(errno));
     return kUnreadable;
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int status = kOk;
+  if (::fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     std::snprintf(message, size, "cannot read: not a regular file");
-    ::close(fd);
-    return kUnreadable;
-  }
-  if (st.st_size > max_bytes) {
+    status = kUnreadable;
+  } else if (st.st_size > max_bytes) {
     std::snprintf(message, size, "file is %lld bytes, over the per-image limit of %lld",
                   static_cast<long long>(st.st_size), static_cast<long long>(max_bytes));
-    ::close(fd);
-    return kUnreadable;
+    status = kUnreadable;
   }
-  out.resize(static_cast<size_t>(st.st_size));
+  if (status != kOk) {
+    ::close(*fd);
+    *fd = -1;
+    return status;
+  }
+  *bytes = static_cast<int64_t>(st.st_size);
+  return kOk;
+}
+
+// Reads exactly n bytes of fd into dst, then closes fd. Returns a Status.
+int read_all(int fd, uint8_t* dst, size_t n, char* message, size_t size) {
   size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::snprintf(message, size, "cannot read: %s", n < 0 ? std::strerror(errno) : "file shrank while reading");
+  while (done < n) {
+    const ssize_t got = ::read(fd, dst + done, n - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      std::snprintf(message, size, "cannot read: %s", got < 0 ? std::strerror(errno) : "file shrank while reading");
       ::close(fd);
       return kUnreadable;
     }
-    done += static_cast<size_t>(n);
+    done += static_cast<size_t>(got);
   }
   ::close(fd);
   return kOk;
+}
+
+// Reads a whole file into out (reused across calls by the caller's thread). Returns a Status.
+int read_file(const std::string& path, int64_t max_bytes, std::vector<uint8_t>& out, char* message, size_t size) {
+  int fd = -1;
+  int64_t bytes = 0;
+  const int status = open_file(path, max_bytes, &fd, &bytes, message, size);
+  if (status != kOk) return status;
+  out.resize(static_cast<size_t>(bytes));
+  return read_all(fd, out.data(), out.size(), message, size);
 }
 
 // A Python error with a printf-formatted message, raised with the GIL held.
@@ -134,6 +154,8 @@ class BufferViews {
       : BufferViews(py::make_tuple(data), op, paths_allowed, true) {}
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
+  bool is_path(size_t i) const { return !paths_[i].empty(); }
+  const std::string& path(size_t i) const { return paths_[i]; }
   // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
   int load(size_t i, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message,
            size_t size) const {
@@ -390,42 +412,49 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
   return py::make_tuple(status, std::string(message), status == kOk ? py::cast(out) : py::none());
 }
 
-// Batch decode into a caller-provided ragged buffer. windows: int64 [B, 5] = (top, left, height, width,
-// downscale). Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
-py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+// Batch decode into a caller-provided ragged buffer, shared by decode_crops and decode_batch: windows int64
+// [B, 5] = (top, left, height, width, downscale); the layout is made before anything is decoded, the reads
+// (files or buffers), CRC checks and decodes run on native threads without the GIL.
+struct CropBatch {
+  explicit CropBatch(int64_t n) : offsets(at::zeros({n}, at::kLong)), shapes(at::zeros({n, 3}, at::kLong)), outcomes(n) {}
+  at::Tensor offsets, shapes;
+  Outcomes outcomes;
+};
+
+std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
+                                             int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
+                                             const c10::optional<at::Tensor>& crcs, const char* op) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   at::Tensor crc_values;
   // CRC-32 of each buffer as stored, or -1: checked before decoding
-  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "decode_crops", &crc_values);
-  BufferViews views(buffers, "decode_crops", true);
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), op, &crc_values);
+  BufferViews views(buffers, op, true);
   const int64_t n = static_cast<int64_t>(views.size());
   FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
                windows.device().is_cpu(),
-           "decode_crops: windows must be an int64 CPU tensor of shape [%lld, 5]", static_cast<long long>(n));
-  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(),
-              "decode_crops: out must be a contiguous uint8 CPU tensor");
+           "%s: windows must be an int64 CPU tensor of shape [%lld, 5]", op, static_cast<long long>(n));
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(), op,
+              ": out must be a contiguous uint8 CPU tensor");
   const at::Tensor win = windows.contiguous();
   const int64_t* wp = win.data_ptr<int64_t>();
-  at::Tensor offsets = at::zeros({n}, at::kLong);
-  at::Tensor shapes = at::zeros({n, 3}, at::kLong);
-  Outcomes outcomes(n);
-  int64_t* op = offsets.data_ptr<int64_t>();
-  int64_t* sp = shapes.data_ptr<int64_t>();
+  auto batch = std::make_unique<CropBatch>(n);
+  int64_t* op_ = batch->offsets.data_ptr<int64_t>();
+  int64_t* sp = batch->shapes.data_ptr<int64_t>();
   int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
     const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
     int64_t h = 0, wd = 0;
     // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
     if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
-    op[i] = total;
+    op_[i] = total;
     sp[i * 3] = h;
     sp[i * 3 + 1] = wd;
     sp[i * 3 + 2] = 3;
     total += h * wd * 3;
   }
-  FL_CHECK(total <= out.numel(), "decode_crops: out holds %lld bytes, the batch needs %lld",
+  FL_CHECK(total <= out.numel(), "%s: out holds %lld bytes, the batch needs %lld", op,
            static_cast<long long>(out.numel()), static_cast<long long>(total));
+  Outcomes& outcomes = batch->outcomes;
   {
     py::gil_scoped_release nogil;
     uint8_t* base = out.data_ptr<uint8_t>();
@@ -441,11 +470,106 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
           st[i] = load_checked(views, i, max_bytes, file, &src, expected, message);
           if (st[i] != kOk) return;
           const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
-          st[i] = decode_window(src.data, src.size, w, base + op[i], room, limits, message, kMessageSize);
+          st[i] = decode_window(src.data, src.size, w, base + op_[i], room, limits, message, kMessageSize);
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
-  return py::make_tuple(offsets, shapes, outcomes.status, outcomes.message_list());
+  return batch;
+}
+
+// Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
+py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_crops");
+  return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, b->outcomes.message_list());
+}
+
+// The loader's per-batch call: as decode_crops, but only the samples with something to say come back as Python
+// objects. Returns (offsets, shapes, status, {i: message} for the failed and warned samples, count of OK samples
+// with a warning): a batch that decodes cleanly costs its producer no per-sample Python work.
+py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
+  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_batch");
+  const int32_t* st = b->outcomes.st();
+  py::dict said;
+  int64_t warned = 0;
+  for (size_t i = 0; i < b->outcomes.messages.size(); ++i) {
+    const char* m = b->outcomes.messages[i].data();
+    if (st[i] == kOk && m[0] == '\0') continue;
+    if (st[i] == kOk) ++warned;  // an OK sample's message is a warning let through (see read_header_py)
+    said[py::int_(i)] = std::string(m);
+  }
+  return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, said, warned);
+}
+
+// The engines' read: every sample's bytes in host memory, in one call per batch without the GIL. File paths are
+// read by native threads (read_file's rules) straight into one uint8 buffer, back to back: their sizes first (open,
+// fstat), then each file read into its place (a file whose size changed in between is unreadable: the CPU path
+// reads it again). `out` is reused when it holds them all, else a new buffer (25% headroom) is returned. Buffers
+// stay where they are (length 0 here). A given CRC-32 is checked for both. Returns (data uint8: the buffer used,
+// lengths int64 [B]: file i's room, after the rooms before it (0 for buffers and files refused before reading);
+// status int32 [B]; {i: message} for the samples that failed, whose room holds nothing of use).
+py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_bytes,
+                        const c10::optional<at::Tensor>& crcs, const c10::optional<at::Tensor>& out) {
+  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
+  at::Tensor crc_values;
+  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "read_batch", &crc_values);
+  if (out.has_value())
+    TORCH_CHECK(out->scalar_type() == at::kByte && out->device().is_cpu() && out->is_contiguous() && out->dim() == 1,
+                "read_batch: out must be a contiguous 1-D uint8 CPU tensor");
+  BufferViews views(buffers, "read_batch", true);
+  const int64_t n = static_cast<int64_t>(views.size());
+  Outcomes outcomes(n);
+  at::Tensor lengths = at::zeros({n}, at::kLong);
+  at::Tensor data;
+  {
+    py::gil_scoped_release nogil;
+    int32_t* st = outcomes.st();
+    int64_t* len = lengths.data_ptr<int64_t>();
+    std::vector<uint8_t> unused;
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          char* message = outcomes.message(i);
+          if (!views.is_path(i)) {  // a buffer: its limit and checksum, no copy
+            Bytes src;
+            st[i] = load_checked(views, i, max_bytes, unused, &src, expected, message);
+            return;
+          }
+          int fd = -1;
+          st[i] = open_file(views.path(i), max_bytes, &fd, &len[i], message, kMessageSize);
+          if (st[i] == kOk) ::close(fd);
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
+    std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
+    for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + (st[i] == kOk ? len[i] : (len[i] = 0));
+    data = out.has_value() && out->numel() >= offsets[n] ? *out : at::empty({offsets[n] + offsets[n] / 4}, at::kByte);
+    uint8_t* base = data.data_ptr<uint8_t>();
+    run_parallel(
+        n, threads,
+        [&](int64_t i) {
+          if (!views.is_path(i) || st[i] != kOk) return;
+          char* message = outcomes.message(i);
+          int fd = -1;
+          int64_t now = 0;
+          st[i] = open_file(views.path(i), max_bytes, &fd, &now, message, kMessageSize);
+          if (st[i] == kOk && now != len[i]) {
+            ::close(fd);
+            std::snprintf(message, kMessageSize, "cannot read: file changed size while reading (%lld, then %lld bytes)",
+                          static_cast<long long>(len[i]), static_cast<long long>(now));
+            st[i] = kUnreadable;
+          }
+          if (st[i] == kOk) st[i] = read_all(fd, base + offsets[i], static_cast<size_t>(len[i]), message, kMessageSize);
+          if (st[i] == kOk && !crc_matches(Bytes{base + offsets[i], static_cast<size_t>(len[i])}, expected, i, message))
+            st[i] = kCorrupt;
+        },
+        [&](int64_t i, const char* what) { outcomes.fail(i, what); });
+  }
+  const int32_t* st = outcomes.st();
+  py::dict failed;
+  for (int64_t i = 0; i < n; ++i)
+    if (st[i] != kOk) failed[py::int_(i)] = std::string(outcomes.message(i));
+  return py::make_tuple(data, lengths, outcomes.status, failed);
 }
 
 // Whether each JPEG would decode in full under the decoder's policy, without decoding pixels (entropy decoding
@@ -559,6 +683,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
+  m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none());
+  m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none(), py::arg("out") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
         py::arg("max_pixels") = 0, py::arg("max_bytes") = 0, py::arg("crcs") = py::none());
   m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,

@@ -1,0 +1,505 @@
+"""The decoders behind BatchMaker, one interface: ``make(indices, epoch, slot, k) -> RaggedBatch``.
+
+Per-sample decoders (they fill a host buffer and report per sample):
+  * ``JpegCrops``: libjpeg-turbo on the cores, one native call per batch (``_C.decode_batch``) that reads the
+    samples (file paths opened by its own threads, or LMDB views), checks their packed CRC-32, and decodes only
+    each crop window, DCT-downscaled, into the slot, all without the GIL; only the samples that failed or warned
+    come back as Python objects.
+  * ``PillowImages``: the few non-JPEG samples, at full resolution.
+Batch decoders (what ``decoder=`` names; each makes whole batches):
+  * ``Cores`` ("cpu"): JPEGs to JpegCrops, other formats to Pillow, then ``on_error`` for broken samples (raise a
+    DecodeError naming the sample, or deterministic replacements).
+  * ``Engines`` ("nvjpeg"): the GPU's JPEG engines (fastload.nvjpeg) take the batch's verified baseline YCbCr
+    JPEGs, ``Cores`` the rest; a batch where nvJPEG fails is made whole by ``Cores``.
+  * ``Alternating`` ("hybrid"): batch k of an epoch by its second decoder when k % period == period - 1, else by
+    its first: the engines and the cores on different batches, picked by index alone, never by timing.
+``KINDS`` says, per name, how to build one and the worker/thread defaults the loader gives it; ``resolve``
+turns "auto" (and a name the device cannot run) into one of them, in one place.
+"""
+import io
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import nvjpeg, ops
+from .errors import DecodeError
+from .rng import uniforms
+
+FORMAT_JPEG = 0
+HYBRID_PERIOD = 3  # decoder="hybrid": the cores decode batch k of an epoch when k % 3 == 2, the engines the rest
+_MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
+
+
+@dataclass
+class RaggedBatch:
+    """A decoded batch: sample i is data[offsets[i]:][:h*w*3] as HWC uint8, warped by matrices[i]."""
+    data: torch.Tensor       # 1-D uint8, a view of the slot's buffer
+    offsets: torch.Tensor    # int64 [B]
+    shapes: torch.Tensor     # int64 [B, 3]
+    matrices: torch.Tensor   # float32 [B, 2, 3]
+    labels: torch.Tensor     # int64 [B], or the dataset's float / multi-dimensional targets [B, ...]
+    nbytes: int              # bytes of data in use (what a GPU copy must move)
+    slot: object             # producer.Slot
+    # Sample counts for loader.stats() (skipped, fallback, gpu_decoded): added when the batch is handed out, so a
+    # batch made ahead (the next epoch's first ones) is not counted before the training loop gets it.
+    counts: dict = field(default_factory=dict)
+    indices: np.ndarray = None  # the samples it holds (after on_error="skip" replacements)
+    params: object = None       # transforms.pipeline.SampleParams: what the stage applies after the warp, or None
+    batch_plan: object = None   # the batch ops' parameters (Pipeline.batch_plan), or None
+
+
+def decoded_nbytes(windows):
+    """Bytes the decoder will write for [B, 5] windows, int64 numpy [B] (same formula as ops.decoded_shape,
+    vectorised; in numpy, whose small-array ops cost the producer's thread a tenth of torch's)."""
+    top, left, h, w, d = (windows.numpy() if isinstance(windows, torch.Tensor) else np.asarray(windows)).T
+    rows = (top + h + d - 1) // d - top // d
+    cols = (left + w + d - 1) // d - left // d
+    return rows * cols * 3
+
+
+def full_resolution(windows, matrices):
+    """Rewrites plans to downscale 1 (for samples Pillow or the engines decode): same output pixels, full-size
+    crop."""
+    d = windows[:, 4].to(torch.float32)
+    left, top = windows[:, 1], windows[:, 0]
+    m = matrices.clone()
+    # x_orig_edge = d * (x_d + 0.5 + left // d); x_1 = x_orig_edge - 0.5 - left
+    for row, start in ((0, left), (1, top)):
+        m[:, row, :2] *= d[:, None]
+        m[:, row, 2] = d * (matrices[:, row, 2] + 0.5 + (start // windows[:, 4]).to(torch.float32)) - 0.5 - start
+    w = windows.clone()
+    w[:, 4] = 1
+    return w, m
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+
+def read_sources(reader, indices, unreadable=None):
+    """(sources, crcs) of these samples for the native decoder: zero-copy views and their packed CRC-32 for LMDB,
+    file paths (read by the native threads) and no checksums for folders. A record that cannot be read (a damaged
+    store) gets an empty buffer and its reason goes to ``unreadable`` {position: message}: on_error then treats it
+    like a failed decode."""
+    sources = getattr(reader, "sources", None)
+    if sources is None:  # a dataset of our protocol's minimum: bytes from get(), no checksums
+        sources = lambda idx: ([reader.get(i) for i in idx], None)  # noqa: E731
+    try:
+        buffers, crcs = sources(indices.tolist())
+        return list(buffers), (None if crcs is None else list(crcs))
+    except DecodeError:  # a damaged record among them: one by one, so only that sample fails
+        pass
+    buffers, crcs = [], []
+    for k, i in enumerate(indices.tolist()):
+        try:
+            b, c = sources([i])
+            buffers.append(b[0])
+            crcs.append(-1 if c is None else c[0])
+        except DecodeError as e:
+            buffers.append(b"")
+            crcs.append(-1)
+            if unreadable is not None:
+                unreadable[k] = str(e).removeprefix(f"{e.sample}: ")
+    return buffers, crcs
+
+
+def read_file(path, max_bytes=ops.MAX_BYTES):
+    """(bytes, "") of a file, or (None, why): the native reader's read (Engines._buffers' for a whole batch)
+    with its protections: opened non-blocking (a FIFO put where an image was must not hang the producer),
+    regular files only, at most ``max_bytes``."""
+    data, lengths, status, failed = ops.C.read_batch([os.fspath(path)], 1, max_bytes)
+    return (bytes(data[:int(lengths[0])].numpy()), "") if int(status[0]) == ops.OK else (None, failed[0])
+
+
+# ---- per-sample decoders ------------------------------------------------------------------------------------
+
+@dataclass
+class Decoded:
+    """What a per-sample decoder reports for the samples it was given (positions 0..n-1)."""
+    offsets: torch.Tensor  # int64 [n], into the buffer it was given
+    shapes: torch.Tensor   # int64 [n, 3]
+    status: torch.Tensor   # int32 [n], ops.OK or why not
+    messages: dict         # {position: message} for the failed samples and the OK ones decoded with a warning
+    warned: int            # OK samples decoded with a warning let through
+
+
+class JpegCrops:
+    """libjpeg-turbo crop decode on ``threads`` native threads: read, CRC check and decode in one native call per
+    batch, GIL released; the Python side sees only the samples that failed or warned."""
+
+    def __init__(self, threads, strict, max_pixels):
+        self.threads, self.strict, self.max_pixels = threads, strict, max_pixels
+
+    def read(self, reader, indices):
+        """(sources, crcs, unreadable {position: message}) of these samples."""
+        unreadable = {}
+        sources, crcs = read_sources(reader, indices, unreadable)
+        return sources, crcs, unreadable
+
+    def decode(self, sources, crcs, windows, out, unreadable=None):
+        """Decodes the windows [n, 5] of ``sources`` into ``out`` (1-D uint8, laid out in order from 0)."""
+        offsets, shapes, status, messages, warned = ops.C.decode_batch(  # checks windows: int64 [n, 5]
+            sources, windows, out, self.threads, self.strict, self.max_pixels, ops.MAX_BYTES,
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
+        for k, message in (unreadable or {}).items():  # decoded as empty buffers: report them as what they are
+            status[k] = ops.CORRUPT
+            messages[k] = message
+        return Decoded(offsets, shapes, status, messages, warned)
+
+
+class PillowImages:
+    """Non-JPEG samples, decoded whole by Pillow and cropped (windows at downscale 1: BatchMaker.plan sees to it)."""
+
+    def __init__(self, dataset, max_pixels):
+        self.ds, self.max_pixels = dataset, max_pixels
+
+    def fill(self, index, window, room):
+        """Decodes sample ``index`` and writes its window, HWC, at the start of ``room`` (a uint8 view that must
+        hold it: nothing is written past it). Returns (status, message)."""
+        top, left, h, w, _ = (int(v) for v in window)
+        try:
+            if h * w * 3 > room.numel():
+                raise ValueError(f"its {w}x{h} window needs {h * w * 3} bytes, the batch gave it {room.numel()}")
+            with self.ds.reader() as reader:
+                data = bytes(reader.get(index))
+            with Image.open(io.BytesIO(data)) as im:
+                if im.width * im.height > self.max_pixels:
+                    raise ValueError(f"{im.width}x{im.height} is over the pixel limit ({self.max_pixels})")
+                rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
+            if rgb.shape[0] < top + h or rgb.shape[1] < left + w:
+                raise ValueError(f"image is {rgb.shape[1]}x{rgb.shape[0]}, the index says otherwise")
+            room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
+            return ops.OK, ""
+        except Exception as e:  # any Pillow failure is this sample's decode error
+            return ops.CORRUPT, f"Pillow could not decode it: {e}"
+
+
+# ---- batch decoders -----------------------------------------------------------------------------------------
+
+class Cores:
+    """decoder="cpu": the JPEGs by JpegCrops, then the other formats by Pillow laid out behind them (the native
+    layout gives no room to a window no JPEG can have, a side over 65535, and Pillow's would overwrite the samples
+    after it), then ``on_error`` for the samples that failed."""
+    name = "cpu"
+
+    def __init__(self, maker):
+        self.maker = maker
+        self.crops = JpegCrops(maker.threads, maker.strict, maker.max_pixels)
+        self.pillow = PillowImages(maker.ds, maker.max_pixels)
+
+    def make(self, indices, epoch, slot, k=0):
+        m = self.maker
+        t0 = time.perf_counter()
+        windows, matrices, other = m.plan(indices, epoch)
+        nbytes = decoded_nbytes(windows)
+        used = int(nbytes.sum())
+        buffer = slot.reserve(used)
+        n = len(indices)
+        fallback = int(other.sum())
+        with m.ds.reader() as reader:
+            if not fallback:  # the usual batch: all JPEGs, laid out by the native call as the batch is
+                sources, crcs, unreadable = self.crops.read(reader, indices)
+                t1 = time.perf_counter()
+                d = self.crops.decode(sources, crcs, windows, buffer, unreadable)
+                offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
+            else:
+                jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
+                offsets = torch.zeros(n, dtype=torch.int64)
+                shapes = torch.zeros(n, 3, dtype=torch.int64)
+                status = torch.full((n,), ops.NOT_DECODED, dtype=torch.int32)
+                sources, crcs, unreadable = self.crops.read(reader, indices[jpeg])
+                t1 = time.perf_counter()
+                messages = {}
+                if len(jpeg):  # the JPEGs first, laid out by the native decoder
+                    j = torch.from_numpy(jpeg)
+                    d = self.crops.decode(sources, crcs, windows[j], buffer, unreadable)
+                    offsets[j], shapes[j], status[j] = d.offsets, d.shapes, d.status
+                    messages = {int(jpeg[p]): text for p, text in d.messages.items()}
+        if fallback:
+            start = int(nbytes[jpeg].sum())
+            for p in others.tolist():
+                room = int(nbytes[p])
+                offsets[p], shapes[p] = start, torch.tensor([int(windows[p, 2]), int(windows[p, 3]), 3])
+                status[p], text = self.pillow.fill(int(indices[p]), windows[p], buffer[start:start + room])
+                if text:
+                    messages[p] = text
+                start += room
+        # OK samples whose message is a harmless libjpeg warning (strict lets those through): counted, not hidden
+        counts = {"fallback": fallback, "skipped": 0,
+                  "warnings": sum(1 for p, text in messages.items()
+                                  if int(status[p]) == ops.OK and text.startswith(ops.WARNING_PREFIX))}
+        bad = np.flatnonzero(status.numpy() != ops.OK)
+        if len(bad):
+            indices = indices.copy()
+            buffer, offsets, shapes, matrices, used = self._repair(bad, indices, matrices, slot, offsets, shapes,
+                                                                   messages, epoch, used, counts)
+        labels = torch.from_numpy(m.labels[indices])
+        m.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
+        return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts, indices)
+
+    def _repair(self, bad, indices, matrices, slot, offsets, shapes, messages, epoch, used, counts):
+        """on_error="raise": raise for the first bad sample. "skip": replace each bad sample by a deterministic
+        pick (a pure function of seed, epoch and the bad index) decoded into the slot's spare room."""
+        m = self.maker
+        if m.on_error == "raise":
+            k = int(bad[0])
+            name = m.ds.sample_name(int(indices[k]))
+            raise DecodeError(f"{name}: {messages.get(k, '')}", sample=name, reason=messages.get(k, ""))
+        buffer = slot.buffer
+        offsets, shapes, matrices = offsets.clone(), shapes.clone(), matrices.clone()
+        n = len(m.heights)
+        for k in bad.tolist():
+            counts["skipped"] += 1
+            original = int(indices[k])
+            # A stream of its own (seed + a constant) so replacements never correlate with crop draws.
+            picks = uniforms(m.seed + 0x5EED, epoch, np.array([original]), _MAX_REPLACEMENTS)[0]
+            for u in picks:
+                pick = np.array([min(int(u * n), n - 1)], dtype=np.int64)
+                w, mat, other = m.plan(pick, epoch)
+                need = int(decoded_nbytes(w).sum())
+                if used + need > buffer.numel():
+                    grown = torch.empty(int((used + need) * 1.25), dtype=torch.uint8, pin_memory=slot.pin)
+                    grown[:used].copy_(buffer[:used])
+                    slot.buffer = buffer = grown
+                if bool(other[0]):
+                    st, _ = self.pillow.fill(int(pick[0]), w[0], buffer[used:used + need])
+                    off, shp = 0, torch.tensor([int(w[0, 2]), int(w[0, 3]), 3])
+                else:
+                    with m.ds.reader() as reader:
+                        sources, crcs, unreadable = self.crops.read(reader, pick)
+                        d = self.crops.decode(sources, crcs, w, buffer[used:], unreadable)
+                    st, off, shp = int(d.status[0]), int(d.offsets[0]), d.shapes[0]
+                if st == ops.OK:
+                    offsets[k], shapes[k], matrices[k] = used + off, shp, mat[0]
+                    indices[k] = pick[0]
+                    used += need
+                    break
+                counts["skipped"] += 1
+            else:
+                name, why = m.ds.sample_name(original), messages.get(k, "")
+                raise DecodeError(f"{name}: {why} (and {_MAX_REPLACEMENTS} replacements failed too)", sample=name,
+                                  reason=why)
+        return buffer, offsets, shapes, matrices, used
+
+
+# What Engines knows of each sample (one int8 per sample, kept for the loader's life).
+UNKNOWN, CORES, HEADER_OK, VERIFIED = -1, 0, 1, 2
+# read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these samplings.
+_HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2), (1, 2)}
+
+
+def _hardware_decodable(header):
+    return (header["status"] == ops.OK and header["components"] == 3 and header["color_space"] == 3
+            and not header["progressive"] and not header["arithmetic"]
+            and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
+
+
+def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXELS, max_bytes=ops.MAX_BYTES):
+    """Which of these JPEGs may go to the hardware decoder: bool [len(indices)]; updates ``state`` (per sample,
+    UNKNOWN / CORES / HEADER_OK / VERIFIED) in place.
+
+    nvJPEG's hardware backend reports success on damaged entropy data (the rows after the damage keep whatever
+    the output buffer held: pixels of another sample), so a JPEG goes to the engines only once a strict CPU
+    entropy check (``ops.verify_jpegs``: no IDCT, OK exactly when a strict full decode would succeed) has
+    passed. One that fails, or whose header is not for the engines (progressive, CMYK, grayscale...), is marked
+    CORES: the CPU path decodes it, and reports or skips it exactly as decoder="cpu" does. The verdict is cached
+    per sample: later epochs pay nothing. (So a folder file rewritten after its check, during training, reaches
+    the engines unchecked: the same window every reader of a mutable folder has.) A buffer that is None (a
+    read that failed) is not ready, and nothing is cached for it."""
+    indices = np.asarray(indices, dtype=np.int64)
+    present = np.array([b is not None for b in buffers], dtype=bool)
+    for k in np.flatnonzero(present & (state[indices] == UNKNOWN)).tolist():
+        header = ops.C.read_header(buffers[k], max_pixels)
+        state[indices[k]] = HEADER_OK if _hardware_decodable(header) else CORES
+    pending = np.flatnonzero(present & (state[indices] == HEADER_OK))
+    if len(pending):  # one batch call on the cores, GIL released
+        status, _ = ops.verify_jpegs([buffers[k] for k in pending.tolist()], threads, strict=True,
+                                     max_pixels=max_pixels, max_bytes=max_bytes)
+        state[indices[pending]] = np.where(np.asarray(status) == ops.OK, VERIFIED, CORES)
+    return present & (state[indices] == VERIFIED)
+
+
+class Engines:
+    """decoder="nvjpeg": the hardware decoder takes every verified baseline YCbCr JPEG of the batch (crops at full
+    resolution, straight into the slot's device buffer), ``cores`` the rest (other JPEG kinds, other formats,
+    unreadable or failed samples: reported or skipped as decoder="cpu" would), their pixels copied in behind
+    ([hardware part | CPU part]). A batch with nothing for the engines, or where nvJPEG itself fails, is made
+    whole by ``cores``. (Splitting baseline JPEGs between engines and cores by their measured speeds was tried:
+    nvJPEG's host-side work and the crop decoders slow each other, and no split beat the engines alone,
+    bench/RESULTS.md.)"""
+    name = "nvjpeg"
+
+    def __init__(self, maker, cores):
+        self.maker, self.cores = maker, cores
+        # Per underlying sample: engine_ready's verdict. A view (a Subset, or repeats: key k reads sample k % n)
+        # shares one verdict among the keys that read the same sample, so each file is checked once.
+        ds = maker.ds
+        base_of = getattr(ds, "indices", None) if hasattr(ds, "base") else None
+        self.verdict_key = np.arange(len(maker.heights)) if base_of is None else np.asarray(base_of, dtype=np.int64)
+        self.decodable = np.full(int(self.verdict_key.max(initial=-1)) + 1, UNKNOWN, dtype=np.int8)
+        # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time (maker's
+        # hardware lock, which a fork also waits for) while the others read: more handles decode slower in total
+        # (H200: 18.6k img/s with one, 14.5k with four), and producer threads are new every epoch, where a new
+        # stream would strand the allocator's cached blocks.
+        self.handles = None
+
+    def make(self, indices, epoch, slot, k=0):
+        return self._make(indices, epoch, slot) or self.cores.make(indices, epoch, slot)
+
+    def _make(self, indices, epoch, slot):
+        m = self.maker
+        t0 = time.perf_counter()
+        n = len(indices)
+        verdicts = self.verdict_key[indices]
+        chosen = np.flatnonzero((m.formats[indices] == FORMAT_JPEG) & (self.decodable[verdicts] != CORES))
+        if not len(chosen):
+            return None
+        with m.ds.reader() as reader:
+            buffers = self._buffers(reader, indices[chosen], slot)
+            keep = engine_ready(self.decodable, verdicts[chosen], buffers, threads=m.threads,
+                                max_pixels=m.max_pixels)
+            # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose
+            # path reports or skips it as decoder="cpu" would.
+            chosen = chosen[keep]
+            buffers = [b for b, ok in zip(buffers, keep) if ok]
+            if not len(chosen):
+                return None
+            windows, matrices, _ = m.plan(indices, epoch)
+            full_bytes = int((windows[:, 2] * windows[:, 3] * 3).sum())  # the whole batch at full resolution
+            hw = torch.from_numpy(chosen)
+            windows, matrices = full_resolution(windows[hw], matrices[hw])  # the hardware has no DCT downscale
+            hw_bytes = int(decoded_nbytes(windows).sum())
+            rest = np.setdiff1d(np.arange(n), chosen)
+            t1 = time.perf_counter()
+            part = self.cores.make(indices[rest], epoch, slot) if len(rest) else None  # raises or repairs
+            with m._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
+                decoder, stream, copy_stream = self._handles(n)
+                with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the
+                    # split: buffer sizes then follow the plan alone, and memory stays flat from epoch to epoch
+                    out = slot.reserve_device(max(full_bytes, hw_bytes + (part.nbytes if part else 0)), m.device)
+                if part is not None:  # on the copy engine, while the JPEG engines decode
+                    with torch.cuda.stream(copy_stream):
+                        out[hw_bytes:hw_bytes + part.nbytes].copy_(part.data[:part.nbytes], non_blocking=True)
+                try:
+                    hw_offsets, hw_shapes = decoder.decode(buffers, windows, out, stream)
+                    # The bitstreams are host memory the reader context owns: done with them before it ends.
+                    stream.synchronize()
+                except nvjpeg.NvjpegError:
+                    return None
+                finally:
+                    copy_stream.synchronize()  # the pinned slot may be refilled after this
+        offsets = torch.empty(n, dtype=torch.int64)
+        shapes = torch.empty(n, 3, dtype=torch.int64)
+        all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
+        labels = torch.from_numpy(m.labels[indices])
+        final = indices.copy()
+        cpu = torch.from_numpy(rest)
+        offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices
+        if part is not None:
+            offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices
+            labels[cpu] = part.labels  # on_error="skip" may have replaced samples
+            final[rest] = part.indices
+        m.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
+        counts = dict(part.counts if part is not None else {}, gpu_decoded=len(chosen))
+        return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot,
+                           counts, final)
+
+    def _handles(self, batch):
+        if self.handles is None:
+            # High priority: inside a training loop the decode's few kernels and copies must not queue behind
+            # the model's, or the producer waits on them with the batch half done.
+            device = self.maker.device
+            self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=-1),
+                            torch.cuda.Stream(device, priority=-1))
+        return self.handles
+
+    def _buffers(self, reader, indices, slot=None):
+        """The bytes of these samples for the engines, or None where they cannot go: a record that cannot be
+        read or fails its packed CRC-32, a file that cannot be read safely (read_file's rules). One native call
+        reads every file (GIL released: no Python open/stat/read/close per file, each of which would give the GIL
+        up and wait for it back) and checks every CRC. The CPU path then reads the failed ones again and reports
+        what it finds. The files land in ``slot``'s host buffer for bitstreams (kept: no fresh memory to fault in
+        each batch); the engines are done with them before the slot is reused."""
+        unreadable = {}
+        sources, crcs = read_sources(reader, indices, unreadable)
+        data, lengths, _, failed = ops.C.read_batch(
+            sources, self.maker.threads, ops.MAX_BYTES,
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
+            None if slot is None else slot.bitstreams)
+        if slot is not None:
+            slot.bitstreams = data
+        files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
+        ends = np.cumsum(lengths.numpy()).tolist()
+        return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
+                else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
+
+
+class Alternating:
+    """decoder="hybrid": batch k of an epoch by ``second`` when k % period == period - 1, else by ``first``."""
+    name = "hybrid"
+
+    def __init__(self, first, second, period=HYBRID_PERIOD):
+        self.first, self.second, self.period = first, second, period
+
+    def make(self, indices, epoch, slot, k=0):
+        chosen = self.second if k % self.period == self.period - 1 else self.first
+        return chosen.make(indices, epoch, slot, k)
+
+
+# ---- names ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kind:
+    """What ``decoder=name`` builds, and the loader's defaults for it (``cores``: the CPU cores this process may
+    use; ``cuda``: whether batches go to a GPU)."""
+    name: str
+    build: Callable          # build(maker) -> a batch decoder
+    on_gpu: bool             # needs device="cuda" and the hardware decoder
+    workers: Callable        # workers(cores, cuda) -> producer threads
+    threads: Callable        # threads(cores, workers, cuda) -> native decode threads per producer
+
+
+def _engines(maker):
+    return Engines(maker, Cores(maker))
+
+
+def _hybrid(maker):
+    cores = Cores(maker)
+    return Alternating(Engines(maker, cores), cores, HYBRID_PERIOD)
+
+
+KINDS = {
+    # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
+    # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads").
+    "cpu": Kind("cpu", Cores, False,
+                workers=lambda cores, cuda: min(4, max(2, cores // 4)) if cuda else 2,
+                threads=lambda cores, workers, cuda: max(1, cores // max(1, workers)) if cuda else cores),
+    # One producer has the engines while the other reads and plans; more contend for the GIL and the engines
+    # (bench/RESULTS.md, probe --nvjpeg-workers). The cores decode only the few samples the engines cannot take.
+    "nvjpeg": Kind("nvjpeg", _engines, True, workers=lambda cores, cuda: 2,
+                   threads=lambda cores, workers, cuda: cores),
+    # One producer makes the cores' batches, the others the engines'; a core left to the engines' producers
+    # and one to the training loop.
+    "hybrid": Kind("hybrid", _hybrid, True, workers=lambda cores, cuda: HYBRID_PERIOD,
+                   threads=lambda cores, workers, cuda: max(1, cores - 2)),
+}
+
+
+def resolve(decoder, device):
+    """The Kind ``decoder=`` names on ``device``: "auto" is "nvjpeg" where the device has a hardware decoder,
+    else "cpu"; a GPU decoder on a device that cannot run it is an error saying why."""
+    if decoder not in (*KINDS, "auto"):
+        raise ValueError(f"decoder must be 'cpu', 'nvjpeg', 'hybrid' or 'auto', got {decoder!r}")
+    if decoder == "cpu" or (decoder == "auto" and device.type != "cuda"):
+        return KINDS["cpu"]
+    if device.type != "cuda":
+        raise ValueError(f"decoder={decoder!r} decodes on the GPU: it needs device='cuda'")
+    ok, why = nvjpeg.available(device)
+    if ok:
+        return KINDS["nvjpeg" if decoder == "auto" else decoder]
+    if decoder == "auto":
+        return KINDS["cpu"]
+    raise RuntimeError(f"decoder={decoder!r} cannot be used on {device}: {why}")

@@ -1,0 +1,290 @@
+"""The decoders behind BatchMaker (fastload/decoders.py) and the native batch call they use (_C.decode_batch)."""
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload as fl
+from fastload import decoders, ops
+from fastload.datasets import LMDBDataset
+from fastload.datasets.pack import pack
+from fastload.errors import DecodeError
+from fastload.loader import LoaderStats
+from fastload.producer import BatchMaker, Slot
+from pack_corpus import flip_middle_byte, rewrite_record
+
+
+def _junk_before_sos(jpeg):
+    """A harmless defect libjpeg warns about (strict lets it through): two stray bytes before the SOS marker."""
+    i = jpeg.index(b"\xff\xda")
+    return jpeg[:i] + b"\x00\x01" + jpeg[i:]
+
+
+@pytest.fixture()
+def batch_inputs(imagenet_dir, tmp_path):
+    """Sources of every kind decode_batch meets, with windows: files, buffers, a warned JPEG, a truncated one, a
+    missing file, a FIFO, a CRC mismatch."""
+    files = sorted(str(p) for p in Path(imagenet_dir).rglob("*.jpg"))[:6]
+    data = [Path(f).read_bytes() for f in files]
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    sources = [files[0], data[1], _junk_before_sos(data[2]), data[3][:len(data[3]) // 2] + b"\xff\xd9",
+               str(tmp_path / "gone.jpg"), str(fifo), data[4], files[5]]
+    crcs = [-1] * len(sources)
+    crcs[6] = zlib.crc32(data[4]) ^ 1  # the store says other bytes
+    crcs[1] = zlib.crc32(data[1])      # and the right ones here
+    rng = np.random.default_rng(0)
+    windows = []
+    for s in sources:
+        readable = isinstance(s, bytes) or Path(s).is_file()
+        header = ops.C.read_header(s if readable else data[0])  # unreadable ones: any window, never decoded
+        h, w = header["height"], header["width"]
+        ch, cw = int(rng.integers(8, h // 2)), int(rng.integers(8, w // 2))
+        windows.append([int(rng.integers(0, h - ch)), int(rng.integers(0, w - cw)), ch, cw, int(rng.choice([1, 2, 4]))])
+    return sources, torch.tensor(windows, dtype=torch.int64), torch.tensor(crcs, dtype=torch.int64)
+
+
+def test_decode_batch_is_decode_crops_with_only_what_has_something_to_say(batch_inputs):
+    sources, windows, crcs = batch_inputs
+    out_a, offsets, shapes, status, messages = ops.decode_crops(sources, windows, threads=2, crcs=crcs)
+    out_b = torch.full_like(out_a, 7)
+    offsets_b, shapes_b, status_b, said, warned = ops.C.decode_batch(sources, windows, out_b, 2, True,
+                                                                      ops.MAX_PIXELS, ops.MAX_BYTES, crcs)
+    assert torch.equal(offsets_b, offsets) and torch.equal(shapes_b, shapes) and torch.equal(status_b, status)
+    assert said == {i: m for i, m in enumerate(messages) if m}
+    assert warned == sum(1 for i, m in enumerate(messages) if m and status[i] == ops.OK) == 1
+    # The cases it must tell apart: decoded, warned, truncated, missing, not a regular file, checksum.
+    assert status.tolist() == [ops.OK, ops.OK, ops.OK, ops.CORRUPT, ops.UNREADABLE, ops.UNREADABLE, ops.CORRUPT,
+                               ops.OK]
+    assert said[2].startswith(ops.WARNING_PREFIX) and "No such file" in said[4]
+    assert said[5] == "cannot read: not a regular file" and said[6].startswith("checksum mismatch")
+    for i in np.flatnonzero(status.numpy() == ops.OK).tolist():  # the same pixels, bit for bit
+        n = int(shapes[i].prod())
+        assert torch.equal(out_b[int(offsets[i]):][:n], out_a[int(offsets[i]):][:n])
+
+
+def test_decode_batch_validates_before_touching_memory(batch_inputs):
+    sources, windows, crcs = batch_inputs
+    out = torch.empty(10, dtype=torch.uint8)
+    with pytest.raises(Exception, match="decode_batch: out holds 10 bytes"):
+        ops.C.decode_batch(sources, windows, out, 1, True, 0, 0, None)
+    big = torch.empty(1 << 24, dtype=torch.uint8)
+    with pytest.raises(Exception, match=r"decode_batch: windows must be an int64 CPU tensor of shape \[8, 5\]"):
+        ops.C.decode_batch(sources, windows[:3], big, 1, True, 0, 0, None)
+    with pytest.raises(Exception, match="decode_batch: 2 crcs for 8 buffers"):
+        ops.C.decode_batch(sources, windows, big, 1, True, 0, 0, crcs[:2])
+    with pytest.raises(ValueError, match="buffer 1 is not C-contiguous"):
+        ops.C.decode_batch([b"", np.frombuffer(b"abcd", np.uint8)[::-2]], windows[:2], big, 1, True, 0, 0, None)
+
+
+def _maker(dataset, decoder="cpu", on_error="raise", threads=2, size=48):
+    from fastload.transforms.pipeline import Pipeline
+    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(size), None, None, 1.0 / 255, torch.float32)
+    pipeline.set_epoch_size(0, (size, size))
+    return BatchMaker(dataset, pipeline, 0, threads, on_error, True, ops.MAX_PIXELS, LoaderStats(), decoder=decoder)
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
+def test_cores_batch_is_the_native_decode_of_the_plan(imagenet_dir, tmp_path, store):
+    """decoder="cpu" makes exactly the pixels ops.decode_crops gives for the planned windows, with the plan's
+    matrices and the dataset's labels."""
+    ds = fl.FolderDataset(imagenet_dir)
+    if store:
+        pack(imagenet_dir, tmp_path / "s.lmdb", progress=False, log=lambda m: None)
+        ds = LMDBDataset(tmp_path / "s.lmdb")
+    maker = _maker(ds)
+    assert isinstance(maker.decoder, decoders.Cores)
+    indices = np.random.default_rng(1).permutation(len(ds))[:20]
+    batch = maker.make(indices, 0, Slot(pin=False), k=2)
+    windows, matrices, _ = maker.plan(indices, 0)
+    with ds.reader() as reader:
+        sources, crcs = decoders.read_sources(reader, indices)
+        out, offsets, shapes, status, _ = ops.decode_crops(sources, windows, crcs=crcs)
+    assert status.eq(ops.OK).all() and batch.counts == {"fallback": 0, "skipped": 0, "warnings": 0}
+    assert torch.equal(batch.offsets, offsets) and torch.equal(batch.shapes, shapes)
+    assert torch.equal(batch.matrices, matrices) and batch.nbytes == out.numel()
+    assert torch.equal(batch.data[:batch.nbytes], out)
+    assert torch.equal(batch.labels, torch.as_tensor(np.asarray(ds.labels)[indices]))
+
+
+def _mixed_tree(imagenet_dir, tmp_path):
+    """A class folder with JPEGs, a PNG (Pillow's), a truncated JPEG and one with a harmless warning."""
+    root = tmp_path / "mixed"
+    (root / "a").mkdir(parents=True)
+    files = sorted(Path(imagenet_dir).rglob("*.jpg"))[:6]
+    for i, f in enumerate(files[:4]):
+        (root / "a" / f"{i}.jpg").write_bytes(f.read_bytes())
+    with Image.open(files[4]) as im:
+        im.save(root / "a" / "4.png")
+    data = files[5].read_bytes()
+    (root / "a" / "5.jpg").write_bytes(_junk_before_sos(data))
+    (root / "a" / "6.jpg").write_bytes(data[:len(data) // 2] + b"\xff\xd9")
+    return root
+
+
+def test_cores_route_formats_count_warnings_and_name_the_broken_sample(imagenet_dir, tmp_path):
+    ds = fl.FolderDataset(_mixed_tree(imagenet_dir, tmp_path))
+    names = [Path(p).name for p in ds.paths]
+    broken, png = names.index("6.jpg"), names.index("4.png")
+    with pytest.raises(DecodeError) as e:
+        _maker(ds).make(np.arange(len(ds)), 0, Slot(pin=False))
+    assert e.value.sample.endswith("6.jpg") and str(e.value) == f"{e.value.sample}: {e.value.reason}"
+    windows = _maker(ds).plan(np.array([broken]), 0)[0]  # the native decoder's words, not a Python summary
+    assert e.value.reason == ops.decode_crops([ds.paths[broken]], windows)[4][0] != ""
+    good = np.array([i for i in range(len(ds)) if i != broken])
+    batch = _maker(ds).make(good, 0, Slot(pin=False))
+    assert batch.counts == {"fallback": 1, "skipped": 0, "warnings": 1}
+    # The PNG's window at full resolution, Pillow's pixels, behind the JPEGs.
+    p = int(np.flatnonzero(good == png)[0])
+    (top, left, h, w, d), = _maker(ds).plan(good[p:p + 1], 0)[0].tolist()
+    assert d == 1 and batch.shapes[p].tolist() == [h, w, 3]
+    with Image.open(ds.paths[png]) as im:
+        want = np.array(im.convert("RGB"))[top:top + h, left:left + w]
+    got = batch.data[int(batch.offsets[p]):][:h * w * 3].view(h, w, 3).numpy()
+    assert np.array_equal(got, want) and int(batch.offsets[p]) >= int(batch.offsets[np.arange(len(good)) != p].max())
+    skipped = _maker(ds, on_error="skip").make(np.arange(len(ds)), 0, Slot(pin=False))
+    assert skipped.counts["skipped"] >= 1 and skipped.indices[broken] != broken
+
+
+def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
+    made = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def make(self, indices, epoch, slot, k=0):
+            made.append((self.name, k))
+    hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), decoders.HYBRID_PERIOD)
+    for k in range(9):
+        hybrid.make(None, 0, None, k)
+    assert [name for name, _ in made] == ["engines", "engines", "cores"] * 3
+    cpu = torch.device("cpu")
+    assert decoders.resolve("auto", cpu) is decoders.KINDS["cpu"] and decoders.resolve("cpu", cpu).name == "cpu"
+    for name in ("nvjpeg", "hybrid"):
+        with pytest.raises(ValueError, match=f"decoder='{name}' decodes on the GPU"):
+            decoders.resolve(name, cpu)
+    with pytest.raises(ValueError, match="decoder must be 'cpu', 'nvjpeg', 'hybrid' or 'auto', got 'gpu'"):
+        decoders.resolve("gpu", cpu)
+    # The loader's defaults come from the kind: today's numbers.
+    k = decoders.KINDS
+    assert (k["cpu"].workers(16, False), k["cpu"].workers(16, True), k["nvjpeg"].workers(16, True),
+            k["hybrid"].workers(16, True)) == (2, 4, 2, 3)
+    assert (k["cpu"].threads(16, 4, True), k["cpu"].threads(16, 2, False), k["nvjpeg"].threads(16, 2, True),
+            k["hybrid"].threads(16, 3, True)) == (4, 16, 16, 14)
+
+
+@pytest.mark.cuda
+def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
+    """On a GPU: decoder="nvjpeg" is Engines over Cores, "hybrid" alternates them, and a batch from either has
+    the same samples and labels as decoder="cpu"'s."""
+    if not torch.cuda.is_available() or not fl.nvjpeg.available("cuda")[0]:
+        pytest.skip("no hardware JPEG decoder")
+    ds = fl.FolderDataset(imagenet_dir)
+    common = dict(batch_size=16, shuffle=False, device="cuda", crop=fl.RandomResizedCrop(32))
+    cpu = [(x, y) for x, y in fl.FastLoader(ds, **common)]
+    for name in ("nvjpeg", "hybrid"):
+        loader = fl.FastLoader(ds, decoder=name, **common)
+        assert loader.decoder == name
+        got = [(x, y) for x, y in loader]
+        assert [torch.equal(a[1], b[1]) for a, b in zip(got, cpu)] == [True] * len(cpu)
+        gpu = loader.stats()["gpu_decoded"]
+        assert gpu == (len(ds) if name == "nvjpeg" else 2 * 16), (name, gpu)
+
+
+def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(imagenet_dir, monkeypatch):
+    """Each torch kernel a producer calls gives the GIL up and must get it back behind the training loop's Python
+    (up to the 5 ms switch interval each time): the batch path of decoders.py and producer.py calls none, only
+    tensor accessors, and reads + decodes the whole batch in one native call."""
+    import sys
+    from torch.overrides import TorchFunctionMode
+    ds = fl.FolderDataset(imagenet_dir)
+    maker = _maker(ds)
+    calls, ours = [], ("decoders.py", "producer.py")
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            frame = sys._getframe(1)
+            while frame is not None and not frame.f_code.co_filename.endswith(ours) \
+                    and "fastload" not in frame.f_code.co_filename:
+                frame = frame.f_back  # the first frame outside torch: who called it
+            if frame is not None and frame.f_code.co_filename.endswith(ours):
+                calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+    native = []
+    decode_batch = ops.C.decode_batch
+    monkeypatch.setattr(ops.C, "decode_batch", lambda *a: native.append(len(a[0])) or decode_batch(*a))
+    slot = Slot(pin=False)
+    maker.make(np.arange(len(ds)), 0, slot)  # the slot's buffer allocated once (torch.empty), then reused
+    native.clear()
+    with Count():
+        batch = maker.make(np.arange(len(ds))[::-1].copy(), 1, slot)
+    assert batch.counts == {"fallback": 0, "skipped": 0, "warnings": 0}
+    assert native == [len(ds)] and set(calls) <= {"numpy", "numel"}, calls
+
+
+def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tmp_path):
+    """The engines' read: files packed back to back, byte for byte; buffers left where they are; the same
+    refusals as the decoders' reader (missing, not a regular file, over max_bytes, checksum)."""
+    sources, _, crcs = batch_inputs
+    (tmp_path / "dir.jpg").mkdir()
+    sources = sources + [str(tmp_path / "dir.jpg"), sources[0]]
+    crcs = torch.cat([crcs, torch.tensor([-1, zlib.crc32(Path(sources[0]).read_bytes()) ^ 1])])
+    data, lengths, status, failed = ops.C.read_batch(sources, 3, 0, crcs)
+    ends = np.cumsum(lengths.numpy())
+    for i, s in enumerate(sources):
+        if isinstance(s, bytes):
+            assert lengths[i] == 0
+        elif i not in failed:
+            assert bytes(data[ends[i] - lengths[i]:ends[i]].numpy()) == Path(s).read_bytes()
+    assert data.numel() >= ends[-1]
+    # A buffer given that holds them all is used as it is; one too small is replaced.
+    again, lengths2, status2, failed2 = ops.C.read_batch(sources, 2, 0, crcs, out=data)
+    assert again.data_ptr() == data.data_ptr() and torch.equal(lengths2, lengths) and failed2 == failed
+    small = torch.empty(10, dtype=torch.uint8)
+    grown = ops.C.read_batch(sources, 2, 0, crcs, out=small)[0]
+    assert grown.data_ptr() != small.data_ptr() and torch.equal(grown[:ends[-1]], data[:ends[-1]])
+    assert status.tolist() == [ops.OK, ops.OK, ops.OK, ops.OK, ops.UNREADABLE, ops.UNREADABLE, ops.CORRUPT, ops.OK,
+                               ops.UNREADABLE, ops.CORRUPT]
+    assert failed[4] == "cannot read: No such file or directory" and failed[5] == failed[8] == \
+        "cannot read: not a regular file" and failed[6].startswith("checksum mismatch")
+    assert failed[9].startswith("checksum mismatch") and set(failed) == {4, 5, 6, 8, 9}
+    size = Path(sources[0]).stat().st_size
+    _, lengths, status, failed = ops.C.read_batch([sources[0], b"x" * size], 1, size - 1)
+    assert status.tolist() == [ops.UNREADABLE] * 2 and lengths.tolist() == [0, 0]
+    assert failed == {0: f"file is {size} bytes, over the per-image limit of {size - 1}",
+                      1: f"buffer is {size} bytes, over the per-image limit of {size - 1}"}
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
+def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store):
+    """Engines._buffers (CPU work, no GPU needed): the bytes of each sample, None for one that cannot go to the
+    engines (a file gone, a record whose bytes changed since packing), for the cores to report."""
+    root = tmp_path / "ds"
+    (root / "a").mkdir(parents=True)
+    for i, f in enumerate(sorted(Path(imagenet_dir).rglob("*.jpg"))[:8]):
+        (root / "a" / f"{i}.jpg").write_bytes(f.read_bytes())
+    if store:
+        pack(root, tmp_path / "s.lmdb", progress=False, log=lambda m: None)
+        rewrite_record(tmp_path / "s.lmdb", 3, flip_middle_byte)  # its bytes no longer match their CRC-32
+        ds = LMDBDataset(tmp_path / "s.lmdb")
+    else:
+        ds = fl.FolderDataset(root)
+    with ds.reader() as reader:
+        want = {i: bytes(reader.get(i)) for i in range(8)}  # what the dataset stores, the files as packed
+    if not store:
+        os.remove(ds.paths[3])
+    broken = {3}
+    engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
+    assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
+    with ds.reader() as reader:
+        slot = Slot(pin=False)
+        for _ in range(2):  # the second time into the slot's buffer from the first
+            got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
+            assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
+            assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
+        assert store or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
