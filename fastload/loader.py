@@ -252,8 +252,9 @@ class FastLoader:
         self._ahead = None
 
     def stats(self):
-        """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts."""
-        return self._stats.summary()
+        """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts, and
+        ``decoder``: the decoder this loader uses (what ``decoder="auto"`` resolved to)."""
+        return dict(self._stats.summary(), decoder=self.decoder)
 
     # --- iteration ---------------------------------------------------------------------------------------
     def __iter__(self):

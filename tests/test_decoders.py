@@ -288,3 +288,10 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
             assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
             assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
         assert store or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
+
+
+def test_stats_say_which_decoder_auto_chose(imagenet_dir):
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, decoder="auto", crop=fl.RandomResizedCrop(16))
+    next(iter(loader))
+    assert loader.stats()["decoder"] == "cpu"  # no GPU here: auto is the cores
+    loader.close()
