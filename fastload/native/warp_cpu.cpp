@@ -9,8 +9,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,11 @@
 
 #include "warp.h"
 #include "warp_op.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define FL_SSE2 1
+#endif
 
 namespace fastload {
 
@@ -191,6 +198,19 @@ FL_SIMD_CLONES void axpy(float* __restrict__ acc, const float* __restrict__ src,
   for (int i = 0; i < n; ++i) acc[i] += w * src[i];
 }
 
+#if FL_SSE2
+// One RGB pixel's three sums in lanes 0-2 of an SSE register (lane 3 carries a neighbour's value, unused): each
+// lane performs the scalar code's multiply and add, rounded as it rounds them, so the bits are the same.
+
+// Lanes 0-2: the uint8 values p[0..2] as floats (lane 3: p[3]; the caller makes sure that byte exists).
+inline __m128 rgbx_u8(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  const __m128i z = _mm_setzero_si128();
+  return _mm_cvtepi32_ps(_mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(v), z), z));
+}
+#endif
+
 // Horizontal pass of one RGB row with exactly K taps per output pixel (weights zero-padded): a loop the compiler
 // unrolls completely, without the data-dependent trip count that costs a branch miss per pixel.
 template <int K, typename out_t>
@@ -199,6 +219,15 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
   for (int u = 0; u < out_w; ++u) {
     const float* a = acc + lo[u] * 3;
     const float* wu = w + u * K;
+    out_t* o = row_out + u * os.x;
+#if FL_SSE2  // reads a[3 * K]: the accumulator row has one float of padding
+    __m128 sum = _mm_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
+    float rgb[4];
+    _mm_storeu_ps(rgb, sum);
+    const float r = rgb[0], g = rgb[1], b = rgb[2];
+#else
     float r = 0.f, g = 0.f, b = 0.f;
 #pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
@@ -206,7 +235,7 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
       g += wu[k] * a[3 * k + 1];
       b += wu[k] * a[3 * k + 2];
     }
-    out_t* o = row_out + u * os.x;
+#endif
     o[0] = OutCast<out_t>::apply(r * alpha[0] + beta[0]);
     o[os.c] = OutCast<out_t>::apply(g * alpha[1] + beta[1]);
     o[2 * os.c] = OutCast<out_t>::apply(b * alpha[2] + beta[2]);
@@ -224,7 +253,7 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
   axis_weights(m[4], m[5], out_h, img.h, ys, wy);
   const int C = img.c, W = img.w;
   const bool hwc = img.s.x == C;  // else CHW: one plane per channel
-  acc.resize(static_cast<size_t>(W) * C);
+  acc.resize(static_cast<size_t>(W) * C + 1);  // + 1: horizontal_rgb's SSE loads read one float past a pixel
   // acc holds one filtered row: HWC -> acc[x * C + c]; CHW -> acc[c * W + x].
   const int64_t ax = hwc ? C : 1, ac = hwc ? 1 : W;
   float fill_value[kMaxChannels];
@@ -309,6 +338,43 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
   }
 }
 
+// Taps and weights of one output pixel along one axis for the general path: weight k is that of input index
+// start + k, k < K. The taps [lo, hi) are warp.h's; K is fixed per sample, start pulled back so that all K stay in
+// the image, and the padded taps weigh exactly 0 (so for uint8 input they add +0 to a sum >= +0: no change).
+struct GeneralAxis {
+  int start, K;
+  bool fits;  // hi - lo <= K; else the pixel takes warp.h's loop
+};
+
+// weights[k] = triangle((start + k + 0.5 - centre) / support) inside [lo, hi), 0 outside; returns their sum in
+// index order, the same float operations as warp_pixel_general's total_x / total_y loops.
+inline float general_weights(float centre, float support, int size, int K, float* weights, GeneralAxis* axis) {
+  int lo, hi;
+  filter_taps(centre, support, size, &lo, &hi);
+  axis->K = K;
+  axis->fits = hi - lo <= K;
+  axis->start = std::max(0, std::min(lo, size - K));
+  float total = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const int i = axis->start + k;
+    const float w = i >= lo && i < hi ? triangle((i + 0.5f - centre) / support) : 0.f;
+    weights[k] = w;
+    total += w;
+  }
+  return total;
+}
+
+// Taps per axis of a sample: hi - lo is floor(2 * support) or one more in exact arithmetic (just floor when
+// 2 * support is an integer); a pixel that float rounding gives one more tap takes warp.h's loop.
+inline int general_taps(float support, int size) {
+  const float twice = 2.f * support;
+  const int taps = static_cast<int>(std::floor(twice)) + (twice == std::floor(twice) ? 0 : 1);
+  return std::max(1, std::min(size, taps));
+}
+
+// The general path (rotation, shear): warp_pixel_general's sum, weight for weight and in the same order. The
+// loader's case (uint8 RGB, HWC) computes each column weight once per pixel instead of once per tap and pads the
+// taps to a count fixed per sample, so the loops have no data-dependent trip count (a branch miss a pixel).
 template <typename in_t, typename out_t>
 void warp_general(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                   out_t* out, const Strides& os, int out_h, int out_w) {
@@ -316,9 +382,66 @@ void warp_general(const Image<in_t>& img, const float* m, const float* alpha, co
   const InputView<in_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   float fill_value[kMaxChannels] = {};
   for (int c = 0; c < img.c; ++c) fill_value[c] = fill * alpha[c] + beta[c];
-  for (int v = 0; v < out_h; ++v)
-    for (int u = 0; u < out_w; ++u)
-      warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
+  constexpr bool kU8 = std::is_same_v<in_t, uint8_t>;  // padded taps: 0 * p must be +0, not NaN (float inputs)
+  if (!kU8 || img.c != 3 || img.s.x != 3) {
+    for (int v = 0; v < out_h; ++v)
+      for (int u = 0; u < out_w; ++u)
+        warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
+    return;
+  }
+  const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
+  thread_local std::vector<float> wx, wy;
+  wx.resize(kx);
+  wy.resize(ky);
+  for (int v = 0; v < out_h; ++v) {
+    for (int u = 0; u < out_w; ++u) {
+      out_t* o = out + v * os.y + u * os.x;
+      float cx, cy;
+      if (!sample_centre(m, u, v, img.h, img.w, &cx, &cy)) {
+        for (int c = 0; c < 3; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
+        continue;
+      }
+      GeneralAxis ax, ay;
+      const float total_x = general_weights(cx, sx, img.w, kx, wx.data(), &ax);
+      const float total_y = general_weights(cy, sy, img.h, ky, wy.data(), &ay);
+      if (!ax.fits || !ay.fits) {  // never expected (general_taps' bound); exact either way
+        warp_pixel_general(in, 3, m, sx, sy, u, v, alpha, beta, fill_value, o, os.c);
+        continue;
+      }
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(img.p) + static_cast<int64_t>(ay.start) * img.s.y +
+                           ax.start * 3;
+#if FL_SSE2
+      // rgbx_u8 reads one byte past each pixel: past the image only at its last pixel
+      if (ay.start + ky < img.h || ax.start + kx < img.w) {
+        __m128 sum = _mm_setzero_ps();
+        for (int j = 0; j < ky; ++j, row += img.s.y) {
+          const float wyj = wy[j];
+          const uint8_t* p = row;
+          for (int k = 0; k < kx; ++k, p += 3) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wyj * wx[k]), rgbx_u8(p)));
+        }
+        float acc[4];
+        _mm_storeu_ps(acc, sum);
+        const float total = total_x * total_y;
+        store_pixel(o, os.c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, 3);
+        continue;
+      }
+#endif
+      float r = 0.f, g = 0.f, b = 0.f;
+      for (int j = 0; j < ky; ++j, row += img.s.y) {
+        const float wyj = wy[j];
+        const uint8_t* p = row;
+        for (int k = 0; k < kx; ++k, p += 3) {
+          const float w = wyj * wx[k];
+          r += w * static_cast<float>(p[0]);
+          g += w * static_cast<float>(p[1]);
+          b += w * static_cast<float>(p[2]);
+        }
+      }
+      const float acc[3] = {r, g, b};
+      const float total = total_x * total_y;
+      store_pixel(o, os.c, acc, total > 0.f ? 1.f / total : 0.f, alpha, beta, 3);
+    }
+  }
 }
 
 template <typename in_t, typename out_t>
