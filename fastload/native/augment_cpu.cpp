@@ -21,6 +21,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "augment.h"
@@ -42,6 +43,8 @@ namespace {
 }
 
 }  // namespace
+
+at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last);
 
 // The checks both kernels share (shapes, dtypes, devices, sizes); returns the output on x's device.
 at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
@@ -72,6 +75,9 @@ at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops
     FL_CHECK(t->device() == x.device(), "photometric: ops, params, alpha and beta must be on x's device (%s)",
              x.device().str().c_str());
   auto options = x.options().dtype(out_dtype);
+  // On the CPU from warp_cpu.cpp's pool of recycled blocks: a fresh float32 batch costs as much in first-touch
+  // page faults as the ops themselves.
+  if (x.device().is_cpu()) return recycled_cpu_output({batch, 3, h, w}, options, channels_last);
   if (channels_last) options = options.memory_format(at::MemoryFormat::ChannelsLast);
   return at::empty({batch, 3, h, w}, options);
 }
@@ -105,6 +111,9 @@ void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) 
   }
 }
 
+// The per-sample functions are inlined into both builds of run_sample (below): each build compiles them for its ISA.
+#define FL_SAMPLE __attribute__((always_inline)) inline
+
 // Per-thread scratch: two uint8 images (the slots ping-pong between them) and the blur's rows and weights.
 struct Scratch {
   std::vector<uint8_t> image[2];
@@ -114,7 +123,7 @@ struct Scratch {
 
 // The op's value map for ops where each output value depends only on the input value of its channel: computed
 // once per channel through augment.h's functions, then applied as a table.
-void map_planes(const uint8_t* src, uint8_t* dst, int64_t hw, const uint8_t (*lut)[256]) {
+FL_SAMPLE void map_planes(const uint8_t* src, uint8_t* dst, int64_t hw, const uint8_t (*lut)[256]) {
   for (int c = 0; c < 3; ++c) {
     const uint8_t* t = lut[c];
     const uint8_t* s = src + c * hw;
@@ -130,7 +139,7 @@ void gaussian_weights(int k, float sigma, std::vector<float>& w) {
   for (int i = 0; i < k; ++i) w[i] = gaussian_weight(gaussian_tap(i, k, sigma), sum);
 }
 
-void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+FL_SAMPLE void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
   gaussian_weights(kx, p[2], scratch.wx);
   gaussian_weights(ky, p[2], scratch.wy);
@@ -153,7 +162,7 @@ void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratc
   }
 }
 
-void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
+FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   std::memcpy(dst, src, 3 * hw);  // borders (and images of side <= 2) stay as they are
   if (h <= 2 || w <= 2) return;
@@ -173,7 +182,7 @@ void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
 }
 
 // One slot of one sample: src -> dst, both 3 planes of h * w.
-void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
   uint8_t lut[3][256];
@@ -249,6 +258,68 @@ void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h,
   }
 }
 
+// One sample: its slots in turn through the two scratch images, then the output cast into dst.
+template <typename out_t>
+__attribute__((always_inline)) inline void run_sample(const uint8_t* src, const int64_t* op, const float* p,
+                                                      int64_t slots, int h, int w, const out_t (*cast)[256],
+                                                      const float* a, const float* bt, bool channels_last,
+                                                      out_t* dst, Scratch& scratch) {
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
+  for (int64_t s = 0; s < slots; ++s) {
+    const int code = static_cast<int>(op[s]);
+    if (code == kIdentity) continue;
+    uint8_t* next = scratch.image[written++ % 2].data();
+    apply_slot(code, p + s * 3, src, next, h, w, scratch);
+    src = next;
+  }
+  if (channels_last) {
+    for (int64_t j = 0; j < hw; ++j)
+      for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
+  } else if constexpr (std::is_same_v<out_t, float>) {
+    // fma_rn per value (the table's own formula): vectorised where FMA is an instruction
+    for (int c = 0; c < 3; ++c) {
+      const float ac = a[c], bc = bt[c];
+      const uint8_t* sc = src + c * hw;
+      float* dc = dst + c * hw;
+      for (int64_t j = 0; j < hw; ++j) dc[j] = fma_rn(static_cast<float>(sc[j]), ac, bc);
+    }
+  } else {
+    for (int c = 0; c < 3; ++c)
+      for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast[c][src[c * hw + j]];
+  }
+}
+
+// The same code built twice: for any x86-64, and for AVX2 + FMA, where std::fma is one instruction instead of a
+// libm call and the pixel loops vectorise. Both compute each value with the same correctly rounded operations
+// (contraction stays off in both), so the output bits do not depend on which one runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_FMA_BUILD 1
+template <typename out_t>
+__attribute__((target("avx2,fma"))) void run_sample_fma(const uint8_t* src, const int64_t* op, const float* p,
+                                                         int64_t slots, int h, int w, const out_t (*cast)[256],
+                                                         const float* a, const float* bt, bool channels_last,
+                                                         out_t* dst, Scratch& scratch) {
+  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+}
+#endif
+
+template <typename out_t>
+void run_sample_base(const uint8_t* src, const int64_t* op, const float* p, int64_t slots, int h, int w,
+                     const out_t (*cast)[256], const float* a, const float* bt, bool channels_last, out_t* dst,
+                     Scratch& scratch) {
+  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+}
+
+bool cpu_has_fma() {
+#if FL_FMA_BUILD
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 template <typename out_t>
 void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                           const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out) {
@@ -267,28 +338,16 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
   out_t cast[3][256];
   for (int c = 0; c < 3; ++c)
     for (int v = 0; v < 256; ++v) cast[c][v] = cast_out<out_t>(static_cast<uint8_t>(v), a[c], bt[c]);
+  auto* run = &run_sample_base<out_t>;
+#if FL_FMA_BUILD
+  if (cpu_has_fma()) run = &run_sample_fma<out_t>;
+#endif
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
     for (auto& image : scratch.image) image.resize(3 * hw);
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* src = in + i * 3 * hw;
-      int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
-      for (int64_t s = 0; s < slots; ++s) {
-        const int code = static_cast<int>(op[i * slots + s]);
-        if (code == kIdentity) continue;
-        uint8_t* dst = scratch.image[written++ % 2].data();
-        apply_slot(code, p + (i * slots + s) * 3, src, dst, h, w, scratch);
-        src = dst;
-      }
-      out_t* dst = o + i * 3 * hw;
-      if (channels_last) {
-        for (int64_t j = 0; j < hw; ++j)
-          for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
-      } else {
-        for (int c = 0; c < 3; ++c)
-          for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast[c][src[c * hw + j]];
-      }
-    }
+    for (int64_t i = begin; i < end; ++i)
+      run(in + i * 3 * hw, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last,
+          o + i * 3 * hw, scratch);
   });
 }
 
