@@ -21,6 +21,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "augment.h"
@@ -42,6 +43,8 @@ namespace {
 }
 
 }  // namespace
+
+at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last);
 
 // The checks both kernels share (shapes, dtypes, devices, sizes); returns the output on x's device.
 at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
@@ -72,6 +75,9 @@ at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops
     FL_CHECK(t->device() == x.device(), "photometric: ops, params, alpha and beta must be on x's device (%s)",
              x.device().str().c_str());
   auto options = x.options().dtype(out_dtype);
+  // On the CPU from warp_cpu.cpp's pool of recycled blocks: a fresh float32 batch costs as much in first-touch
+  // page faults as the ops themselves.
+  if (x.device().is_cpu()) return recycled_cpu_output({batch, 3, h, w}, options, channels_last);
   if (channels_last) options = options.memory_format(at::MemoryFormat::ChannelsLast);
   return at::empty({batch, 3, h, w}, options);
 }
@@ -105,6 +111,9 @@ void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) 
   }
 }
 
+// The per-sample functions are inlined into both builds of run_sample (below): each build compiles them for its ISA.
+#define FL_SAMPLE __attribute__((always_inline)) inline
+
 // Per-thread scratch: two uint8 images (the slots ping-pong between them) and the blur's rows and weights.
 struct Scratch {
   std::vector<uint8_t> image[2];
@@ -114,7 +123,7 @@ struct Scratch {
 
 // The op's value map for ops where each output value depends only on the input value of its channel: computed
 // once per channel through augment.h's functions, then applied as a table.
-void map_planes(const uint8_t* src, uint8_t* dst, int64_t hw, const uint8_t (*lut)[256]) {
+FL_SAMPLE void map_planes(const uint8_t* src, uint8_t* dst, int64_t hw, const uint8_t (*lut)[256]) {
   for (int c = 0; c < 3; ++c) {
     const uint8_t* t = lut[c];
     const uint8_t* s = src + c * hw;
@@ -130,7 +139,7 @@ void gaussian_weights(int k, float sigma, std::vector<float>& w) {
   for (int i = 0; i < k; ++i) w[i] = gaussian_weight(gaussian_tap(i, k, sigma), sum);
 }
 
-void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+FL_SAMPLE void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
   gaussian_weights(kx, p[2], scratch.wx);
   gaussian_weights(ky, p[2], scratch.wy);
@@ -153,7 +162,7 @@ void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratc
   }
 }
 
-void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
+FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   std::memcpy(dst, src, 3 * hw);  // borders (and images of side <= 2) stay as they are
   if (h <= 2 || w <= 2) return;
@@ -162,18 +171,71 @@ void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
     const uint8_t* s = src + c * hw;
     uint8_t* d = dst + c * hw;
     for (int y = 1; y < h - 1; ++y) {
-      const uint8_t *up = s + (y - 1) * w, *mid = s + y * w, *down = s + (y + 1) * w;
+      const uint8_t* __restrict__ up = s + (y - 1) * w;
+      const uint8_t* __restrict__ mid = s + y * w;
+      const uint8_t* __restrict__ down = s + (y + 1) * w;
+      uint8_t* __restrict__ out = d + y * w;
       for (int x = 1; x < w - 1; ++x) {
         const int sum = up[x - 1] + up[x] + up[x + 1] + mid[x - 1] + 5 * mid[x] + mid[x + 1] + down[x - 1] +
                         down[x] + down[x + 1];
-        d[y * w + x] = sharpen(mid[x], sum, om);
+        // sharpen()'s (sum + 6) / 13 as a multiply and shift, which vectorise (equal for sum <= 13 * 255)
+        const int smooth = ((sum + 6) * 5042) >> 16;
+        out[x] = clamp_trunc_u8(fma_rn(static_cast<float>(smooth - mid[x]), om, static_cast<float>(mid[x])));
       }
     }
   }
 }
 
+// augment::hue on whole planes, written without branches so that the loop vectorises: every operation of
+// augment.h's hue, in the same order, with each branch's result computed and the taken one selected. For
+// |factor| <= 0.5 (the only values torchvision accepts) h stays in [0, 1] after the shift, so the sector is
+// floor(h * 6) with 6 meaning 0, as augment.h's int % 6 gives it.
+FL_SAMPLE void hue_planes(float factor, const uint8_t* __restrict__ r8, const uint8_t* __restrict__ g8,
+                          const uint8_t* __restrict__ b8, uint8_t* __restrict__ dst, int64_t hw) {
+  const float scale = static_cast<float>(1.0 / 255.0), sixth = static_cast<float>(1.0 / 6.0);
+  const float to_u8 = static_cast<float>(255.0 + 1.0 - 1e-3);
+  uint8_t* __restrict__ dr = dst;
+  uint8_t* __restrict__ dg = dst + hw;
+  uint8_t* __restrict__ db = dst + 2 * hw;
+  for (int64_t k = 0; k < hw; ++k) {
+    const float r = mul_rn(static_cast<float>(r8[k]), scale), g = mul_rn(static_cast<float>(g8[k]), scale),
+                b = mul_rn(static_cast<float>(b8[k]), scale);
+    const float gb = g > b ? g : b, gb_min = g < b ? g : b;  // fmaxf / fminf of non-negative numbers
+    const float maxc = r > gb ? r : gb, minc = r < gb_min ? r : gb_min;
+    const bool eqc = maxc == minc;
+    const float range = sub_rn(maxc, minc);
+    const float s = div_rn(range, eqc ? 1.f : maxc);
+    const float divisor = eqc ? 1.f : range;
+    const float rc = div_rn(sub_rn(maxc, r), divisor), gc = div_rn(sub_rn(maxc, g), divisor),
+                bc = div_rn(sub_rn(maxc, b), divisor);
+    const float hr = sub_rn(bc, gc), hg = sub_rn(add_rn(rc, 2.f), bc), hb = sub_rn(add_rn(gc, 4.f), rc);
+    float h = maxc == r ? hr : (maxc == g ? hg : hb);
+    h = frac(add_rn(mul_rn(h, sixth), 1.f));
+    h = frac(add_rn(h, factor));
+    h = h < 0.f ? add_rn(h, 1.f) : h;
+    const float h6 = mul_rn(h, 6.f);
+    const float fi = floorf(h6);
+    const float f = sub_rn(h6, fi);
+    const int i = fi >= 6.f ? 0 : static_cast<int>(fi);
+    const float sxf = mul_rn(s, f);
+    const float one_minus_s = sub_rn(1.f, s);
+    const float v = maxc;
+    float q = mul_rn(sub_rn(1.f, sxf), v), t = mul_rn(add_rn(sxf, one_minus_s), v), pp = mul_rn(one_minus_s, v);
+    q = q < 0.f ? 0.f : (q > 1.f ? 1.f : q);
+    t = t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
+    pp = pp < 0.f ? 0.f : (pp > 1.f ? 1.f : pp);
+    // sector i: (R, G, B) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q)
+    const float R = (i == 0 || i == 5) ? v : (i == 1 ? q : (i == 4 ? t : pp));
+    const float G = (i == 1 || i == 2) ? v : (i == 0 ? t : (i == 3 ? q : pp));
+    const float B = (i == 3 || i == 4) ? v : (i == 2 ? t : (i == 5 ? q : pp));
+    dr[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(R, to_u8)));
+    dg[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(G, to_u8)));
+    db[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(B, to_u8)));
+  }
+}
+
 // One slot of one sample: src -> dst, both 3 planes of h * w.
-void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
   uint8_t lut[3][256];
@@ -194,7 +256,12 @@ void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h,
       return map_planes(src, dst, hw, lut);
     case kContrast: {
       int64_t sum = 0;
-      for (int64_t i = 0; i < hw; ++i) sum += static_cast<int64_t>(floorf(gray(r[i], g[i], b[i])));
+      for (int64_t start = 0; start < hw; start += 1 << 16) {  // int32 partial sums (at most 255 * 2^16): they vectorise
+        const int64_t stop = std::min<int64_t>(hw, start + (1 << 16));
+        int32_t part = 0;
+        for (int64_t i = start; i < stop; ++i) part += static_cast<int32_t>(floorf(gray(r[i], g[i], b[i])));
+        sum += part;
+      }
       const float mean = contrast_mean(sum, hw), om = one_minus(p[0]);
       for (int v = 0; v < 256; ++v) lut[0][v] = blend(static_cast<uint8_t>(v), mean, p[0], om);
       std::memcpy(lut[1], lut[0], 256);
@@ -231,6 +298,7 @@ void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h,
       return;
     }
     case kHue:
+      if (p[0] >= -0.5f && p[0] <= 0.5f) return hue_planes(p[0], r, g, b, dst, hw);  // the policies' range
       for (int64_t i = 0; i < hw; ++i) {
         uint8_t o[3];
         hue(r[i], g[i], b[i], p[0], o);
@@ -247,6 +315,68 @@ void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h,
     case kGaussianBlur: return blur(p, src, dst, h, w, scratch);
     default: std::memcpy(dst, src, 3 * hw); return;  // identity
   }
+}
+
+// One sample: its slots in turn through the two scratch images, then the output cast into dst.
+template <typename out_t>
+__attribute__((always_inline)) inline void run_sample(const uint8_t* src, const int64_t* op, const float* p,
+                                                      int64_t slots, int h, int w, const out_t (*cast)[256],
+                                                      const float* a, const float* bt, bool channels_last,
+                                                      out_t* dst, Scratch& scratch) {
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
+  for (int64_t s = 0; s < slots; ++s) {
+    const int code = static_cast<int>(op[s]);
+    if (code == kIdentity) continue;
+    uint8_t* next = scratch.image[written++ % 2].data();
+    apply_slot(code, p + s * 3, src, next, h, w, scratch);
+    src = next;
+  }
+  if (channels_last) {
+    for (int64_t j = 0; j < hw; ++j)
+      for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
+  } else if constexpr (std::is_same_v<out_t, float>) {
+    // fma_rn per value (the table's own formula): vectorised where FMA is an instruction
+    for (int c = 0; c < 3; ++c) {
+      const float ac = a[c], bc = bt[c];
+      const uint8_t* sc = src + c * hw;
+      float* dc = dst + c * hw;
+      for (int64_t j = 0; j < hw; ++j) dc[j] = fma_rn(static_cast<float>(sc[j]), ac, bc);
+    }
+  } else {
+    for (int c = 0; c < 3; ++c)
+      for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast[c][src[c * hw + j]];
+  }
+}
+
+// The same code built twice: for any x86-64, and for AVX2 + FMA, where std::fma is one instruction instead of a
+// libm call and the pixel loops vectorise. Both compute each value with the same correctly rounded operations
+// (contraction stays off in both), so the output bits do not depend on which one runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_FMA_BUILD 1
+template <typename out_t>
+__attribute__((target("avx2,fma"))) void run_sample_fma(const uint8_t* src, const int64_t* op, const float* p,
+                                                         int64_t slots, int h, int w, const out_t (*cast)[256],
+                                                         const float* a, const float* bt, bool channels_last,
+                                                         out_t* dst, Scratch& scratch) {
+  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+}
+#endif
+
+template <typename out_t>
+void run_sample_base(const uint8_t* src, const int64_t* op, const float* p, int64_t slots, int h, int w,
+                     const out_t (*cast)[256], const float* a, const float* bt, bool channels_last, out_t* dst,
+                     Scratch& scratch) {
+  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+}
+
+bool cpu_has_fma() {
+#if FL_FMA_BUILD
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
 }
 
 template <typename out_t>
@@ -267,28 +397,16 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
   out_t cast[3][256];
   for (int c = 0; c < 3; ++c)
     for (int v = 0; v < 256; ++v) cast[c][v] = cast_out<out_t>(static_cast<uint8_t>(v), a[c], bt[c]);
+  auto* run = &run_sample_base<out_t>;
+#if FL_FMA_BUILD
+  if (cpu_has_fma()) run = &run_sample_fma<out_t>;
+#endif
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
     for (auto& image : scratch.image) image.resize(3 * hw);
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* src = in + i * 3 * hw;
-      int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
-      for (int64_t s = 0; s < slots; ++s) {
-        const int code = static_cast<int>(op[i * slots + s]);
-        if (code == kIdentity) continue;
-        uint8_t* dst = scratch.image[written++ % 2].data();
-        apply_slot(code, p + (i * slots + s) * 3, src, dst, h, w, scratch);
-        src = dst;
-      }
-      out_t* dst = o + i * 3 * hw;
-      if (channels_last) {
-        for (int64_t j = 0; j < hw; ++j)
-          for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
-      } else {
-        for (int c = 0; c < 3; ++c)
-          for (int64_t j = 0; j < hw; ++j) dst[c * hw + j] = cast[c][src[c * hw + j]];
-      }
-    }
+    for (int64_t i = begin; i < end; ++i)
+      run(in + i * 3 * hw, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last,
+          o + i * 3 * hw, scratch);
   });
 }
 

@@ -9,8 +9,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,11 @@
 
 #include "warp.h"
 #include "warp_op.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define FL_SSE2 1
+#endif
 
 namespace fastload {
 
@@ -145,6 +152,9 @@ struct Image {
   Strides s;
 };
 
+// The general path's functions are inlined into both builds of warp_general (below), each compiled for its ISA.
+#define FL_SAMPLE __attribute__((always_inline)) inline
+
 // Taps and normalised weights of one output coordinate along one axis.
 struct AxisSample {
   int lo = 0, hi = 0;  // hi == lo means "outside": fill
@@ -191,6 +201,40 @@ FL_SIMD_CLONES void axpy(float* __restrict__ acc, const float* __restrict__ src,
   for (int i = 0; i < n; ++i) acc[i] += w * src[i];
 }
 
+#if FL_SSE2
+// One RGB pixel's three sums in lanes 0-2 of an SSE register (lane 3 carries a neighbour's value, unused): each
+// lane performs the scalar code's multiply and add, rounded as it rounds them, so the bits are the same.
+
+// Lanes 0-2: the uint8 values p[0..2] as floats (lane 3: p[3]; the caller makes sure that byte exists).
+inline __m128 rgbx_u8(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  const __m128i z = _mm_setzero_si128();
+  return _mm_cvtepi32_ps(_mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(v), z), z));
+}
+
+// Stores v * alpha + beta of lanes 0-2 (channels 0-2) as horizontal_rgb and store_pixel compute them (pass sum * inv
+// for the latter's (acc * inv) * alpha + beta); for uint8 the clamp and round in lanes too (max/min give the
+// ternaries' results, NaN included: 0 either way).
+template <typename out_t>
+inline void store_rgb(out_t* o, int64_t os_c, __m128 v, const float* alpha, const float* beta) {
+  if constexpr (std::is_same_v<out_t, uint8_t>) {
+    const __m128 a = _mm_setr_ps(alpha[0], alpha[1], alpha[2], 0.f), b = _mm_setr_ps(beta[0], beta[1], beta[2], 0.f);
+    v = _mm_add_ps(_mm_mul_ps(v, a), b);
+    v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.f));
+    alignas(16) int32_t q[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm_cvttps_epi32(_mm_add_ps(v, _mm_set1_ps(0.5f))));
+    o[0] = static_cast<uint8_t>(q[0]);
+    o[os_c] = static_cast<uint8_t>(q[1]);
+    o[2 * os_c] = static_cast<uint8_t>(q[2]);
+  } else {
+    float x[4];
+    _mm_storeu_ps(x, v);
+    for (int c = 0; c < 3; ++c) o[c * os_c] = OutCast<out_t>::apply(x[c] * alpha[c] + beta[c]);
+  }
+}
+#endif
+
 // Horizontal pass of one RGB row with exactly K taps per output pixel (weights zero-padded): a loop the compiler
 // unrolls completely, without the data-dependent trip count that costs a branch miss per pixel.
 template <int K, typename out_t>
@@ -199,6 +243,13 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
   for (int u = 0; u < out_w; ++u) {
     const float* a = acc + lo[u] * 3;
     const float* wu = w + u * K;
+    out_t* o = row_out + u * os.x;
+#if FL_SSE2  // reads a[3 * K]: the accumulator row has one float of padding
+    __m128 sum = _mm_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
+    store_rgb(o, os.c, sum, alpha, beta);
+#else
     float r = 0.f, g = 0.f, b = 0.f;
 #pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
@@ -206,10 +257,10 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
       g += wu[k] * a[3 * k + 1];
       b += wu[k] * a[3 * k + 2];
     }
-    out_t* o = row_out + u * os.x;
     o[0] = OutCast<out_t>::apply(r * alpha[0] + beta[0]);
     o[os.c] = OutCast<out_t>::apply(g * alpha[1] + beta[1]);
     o[2 * os.c] = OutCast<out_t>::apply(b * alpha[2] + beta[2]);
+#endif
   }
 }
 
@@ -224,7 +275,7 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
   axis_weights(m[4], m[5], out_h, img.h, ys, wy);
   const int C = img.c, W = img.w;
   const bool hwc = img.s.x == C;  // else CHW: one plane per channel
-  acc.resize(static_cast<size_t>(W) * C);
+  acc.resize(static_cast<size_t>(W) * C + 1);  // + 1: horizontal_rgb's SSE loads read one float past a pixel
   // acc holds one filtered row: HWC -> acc[x * C + c]; CHW -> acc[c * W + x].
   const int64_t ax = hwc ? C : 1, ac = hwc ? 1 : W;
   float fill_value[kMaxChannels];
@@ -309,17 +360,193 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
   }
 }
 
+// Taps and weights of one output pixel along one axis for the general path: weight k is that of input index
+// start + k, k < K. The taps [lo, hi) are warp.h's; K is fixed per sample, start pulled back so that all K stay in
+// the image, and the padded taps weigh exactly 0 (so for uint8 input they add +0 to a sum >= +0: no change).
+struct GeneralAxis {
+  int start, K;
+  bool fits;  // hi - lo <= K; else the pixel takes warp.h's loop
+};
+
+// weights[k] = triangle((start + k + 0.5 - centre) / support) inside [lo, hi), 0 outside; returns their sum in
+// index order, the same float operations as warp_pixel_general's total_x / total_y loops.
+FL_SAMPLE float general_weights(float centre, float support, int size, int K, float* weights, GeneralAxis* axis) {
+  int lo, hi;
+  filter_taps(centre, support, size, &lo, &hi);
+  axis->K = K;
+  axis->fits = hi - lo <= K;
+  axis->start = std::max(0, std::min(lo, size - K));
+  int k = 0;
+#if FL_SSE2  // four weights at once, each lane the scalar loop's operations
+  const __m128 c = _mm_set1_ps(centre), s = _mm_set1_ps(support), half = _mm_set1_ps(0.5f), one = _mm_set1_ps(1.f);
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  const __m128i lo4 = _mm_set1_epi32(lo - 1), hi4 = _mm_set1_epi32(hi);
+  for (; k < K; k += 4) {  // up to 3 weights past K written: the caller's buffer has room
+    const __m128i i = _mm_add_epi32(_mm_set1_epi32(axis->start + k), _mm_setr_epi32(0, 1, 2, 3));
+    const __m128 x = _mm_and_ps(_mm_div_ps(_mm_sub_ps(_mm_add_ps(_mm_cvtepi32_ps(i), half), c), s), abs_mask);
+    const __m128 tri = _mm_and_ps(_mm_cmplt_ps(x, one), _mm_sub_ps(one, x));
+    const __m128i inside = _mm_and_si128(_mm_cmpgt_epi32(i, lo4), _mm_cmplt_epi32(i, hi4));
+    _mm_storeu_ps(weights + k, _mm_and_ps(tri, _mm_castsi128_ps(inside)));
+  }
+#else
+  for (; k < K; ++k) {
+    const int i = axis->start + k;
+    weights[k] = i >= lo && i < hi ? triangle((i + 0.5f - centre) / support) : 0.f;
+  }
+#endif
+  float total = 0.f;
+  for (k = 0; k < K; ++k) total += weights[k];
+  return total;
+}
+
+// Taps per axis of a sample: hi - lo is floor(2 * support) or one more in exact arithmetic (just floor when
+// 2 * support is an integer); a pixel that float rounding gives one more tap takes warp.h's loop.
+FL_SAMPLE int general_taps(float support, int size) {
+  const float twice = 2.f * support;
+  const int taps = static_cast<int>(std::floor(twice)) + (twice == std::floor(twice) ? 0 : 1);
+  return std::max(1, std::min(size, taps));
+}
+
+// The general path (rotation, shear): warp_pixel_general's sum, weight for weight and in the same order. The
+// loader's case (uint8 RGB, HWC) computes each column weight once per pixel instead of once per tap and pads the
+// taps to a count fixed per sample, so the loops have no data-dependent trip count (a branch miss a pixel).
 template <typename in_t, typename out_t>
-void warp_general(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
+FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                   out_t* out, const Strides& os, int out_h, int out_w) {
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
   const InputView<in_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   float fill_value[kMaxChannels] = {};
   for (int c = 0; c < img.c; ++c) fill_value[c] = fill * alpha[c] + beta[c];
-  for (int v = 0; v < out_h; ++v)
-    for (int u = 0; u < out_w; ++u)
-      warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
+  constexpr bool kU8 = std::is_same_v<in_t, uint8_t>;  // padded taps: 0 * p must be +0, not NaN (float inputs)
+  if (!kU8 || img.c != 3 || img.s.x != 3) {
+    for (int v = 0; v < out_h; ++v)
+      for (int u = 0; u < out_w; ++u)
+        warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
+    return;
+  }
+  const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
+  // Per output row: first each pixel's taps and weights (a pixel whose centre row equals its left neighbour's,
+  // as under a horizontal shear, copies its row weights), then the sums, two pixels at a time so that two
+  // dependency chains of adds overlap.
+  enum Kind : uint8_t { kFill, kSlow, kScalar, kFast };  // kSlow: warp.h's loop; kScalar: no read past the image
+  thread_local std::vector<float> wx, wy, totals;
+  thread_local std::vector<const uint8_t*> starts;
+  thread_local std::vector<uint8_t> kinds;
+  wx.resize(static_cast<size_t>(out_w) * kx + 3);  // + 3: general_weights writes whole groups of four
+  wy.resize(static_cast<size_t>(out_w) * ky + 3);
+  totals.resize(out_w);
+  starts.resize(out_w);
+  kinds.resize(out_w);
+  const uint8_t* pixels = reinterpret_cast<const uint8_t*>(img.p);
+  for (int v = 0; v < out_h; ++v) {
+    float last_cy = 0.f;
+    GeneralAxis last_ay{0, 0, false};
+    float last_total_y = 0.f;
+    int last_u = -1;  // the pixel whose row weights last_cy names
+    for (int u = 0; u < out_w; ++u) {
+      float cx, cy;
+      if (!sample_centre(m, u, v, img.h, img.w, &cx, &cy)) {
+        kinds[u] = kFill;
+        continue;
+      }
+      GeneralAxis ax, ay;
+      float* wxu = wx.data() + static_cast<size_t>(u) * kx;
+      float* wyu = wy.data() + static_cast<size_t>(u) * ky;
+      const float total_x = general_weights(cx, sx, img.w, kx, wxu, &ax);
+      float total_y;
+      if (last_u >= 0 && cy == last_cy) {  // the same centre row: the same weights, bit for bit
+        ay = last_ay;
+        total_y = last_total_y;
+        std::copy_n(wy.data() + static_cast<size_t>(last_u) * ky, ky, wyu);
+      } else {
+        total_y = general_weights(cy, sy, img.h, ky, wyu, &ay);
+        last_cy = cy, last_ay = ay, last_total_y = total_y;
+      }
+      last_u = u;
+      totals[u] = total_x * total_y;
+      starts[u] = pixels + static_cast<int64_t>(ay.start) * img.s.y + ax.start * 3;
+      // rgbx_u8 reads one byte past each pixel: past the image only at its last pixel
+      kinds[u] = !ax.fits || !ay.fits ? kSlow : (ay.start + ky < img.h || ax.start + kx < img.w ? kFast : kScalar);
+    }
+    out_t* row_out = out + v * os.y;
+    for (int u = 0; u < out_w; ++u) {
+      out_t* o = row_out + u * os.x;
+      const float* wxu = wx.data() + static_cast<size_t>(u) * kx;
+      const float* wyu = wy.data() + static_cast<size_t>(u) * ky;
+      const float inv = totals[u] > 0.f ? 1.f / totals[u] : 0.f;
+      switch (kinds[u]) {
+        case kFill:
+          for (int c = 0; c < 3; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
+          continue;
+        case kSlow:  // never expected (general_taps' bound); exact either way
+          warp_pixel_general(in, 3, m, sx, sy, u, v, alpha, beta, fill_value, o, os.c);
+          continue;
+#if FL_SSE2
+        case kFast: {
+          if (u + 1 < out_w && kinds[u + 1] == kFast) {  // two pixels, two independent sums
+            const float* wxv = wxu + kx;
+            const float* wyv = wyu + ky;
+            const uint8_t *ra = starts[u], *rb = starts[u + 1];
+            __m128 sa = _mm_setzero_ps(), sb = _mm_setzero_ps();
+            for (int j = 0; j < ky; ++j, ra += img.s.y, rb += img.s.y) {
+              const float wya = wyu[j], wyb = wyv[j];
+              for (int k = 0; k < kx; ++k) {
+                sa = _mm_add_ps(sa, _mm_mul_ps(_mm_set1_ps(wya * wxu[k]), rgbx_u8(ra + 3 * k)));
+                sb = _mm_add_ps(sb, _mm_mul_ps(_mm_set1_ps(wyb * wxv[k]), rgbx_u8(rb + 3 * k)));
+              }
+            }
+            store_rgb(o, os.c, _mm_mul_ps(sa, _mm_set1_ps(inv)), alpha, beta);
+            ++u;
+            store_rgb(row_out + u * os.x, os.c, _mm_mul_ps(sb, _mm_set1_ps(totals[u] > 0.f ? 1.f / totals[u] : 0.f)),
+                      alpha, beta);
+            continue;
+          }
+          __m128 sum = _mm_setzero_ps();
+          const uint8_t* row = starts[u];
+          for (int j = 0; j < ky; ++j, row += img.s.y)
+            for (int k = 0; k < kx; ++k)
+              sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wyu[j] * wxu[k]), rgbx_u8(row + 3 * k)));
+          store_rgb(o, os.c, _mm_mul_ps(sum, _mm_set1_ps(inv)), alpha, beta);
+          continue;
+        }
+#endif
+        default: {  // kScalar, and kFast without SSE2
+          float r = 0.f, g = 0.f, b = 0.f;
+          const uint8_t* row = starts[u];
+          for (int j = 0; j < ky; ++j, row += img.s.y) {
+            const uint8_t* p = row;
+            for (int k = 0; k < kx; ++k, p += 3) {
+              const float w = wyu[j] * wxu[k];
+              r += w * static_cast<float>(p[0]);
+              g += w * static_cast<float>(p[1]);
+              b += w * static_cast<float>(p[2]);
+            }
+          }
+          const float acc[3] = {r, g, b};
+          store_pixel(o, os.c, acc, inv, alpha, beta, 3);
+        }
+      }
+    }
+  }
 }
+
+// warp_general built for any x86-64 and for AVX2, picked at run time (floorf becomes one instruction, the weights
+// wider vectors). AVX2 brings no FMA, and GCC contracts nothing without it: both builds round every operation
+// alike. (The separable path gains nothing from it: its vertical pass is axpy's own AVX2 clone.)
+template <typename in_t, typename out_t>
+void warp_general_base(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
+                       out_t* out, const Strides& os, int out_h, int out_w) {
+  warp_general(img, m, alpha, beta, fill, out, os, out_h, out_w);
+}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_AVX2_BUILD 1
+template <typename in_t, typename out_t>
+__attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, const float* m, const float* alpha,
+                                                       const float* beta, float fill, out_t* out, const Strides& os,
+                                                       int out_h, int out_w) {
+  warp_general(img, m, alpha, beta, fill, out, os, out_h, out_w);
+}
+#endif
 
 template <typename in_t, typename out_t>
 void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
@@ -351,6 +578,11 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
              static_cast<long long>(i), static_cast<long long>(off[i]), static_cast<long long>(size),
              static_cast<long long>(total));
   }
+  auto* general = &warp_general_base<in_t, out_t>;
+#if FL_AVX2_BUILD
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) general = &warp_general_avx2<in_t, out_t>;
+#endif
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int h = static_cast<int>(shp[i * 3]), w = static_cast<int>(shp[i * 3 + 1]);
@@ -362,7 +594,7 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
       if (m[1] == 0.f && m[3] == 0.f)
         warp_separable(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
       else
-        warp_general(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
+        general(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
     }
   });
 }
