@@ -91,14 +91,15 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None):
+            workers=None, reserve=0):
     device = torch.device("cuda")
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
     launch_alone = ceiling_launch(step, batch_size, size, device)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
-                        decoder=decoder, crop=RandomResizedCrop(size), threads=threads, workers=workers)
+                        decoder=decoder, crop=RandomResizedCrop(size), threads=threads, workers=workers,
+                        cpus=sorted(os.sched_getaffinity(0))[reserve:] if reserve else None)
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
@@ -146,7 +147,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if p is not None:
             p.wait(timeout=60)
     rate = images / seconds
-    row = {"decoder": decoder, "model": model, "size": size, "ceiling": ceiling, "images_per_s": rate,
+    row = {"decoder": decoder, "reserve": reserve, "model": model, "size": size, "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -180,6 +181,8 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, help="FastLoader(threads=)")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--reserve", type=int, default=0,
+                   help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
     p.add_argument("--nvjpeg-padding", type=int, help="experiment: nvJPEG memory padding in MB")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
@@ -190,13 +193,13 @@ def main(argv=None):
     rows = []
     for d in args.decoder:
         row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                             args.switch_interval, args.threads, args.workers)
+                             args.switch_interval, args.threads, args.workers, args.reserve)
         rows.append(row)
         print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
         for path, text in spies:
             print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
-    cols = ("decoder", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
+    cols = ("decoder", "reserve", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
             "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

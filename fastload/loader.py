@@ -69,6 +69,9 @@ class FastLoader:
             training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
             Python work overlaps decoding; 2 with decoder="nvjpeg", 3 with "hybrid").
+        cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
+            may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
+            (Linux); the default thread counts then follow its size. Default None: wherever the OS puts them.
         prefetch: batches each producer keeps ready.
         rank, world_size: shard of the data (default: torch.distributed's when initialised). Shards are
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
@@ -106,7 +109,8 @@ class FastLoader:
     def __init__(self, dataset, batch_size=256, shuffle=True, seed=0, crop=None, flip=None, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, dtype=torch.float32, channels_last=False, device="cpu", threads=None,
                  prefetch=2, drop_last=False, rank=None, world_size=None, on_error="raise", workers=None, pad=True, timeout=None,
-                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu", transform=None, repeats=1, size_schedule=None):
+                 strict=True, max_pixels=ops.MAX_PIXELS, decoder="cpu", transform=None, repeats=1, size_schedule=None,
+                 cpus=None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         dtype = _check_dtype(dtype)
@@ -114,8 +118,10 @@ class FastLoader:
         self.device = _resolve_device(device)
         kind = decoders.resolve(decoder, self.device)  # its worker and thread defaults: decoders.KINDS
         self.decoder = kind.name
+        self.cpus = _check_cpus(cpus)
         # Under torchrun the processes of one machine share its cores.
-        cores = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        cores = len(self.cpus) if self.cpus is not None else \
+            max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         cuda = self.device.type == "cuda"
         if workers is None:
             workers = kind.workers(cores, cuda)
@@ -422,6 +428,22 @@ def _resolve_device(device):
     return device
 
 
+def _check_cpus(cpus):
+    if cpus is None:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("cpus= needs os.sched_setaffinity (Linux)")
+    try:
+        cpus = {int(c) for c in cpus}
+    except (TypeError, ValueError):
+        raise TypeError(f"cpus must be a collection of CPU core ids, got {cpus!r}") from None
+    available = os.sched_getaffinity(0)
+    if not cpus or not cpus <= available:
+        raise ValueError(f"cpus must be a non-empty subset of the cores this process may use "
+                         f"({sorted(available)}), got {sorted(cpus)}")
+    return cpus
+
+
 def _resolve_decoder(decoder, device):
     """The name of the decoder ``decoder=`` gives on ``device`` (decoders.resolve: "auto" resolved there)."""
     return decoders.resolve(decoder, device).name
@@ -439,6 +461,7 @@ class _Producers:
         # thread only waits on an event (it launches the model's kernels; bench/RESULTS.md, "Eighth session").
         self.pipe = loader._device_pipe() if loader.device.type == "cuda" else None
         self.stats = loader._stats
+        self.cpus = loader.cpus
         self.epoch = epoch
         self.batches = batches
         self.stop = threading.Event()
@@ -495,6 +518,8 @@ class _Producers:
 
     def produce(self, w, start):
         n = len(self.queues)
+        if self.cpus is not None:  # this thread, and the decode threads it starts (they inherit the mask)
+            os.sched_setaffinity(0, self.cpus)
         if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
             torch.cuda.set_device(self.device)
         try:

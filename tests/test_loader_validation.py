@@ -180,3 +180,33 @@ def test_data_prefetcher_normalises_on_the_cpu_too():
     assert (x[:2] - ref).abs().max() <= 1e-3 / 0.225  # the loader's torchvision tolerance (test_loader.py)
     x8, _ = next(iter(fl.DataPrefetcher(loader, device="cpu", dtype=torch.uint8)))
     assert torch.equal(x8[:2], chw)  # uint8: the pixels as they are
+
+
+def test_cpus_pins_the_producers_and_keeps_the_batches(ds):
+    import os
+    import threading
+    core, mine = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+    loader = fl.FastLoader(ds, batch_size=4, shuffle=True, seed=3, cpus={core}, crop=fl.RandomResizedCrop(32))
+    assert loader.threads == 1  # the default thread count follows the cores given
+    seen = {}
+    make = loader._maker.make
+
+    def recording(*args, **kwargs):
+        seen[threading.current_thread().name] = os.sched_getaffinity(0)
+        return make(*args, **kwargs)
+    loader._maker.make = recording
+    pinned = [x for x, _ in loader]
+    loader.close()
+    assert seen and all(mask == {core} for mask in seen.values())
+    assert os.sched_getaffinity(0) == mine  # the training loop's thread keeps its own mask
+    free = fl.FastLoader(ds, batch_size=4, shuffle=True, seed=3, threads=1, crop=fl.RandomResizedCrop(32))
+    assert all(torch.equal(a, b) for a, (b, _) in zip(pinned, free))
+    free.close()
+
+
+@pytest.mark.parametrize("cpus, error, message", [
+    (set(), ValueError, "non-empty subset"), ({10 ** 6}, ValueError, "non-empty subset"),
+    ("x", TypeError, "collection of CPU core ids")])
+def test_cpus_refuses_what_it_cannot_pin(ds, cpus, error, message):
+    with pytest.raises(error, match=message):
+        fl.FastLoader(ds, batch_size=4, cpus=cpus)
