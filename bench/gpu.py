@@ -199,7 +199,7 @@ def main(argv=None):
             key = "fastload" + ("" if decoder == "cpu" else f"_{decoder}") + suffix
             how = f"device=cuda), {threads}" if decoder == "cpu" else f"device=cuda, decoder={decoder})"
             rate, stats = fastload_rate(source, args.epochs, args.batch_size, args.threads, decoder=decoder)
-            print(f"fastload stats ({decoder}, {where}): {json.dumps({k: round(v, 3) for k, v in stats.items()})}",
+            print(f"fastload stats ({decoder}, {where}): {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})}",
                   flush=True)
             loaders[key] = f"fastload FastLoader({how}, {where}", rate, stats
     tv_nvjpeg = nvjpeg_rate(ds, args.batch_size)
