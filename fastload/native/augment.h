@@ -132,56 +132,52 @@ FL_HD uint8_t sharpen(uint8_t x, int s, float om) {
 // x - trunc(x): torch's fmod(x, 1.0), exact.
 FL_HD float frac(float x) { return sub_rn(x, truncf(x)); }
 
-// adjust_hue of one pixel: functional._rgb_to_hsv, the shift, _hsv_to_rgb and _to_uint8, step for step.
+// adjust_hue of one pixel: functional._rgb_to_hsv, the shift, _hsv_to_rgb and _to_uint8, step for step. Written
+// without branches (each candidate computed, the taken one selected) so that augment_cpu.cpp's loop over whole
+// planes vectorises (GCC does so only when it is inlined: forced on the host); r, g, b are never NaN or negative,
+// so the selects are fmaxf / fminf.
+#if defined(__CUDACC__) || !defined(__GNUC__)
 FL_HD void hue(uint8_t r8, uint8_t g8, uint8_t b8, float factor, uint8_t* out) {
-  const float scale = static_cast<float>(1.0 / 255.0);
+#else
+__attribute__((always_inline)) inline void hue(uint8_t r8, uint8_t g8, uint8_t b8, float factor, uint8_t* out) {
+#endif
+  const float scale = static_cast<float>(1.0 / 255.0), sixth = static_cast<float>(1.0 / 6.0);
   const float r = mul_rn(static_cast<float>(r8), scale), g = mul_rn(static_cast<float>(g8), scale),
               b = mul_rn(static_cast<float>(b8), scale);
-  const float maxc = fmaxf(r, fmaxf(g, b)), minc = fminf(r, fminf(g, b));
+  const float gb = g > b ? g : b, gb_min = g < b ? g : b;
+  const float maxc = r > gb ? r : gb, minc = r < gb_min ? r : gb_min;
   const bool eqc = maxc == minc;
   const float range = sub_rn(maxc, minc);
   const float s = div_rn(range, eqc ? 1.f : maxc);
   const float divisor = eqc ? 1.f : range;
   const float rc = div_rn(sub_rn(maxc, r), divisor), gc = div_rn(sub_rn(maxc, g), divisor),
               bc = div_rn(sub_rn(maxc, b), divisor);
-  float h;  // one of hr, hg, hb (the other two are zeros and add nothing)
-  if (maxc == r) {
-    h = sub_rn(bc, gc);
-  } else if (maxc == g) {
-    h = sub_rn(add_rn(rc, 2.f), bc);
-  } else {
-    h = sub_rn(add_rn(gc, 4.f), rc);
-  }
-  h = frac(add_rn(mul_rn(h, static_cast<float>(1.0 / 6.0)), 1.f));
-  h = add_rn(h, factor);
-  h = frac(h);  // remainder(h, 1): fmod, plus 1 when negative
-  if (h < 0.f) h = add_rn(h, 1.f);
-  // _hsv_to_rgb
+  // one of hr, hg, hb (torchvision adds the other two, which are zeros)
+  const float hr = sub_rn(bc, gc), hg = sub_rn(add_rn(rc, 2.f), bc), hb = sub_rn(add_rn(gc, 4.f), rc);
+  float h = maxc == r ? hr : (maxc == g ? hg : hb);
+  h = frac(add_rn(mul_rn(h, sixth), 1.f));
+  h = frac(add_rn(h, factor));  // remainder(h, 1): fmod, plus 1 when negative
+  h = h < 0.f ? add_rn(h, 1.f) : h;
+  // _hsv_to_rgb. h is in [0, 1] here, so torchvision's sector floor(h * 6) % 6 is floor(h * 6), 6 meaning 0.
   const float h6 = mul_rn(h, 6.f);
   const float fi = floorf(h6);
   const float f = sub_rn(h6, fi);
-  int i = static_cast<int>(fi) % 6;
-  if (i < 0) i += 6;
+  const int i = fi >= 6.f ? 0 : static_cast<int>(fi);
   const float sxf = mul_rn(s, f);
   const float one_minus_s = sub_rn(1.f, s);
-  const auto clamp01 = [](float v) { return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); };
   const float v = maxc;
-  const float q = clamp01(mul_rn(sub_rn(1.f, sxf), v));
-  const float t = clamp01(mul_rn(add_rn(sxf, one_minus_s), v));
-  const float p = clamp01(mul_rn(one_minus_s, v));
-  // torchvision's table: for sector i, which of (v, p, q, t) each channel takes
-  float rgb[3];
-  switch (i) {
-    case 0: rgb[0] = v; rgb[1] = t; rgb[2] = p; break;
-    case 1: rgb[0] = q; rgb[1] = v; rgb[2] = p; break;
-    case 2: rgb[0] = p; rgb[1] = v; rgb[2] = t; break;
-    case 3: rgb[0] = p; rgb[1] = q; rgb[2] = v; break;
-    case 4: rgb[0] = t; rgb[1] = p; rgb[2] = v; break;
-    default: rgb[0] = v; rgb[1] = p; rgb[2] = q; break;
-  }
+  float q = mul_rn(sub_rn(1.f, sxf), v), t = mul_rn(add_rn(sxf, one_minus_s), v), p = mul_rn(one_minus_s, v);
+  q = q < 0.f ? 0.f : (q > 1.f ? 1.f : q);
+  t = t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
+  p = p < 0.f ? 0.f : (p > 1.f ? 1.f : p);
+  // torchvision's table, sector i: (R, G, B) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q)
+  const float R = (i == 0 || i == 5) ? v : (i == 1 ? q : (i == 4 ? t : p));
+  const float G = (i == 1 || i == 2) ? v : (i == 0 ? t : (i == 3 ? q : p));
+  const float B = (i == 3 || i == 4) ? v : (i == 2 ? t : (i == 5 ? q : p));
   const float to_u8 = static_cast<float>(255.0 + 1.0 - 1e-3);  // _to_uint8: x * 255.999, truncated
-  FL_UNROLL
-  for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>(static_cast<int>(mul_rn(rgb[c], to_u8)));
+  out[0] = static_cast<uint8_t>(static_cast<int>(mul_rn(R, to_u8)));
+  out[1] = static_cast<uint8_t>(static_cast<int>(mul_rn(G, to_u8)));
+  out[2] = static_cast<uint8_t>(static_cast<int>(mul_rn(B, to_u8)));
 }
 
 // ---- gaussian_blur ---------------------------------------------------------------------------------------------

@@ -186,51 +186,18 @@ FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, 
   }
 }
 
-// augment::hue on whole planes, written without branches so that the loop vectorises: every operation of
-// augment.h's hue, in the same order, with each branch's result computed and the taken one selected. For
-// |factor| <= 0.5 (the only values torchvision accepts) h stays in [0, 1] after the shift, so the sector is
-// floor(h * 6) with 6 meaning 0, as augment.h's int % 6 gives it.
+// augment::hue on whole planes (its branch-free body inlined: the loop vectorises).
 FL_SAMPLE void hue_planes(float factor, const uint8_t* __restrict__ r8, const uint8_t* __restrict__ g8,
                           const uint8_t* __restrict__ b8, uint8_t* __restrict__ dst, int64_t hw) {
-  const float scale = static_cast<float>(1.0 / 255.0), sixth = static_cast<float>(1.0 / 6.0);
-  const float to_u8 = static_cast<float>(255.0 + 1.0 - 1e-3);
   uint8_t* __restrict__ dr = dst;
   uint8_t* __restrict__ dg = dst + hw;
   uint8_t* __restrict__ db = dst + 2 * hw;
   for (int64_t k = 0; k < hw; ++k) {
-    const float r = mul_rn(static_cast<float>(r8[k]), scale), g = mul_rn(static_cast<float>(g8[k]), scale),
-                b = mul_rn(static_cast<float>(b8[k]), scale);
-    const float gb = g > b ? g : b, gb_min = g < b ? g : b;  // fmaxf / fminf of non-negative numbers
-    const float maxc = r > gb ? r : gb, minc = r < gb_min ? r : gb_min;
-    const bool eqc = maxc == minc;
-    const float range = sub_rn(maxc, minc);
-    const float s = div_rn(range, eqc ? 1.f : maxc);
-    const float divisor = eqc ? 1.f : range;
-    const float rc = div_rn(sub_rn(maxc, r), divisor), gc = div_rn(sub_rn(maxc, g), divisor),
-                bc = div_rn(sub_rn(maxc, b), divisor);
-    const float hr = sub_rn(bc, gc), hg = sub_rn(add_rn(rc, 2.f), bc), hb = sub_rn(add_rn(gc, 4.f), rc);
-    float h = maxc == r ? hr : (maxc == g ? hg : hb);
-    h = frac(add_rn(mul_rn(h, sixth), 1.f));
-    h = frac(add_rn(h, factor));
-    h = h < 0.f ? add_rn(h, 1.f) : h;
-    const float h6 = mul_rn(h, 6.f);
-    const float fi = floorf(h6);
-    const float f = sub_rn(h6, fi);
-    const int i = fi >= 6.f ? 0 : static_cast<int>(fi);
-    const float sxf = mul_rn(s, f);
-    const float one_minus_s = sub_rn(1.f, s);
-    const float v = maxc;
-    float q = mul_rn(sub_rn(1.f, sxf), v), t = mul_rn(add_rn(sxf, one_minus_s), v), pp = mul_rn(one_minus_s, v);
-    q = q < 0.f ? 0.f : (q > 1.f ? 1.f : q);
-    t = t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
-    pp = pp < 0.f ? 0.f : (pp > 1.f ? 1.f : pp);
-    // sector i: (R, G, B) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q)
-    const float R = (i == 0 || i == 5) ? v : (i == 1 ? q : (i == 4 ? t : pp));
-    const float G = (i == 1 || i == 2) ? v : (i == 0 ? t : (i == 3 ? q : pp));
-    const float B = (i == 3 || i == 4) ? v : (i == 2 ? t : (i == 5 ? q : pp));
-    dr[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(R, to_u8)));
-    dg[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(G, to_u8)));
-    db[k] = static_cast<uint8_t>(static_cast<int>(mul_rn(B, to_u8)));
+    uint8_t rgb[3];
+    hue(r8[k], g8[k], b8[k], factor, rgb);
+    dr[k] = rgb[0];
+    dg[k] = rgb[1];
+    db[k] = rgb[2];
   }
 }
 
@@ -298,15 +265,7 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
       return;
     }
     case kHue:
-      if (p[0] >= -0.5f && p[0] <= 0.5f) return hue_planes(p[0], r, g, b, dst, hw);  // the policies' range
-      for (int64_t i = 0; i < hw; ++i) {
-        uint8_t o[3];
-        hue(r[i], g[i], b[i], p[0], o);
-        dst[i] = o[0];
-        dst[hw + i] = o[1];
-        dst[2 * hw + i] = o[2];
-      }
-      return;
+      return hue_planes(p[0], r, g, b, dst, hw);
     case kGrayscale:
       for (int64_t i = 0; i < hw; ++i)
         dst[i] = dst[hw + i] = dst[2 * hw + i] = static_cast<uint8_t>(gray(r[i], g[i], b[i]));
