@@ -190,10 +190,11 @@ class Cores:
         self.crops = JpegCrops(maker.threads, maker.strict, maker.max_pixels)
         self.pillow = PillowImages(maker.ds, maker.max_pixels)
 
-    def make(self, indices, epoch, slot, k=0):
+    def make(self, indices, epoch, slot, k=0, plan=None):
+        """``plan``: BatchMaker.plan(indices, epoch), when the producer's planner thread made it ahead."""
         m = self.maker
         t0 = time.perf_counter()
-        windows, matrices, other = m.plan(indices, epoch)
+        windows, matrices, other = plan if plan is not None else m.plan(indices, epoch)
         nbytes = decoded_nbytes(windows)
         used = int(nbytes.sum())
         buffer = slot.reserve(used)
@@ -346,10 +347,10 @@ class Engines:
         # stream would strand the allocator's cached blocks.
         self.handles = None
 
-    def make(self, indices, epoch, slot, k=0):
-        return self._make(indices, epoch, slot) or self.cores.make(indices, epoch, slot)
+    def make(self, indices, epoch, slot, k=0, plan=None):
+        return self._make(indices, epoch, slot, plan) or self.cores.make(indices, epoch, slot, plan=plan)
 
-    def _make(self, indices, epoch, slot):
+    def _make(self, indices, epoch, slot, plan=None):
         m = self.maker
         t0 = time.perf_counter()
         n = len(indices)
@@ -367,7 +368,7 @@ class Engines:
             buffers = [b for b, ok in zip(buffers, keep) if ok]
             if not len(chosen):
                 return None
-            windows, matrices, _ = m.plan(indices, epoch)
+            windows, matrices, _ = plan if plan is not None else m.plan(indices, epoch)
             full_bytes = int((windows[:, 2] * windows[:, 3] * 3).sum())  # the whole batch at full resolution
             hw = torch.from_numpy(chosen)
             windows, matrices = full_resolution(windows[hw], matrices[hw])  # the hardware has no DCT downscale
@@ -444,9 +445,9 @@ class Alternating:
     def __init__(self, first, second, period=HYBRID_PERIOD):
         self.first, self.second, self.period = first, second, period
 
-    def make(self, indices, epoch, slot, k=0):
+    def make(self, indices, epoch, slot, k=0, plan=None):
         chosen = self.second if k % self.period == self.period - 1 else self.first
-        return chosen.make(indices, epoch, slot, k)
+        return chosen.make(indices, epoch, slot, k, plan)
 
 
 # ---- names ----------------------------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """FastLoader: ``for x, y in FastLoader(dataset)`` -> normalised [B, 3, H, W] batches on the device.
 
-Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: plan crops, decode them
-natively into a reusable slot (producer.py), and, on the CPU path, run the affine/normalise stage. The
+Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: decode its crops natively
+into a reusable slot (producer.py), planned one batch ahead by the planner thread while the producer decodes the
+one before, and, on the CPU path, run the affine/normalise stage. The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
 consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
 producers are on their last round, the next epoch's producers start (its batches are a pure function of seed and
 epoch), so the training loop meets no empty pipeline between epochs.
 """
 import atexit
+import concurrent.futures
 import copy
 import numbers
 import os
@@ -474,6 +476,9 @@ class _Producers:
         for f in self.free:
             for _ in range(nslots):
                 f.put(Slot(pin=on_gpu))
+        # One planner thread prepares each producer's next batch (BatchMaker.prepare: crop plans, per-sample
+        # parameters) while that producer decodes, so the decode threads never wait on this Python work.
+        self.planner = concurrent.futures.ThreadPoolExecutor(1, "fastload.planner", initializer=self._enter)
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
@@ -516,20 +521,33 @@ class _Producers:
                 self.running.discard(threading.current_thread())
                 self.changed.notify_all()
 
-    def produce(self, w, start):
-        n = len(self.queues)
+    def _enter(self):
         if self.cpus is not None:  # this thread, and the decode threads it starts (they inherit the mask)
             os.sched_setaffinity(0, self.cpus)
         if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
             torch.cuda.set_device(self.device)
+
+    def prepare(self, k):
+        """The future of batch k's BatchMaker.prepare, None past the epoch's end."""
+        if k >= len(self.batches):
+            return None
+        return self.planner.submit(self.maker.prepare, self.batches[k], self.epoch, k)
+
+    def produce(self, w, start):
+        n = len(self.queues)
+        self._enter()
         try:
             # The consumer reads batch k from queue k % n: this worker's first batch at or after `start`.
-            for k in range(start + (w - start) % n, len(self.batches), n):
+            ks = range(start + (w - start) % n, len(self.batches), n)
+            ahead = self.prepare(ks[0]) if ks else None
+            for k in ks:
                 slot = self.take(self.free[w])
                 if slot is None:
                     return
+                prepared = ahead.result()  # CancelledError once close() shut the planner down
+                ahead = self.prepare(k + n)
                 slot.wait_reusable()
-                batch = self.maker.make(self.batches[k], self.epoch, slot, k)
+                batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
                     item = (*self.stage(batch), batch.counts)
                 else:  # CUDA: queued on the side stream; the slot is reusable once the copy (or kernel) read it
@@ -537,6 +555,8 @@ class _Producers:
                 self.free[w].put(slot)
                 if not self.put(self.queues[w], item):
                     return
+        except concurrent.futures.CancelledError:
+            return
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
 
@@ -553,6 +573,7 @@ class _Producers:
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run(), so none is
         mid-decode in native code when the interpreter exits. A thread that enters run() later sees `stop`."""
         self.stop.set()
+        self.planner.shutdown(wait=False, cancel_futures=True)
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:

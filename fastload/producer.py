@@ -1,15 +1,16 @@
 """Turning a list of sample indices into a decoded ragged batch: plan, then the loader's decoder (decoders.py).
 
-One ``BatchMaker.make(indices, epoch, slot, k)`` call per batch: the crop plan for every sample (vectorised),
-then the decoder named by ``decoder=`` (fastload.decoders: "cpu", the cores, reads and decodes the batch in one
-native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU; "nvjpeg" the
-GPU's JPEG engines; "hybrid" both on different batches), then the per-sample parameters of the stage and the
-batch ops' draws. Pillow decodes the few non-JPEG samples, and with ``on_error="skip"`` broken samples get
-deterministic replacements; see decoders.py.
+Per batch, ``BatchMaker.prepare(indices, epoch, k)``: the crop plan of every sample (vectorised), the stage's
+per-sample parameters and the batch ops' draws, which the loader's planner thread makes one batch ahead of each
+producer; then ``make``: the decoder named by ``decoder=`` (fastload.decoders: "cpu", the cores, reads and decodes
+the batch in one native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU;
+"nvjpeg" the GPU's JPEG engines; "hybrid" both on different batches). Pillow decodes the few non-JPEG samples, and
+with ``on_error="skip"`` broken samples get deterministic replacements; see decoders.py.
 """
 import os
 import threading
 import weakref
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -49,6 +50,14 @@ class Slot:
         if self.copied is not None:
             self.copied.synchronize()
             self.copied = None
+
+
+class Prepared(NamedTuple):
+    """BatchMaker.prepare's result."""
+    indices: np.ndarray   # int64 [B]
+    plan: tuple           # BatchMaker.plan: (windows, matrices, other)
+    params: Any           # Pipeline.sample_params
+    batch_plan: Any       # Pipeline.batch_plan (None without batch ops)
 
 
 def targets(labels):
@@ -126,12 +135,29 @@ class BatchMaker:
             matrices = torch.where(mask[:, None, None], full_m, matrices)
         return windows, matrices, other
 
-    def make(self, indices, epoch, slot, k=0):
-        """Batch k of the epoch (k picks the decoder with decoder="hybrid")."""
-        batch = self.decoder.make(np.asarray(indices, dtype=np.int64), epoch, slot, k)
-        batch.params = self.pipeline.sample_params(self.seed, epoch, batch.indices,
-                                                   pin=self.device is not None and self.device.type == "cuda")
-        batch.batch_plan = self.pipeline.batch_plan(self.seed, epoch, k, len(batch.indices))
+    def prepare(self, indices, epoch, k=0):
+        """What batch k needs before its decode, all pure functions of (seed, epoch, indices, k): the crop plan, the
+        stage's per-sample parameters and the batch ops' draws. The loader's planner thread runs this one batch
+        ahead of each producer, so this Python work overlaps the decode instead of idling the decode threads
+        (bench/RESULTS.md, "Ninth session")."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
+                        self.pipeline.batch_plan(self.seed, epoch, k, len(indices)))
+
+    def _params(self, epoch, indices):
+        return self.pipeline.sample_params(self.seed, epoch, indices,
+                                           pin=self.device is not None and self.device.type == "cuda")
+
+    def make(self, indices, epoch, slot, k=0, prepared=None):
+        """Batch k of the epoch (k picks the decoder with decoder="hybrid"); ``prepared``: prepare()'s result for
+        it, when made ahead."""
+        if prepared is None:
+            prepared = self.prepare(indices, epoch, k)
+        batch = self.decoder.make(prepared.indices, epoch, slot, k, plan=prepared.plan)
+        # on_error="skip" may have replaced samples: their parameters are drawn for what was decoded
+        replaced = batch.indices is not prepared.indices and not np.array_equal(batch.indices, prepared.indices)
+        batch.params = self._params(epoch, batch.indices) if replaced else prepared.params
+        batch.batch_plan = prepared.batch_plan
         if batch.batch_plan is not None:  # soft targets made here: the stage then only mixes the images
             batch.labels = self.pipeline.mix_targets(batch.labels, batch.batch_plan)
         return batch

@@ -157,7 +157,7 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
         def __init__(self, name):
             self.name = name
 
-        def make(self, indices, epoch, slot, k=0):
+        def make(self, indices, epoch, slot, k=0, plan=None):
             made.append((self.name, k))
     hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), decoders.HYBRID_PERIOD)
     for k in range(9):
