@@ -1,7 +1,7 @@
 """FastLoader: ``for x, y in FastLoader(dataset)`` -> normalised [B, 3, H, W] batches on the device.
 
 Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: decode its crops natively
-into a reusable slot (producer.py), planned one batch ahead by the planner thread while the producer decodes the
+into a reusable slot (producer.py), planned one batch ahead by its planner thread while the producer decodes the
 one before, and, on the CPU path, run the affine/normalise stage. The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
 consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
@@ -451,6 +451,14 @@ def _resolve_decoder(decoder, device):
     return decoders.resolve(decoder, device).name
 
 
+def _enter_thread(cpus, device):
+    """A producer's or planner's thread setup."""
+    if cpus is not None:  # this thread, and the decode threads it starts (they inherit the mask)
+        os.sched_setaffinity(0, cpus)
+    if device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
+        torch.cuda.set_device(device)
+
+
 class _Producers:
     """What the producer threads share with the consumer. Threads hold this, never the iterator, so dropping
     the iterator (a ``break``, ``del``, an exception) garbage-collects it and its __del__ stops them."""
@@ -476,9 +484,13 @@ class _Producers:
         for f in self.free:
             for _ in range(nslots):
                 f.put(Slot(pin=on_gpu))
-        # One planner thread prepares each producer's next batch (BatchMaker.prepare: crop plans, per-sample
-        # parameters) while that producer decodes, so the decode threads never wait on this Python work.
-        self.planner = concurrent.futures.ThreadPoolExecutor(1, "fastload.planner", initializer=self._enter)
+        # Each producer's planner thread prepares its next batch (BatchMaker.prepare: crop plans, per-sample
+        # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
+        # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
+        # (bench/RESULTS.md, "Ninth session").
+        # (Their initializer holds no reference to self: a live thread holding it would keep every buffer alive.)
+        self.planners = [concurrent.futures.ThreadPoolExecutor(1, f"fastload.planner-{w}", initializer=_enter_thread,
+                                                               initargs=(self.cpus, self.device)) for w in range(n)]
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
@@ -521,31 +533,25 @@ class _Producers:
                 self.running.discard(threading.current_thread())
                 self.changed.notify_all()
 
-    def _enter(self):
-        if self.cpus is not None:  # this thread, and the decode threads it starts (they inherit the mask)
-            os.sched_setaffinity(0, self.cpus)
-        if self.device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
-            torch.cuda.set_device(self.device)
-
-    def prepare(self, k):
-        """The future of batch k's BatchMaker.prepare, None past the epoch's end."""
+    def prepare(self, w, k):
+        """The future of batch k's BatchMaker.prepare on producer w's planner, None past the epoch's end."""
         if k >= len(self.batches):
             return None
-        return self.planner.submit(self.maker.prepare, self.batches[k], self.epoch, k)
+        return self.planners[w].submit(self.maker.prepare, self.batches[k], self.epoch, k)
 
     def produce(self, w, start):
         n = len(self.queues)
-        self._enter()
+        _enter_thread(self.cpus, self.device)
         try:
             # The consumer reads batch k from queue k % n: this worker's first batch at or after `start`.
             ks = range(start + (w - start) % n, len(self.batches), n)
-            ahead = self.prepare(ks[0]) if ks else None
+            ahead = self.prepare(w, ks[0]) if ks else None
             for k in ks:
                 slot = self.take(self.free[w])
                 if slot is None:
                     return
                 prepared = ahead.result()  # CancelledError once close() shut the planner down
-                ahead = self.prepare(k + n)
+                ahead = self.prepare(w, k + n)
                 slot.wait_reusable()
                 batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
@@ -573,7 +579,8 @@ class _Producers:
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run(), so none is
         mid-decode in native code when the interpreter exits. A thread that enters run() later sees `stop`."""
         self.stop.set()
-        self.planner.shutdown(wait=False, cancel_futures=True)
+        for planner in self.planners:
+            planner.shutdown(wait=False, cancel_futures=True)
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:

@@ -112,7 +112,8 @@ def loader_threads(loader):
 
 
 def fastload_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("fastload-")]
+    """Producer threads (fastload-N) and their planners (fastload.planner-N_0)."""
+    return [t for t in threading.enumerate() if t.name.startswith(("fastload-", "fastload.planner"))]
 
 
 def assert_no_fastload_threads(timeout=10.0):

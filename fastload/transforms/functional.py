@@ -24,6 +24,7 @@ import math
 import numbers
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.functional import conv2d, pad
@@ -534,24 +535,31 @@ def apply_table(x, ops, params):
 
 def _check_table(table, x, name):
     """The table's shapes and op codes, then the public functions' checks of its parameters, on the whole host
-    table at once, naming sample and slot."""
+    table at once, naming sample and slot. In numpy: the loader checks a table per batch in its producer threads,
+    and every small torch call there would hand the GIL over and wait to get it back."""
     b = x.shape[0]
     if table.ops.ndim != 2 or table.ops.shape[0] != b or table.params.shape != table.ops.shape + (3,):
         raise ValueError(f"{name}: expected ops [B, S] and params [B, S, 3] with B = {b}, got "
                          f"{tuple(table.ops.shape)} and {tuple(table.params.shape)}")
-    bad = (table.ops < 0) | (table.ops >= len(OPS))
+    ops, params = table.ops.numpy(), table.params.numpy()
+    bad = (ops < 0) | (ops >= len(OPS))
     if bad.any():
-        i, s = bad.nonzero()[0].tolist()
-        raise ValueError(f"{name}: sample {i}, slot {s}: unknown op code {int(table.ops[i, s])}")
-    _check_table_params(table, x, name)
+        i, s = _first(bad)
+        raise ValueError(f"{name}: sample {i}, slot {s}: unknown op code {int(ops[i, s])}")
+    _check_table_params(ops, params, x, name)
 
 
-def _check_table_params(table, x, name):
-    p0, ops = table.params[..., 0].double(), table.ops
+def _first(bad):
+    """(sample, slot) of the first True in a bool [B, S] array."""
+    return np.argwhere(bad)[0].tolist()
+
+
+def _check_table_params(ops, params, x, name):
+    p0 = params[..., 0].astype(np.float64)
     checks = {
         1: _non_negative, 2: _non_negative, 3: _non_negative, 5: _non_negative,
         4: lambda v: (~((v >= -0.5) & (v <= 0.5)), (ValueError, "hue_factor ({v}) is not in [-0.5, 0.5].")),
-        6: lambda v: (~((v >= 0) & (v <= 8) & (v == v.floor())),
+        6: lambda v: (~((v >= 0) & (v <= 8) & (v == np.floor(v))),
                       (TypeError, "bits must be a positive integer in the range [0, 8], got {v} instead.")),
         7: lambda v: (v > _bound(x), (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
                                                  "but got {v}")),
@@ -560,21 +568,21 @@ def _check_table_params(table, x, name):
         bad, (exc, message) = check(p0)
         bad &= ops == code
         if bad.any():
-            i, s = bad.nonzero()[0].tolist()
+            i, s = _first(bad)
             name = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
             raise exc(f"{name}: sample {i}, slot {s}: "
                       + message.format(name=name.get(code, ""), v=float(p0[i, s])))
     blur = ops == 12
     if blur.any():
-        size, sigma = table.params[..., :2], table.params[..., 2]
-        bad = blur & ((size < 1) | (size % 2 != 1)).any(dim=-1)
+        size, sigma = params[..., :2], params[..., 2]
+        bad = blur & ((size < 1) | (size % 2 != 1)).any(axis=-1)
         if bad.any():
-            i, s = bad.nonzero()[0].tolist()
+            i, s = _first(bad)
             raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size should have odd and positive "
-                             f"integers. Got {table.params[i, s, :2].tolist()}")
+                             f"integers. Got {params[i, s, :2].tolist()}")
         bad = blur & ~(sigma > 0)
         if bad.any():
-            i, s = bad.nonzero()[0].tolist()
+            i, s = _first(bad)
             raise ValueError(f"{name}: sample {i}, slot {s}: sigma should have positive values. "
                              f"Got {float(sigma[i, s])}")
 
@@ -642,11 +650,12 @@ def checked_table(table, height, width, *, batch=None, pin=False):
 def _check_blur_sizes(table, x, name):
     """Reflect padding needs kernel_size // 2 < side: kx <= 2 W - 1 and ky <= 2 H - 1."""
     h, w = x.shape[-2:]
-    size = table.params[..., :2]
-    bad = (table.ops == OPS["gaussian_blur"]) & ((size[..., 0] > 2 * w - 1) | (size[..., 1] > 2 * h - 1))
+    params = table.params.numpy()
+    size = params[..., :2]
+    bad = (table.ops.numpy() == OPS["gaussian_blur"]) & ((size[..., 0] > 2 * w - 1) | (size[..., 1] > 2 * h - 1))
     if bad.any():
-        i, s = bad.nonzero()[0].tolist()
-        raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size {table.params[i, s, :2].tolist()} is too "
+        i, s = _first(bad)
+        raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size {params[i, s, :2].tolist()} is too "
                          f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
 
 
