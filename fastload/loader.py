@@ -70,7 +70,8 @@ class FastLoader:
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
             training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
-            Python work overlaps decoding; 2 with decoder="nvjpeg", 3 with "hybrid").
+            Python work overlaps decoding; 2 with decoder="nvjpeg", 3 with "hybrid"). Each has a planner thread
+            that prepares its next batch's crops and per-sample parameters while it decodes the current one.
         cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
             may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
             (Linux); the default thread counts then follow its size. Default None: wherever the OS puts them.
