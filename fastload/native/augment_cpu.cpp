@@ -4,10 +4,12 @@
 // The per-pixel maths is augment.h's, shared with the CUDA kernels (augment_cuda.cu).
 
 // torch computes each float op with one rounding; a contracted a * b + c would round once where it rounds twice.
+// no-trapping-math changes no result (only whether FP exceptions may be raised speculatively); without it GCC will
+// not vectorise a loop that converts float to integer (saturation: 1.5 -> 0.2 ms per image at 224 px).
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "no-trapping-math")
 #endif
 
 #include <ATen/ATen.h>
@@ -201,6 +203,22 @@ FL_SAMPLE void hue_planes(float factor, const uint8_t* __restrict__ r8, const ui
   }
 }
 
+// Saturation on whole planes: restrict-qualified (src and dst never overlap: the slots ping-pong between two scratch
+// images), so the loop vectorises.
+FL_SAMPLE void saturation_planes(float factor, const uint8_t* __restrict__ r, const uint8_t* __restrict__ g,
+                                 const uint8_t* __restrict__ b, uint8_t* __restrict__ dst, int64_t hw) {
+  uint8_t* __restrict__ dr = dst;
+  uint8_t* __restrict__ dg = dst + hw;
+  uint8_t* __restrict__ db = dst + 2 * hw;
+  const float om = one_minus(factor);
+  for (int64_t i = 0; i < hw; ++i) {
+    const float gr = floorf(gray(r[i], g[i], b[i]));
+    dr[i] = blend(r[i], gr, factor, om);
+    dg[i] = blend(g[i], gr, factor, om);
+    db[i] = blend(b[i], gr, factor, om);
+  }
+}
+
 // One slot of one sample: src -> dst, both 3 planes of h * w.
 FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int64_t hw = static_cast<int64_t>(h) * w;
@@ -254,16 +272,7 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
         equalize_lut(hist, lut[c]);
       }
       return map_planes(src, dst, hw, lut);
-    case kSaturation: {
-      const float om = one_minus(p[0]);
-      for (int64_t i = 0; i < hw; ++i) {
-        const float gr = floorf(gray(r[i], g[i], b[i]));
-        dst[i] = blend(r[i], gr, p[0], om);
-        dst[hw + i] = blend(g[i], gr, p[0], om);
-        dst[2 * hw + i] = blend(b[i], gr, p[0], om);
-      }
-      return;
-    }
+    case kSaturation: return saturation_planes(p[0], r, g, b, dst, hw);
     case kHue:
       return hue_planes(p[0], r, g, b, dst, hw);
     case kGrayscale:
