@@ -162,7 +162,7 @@ __attribute__((always_inline)) inline void hue(uint8_t r8, uint8_t g8, uint8_t b
   const float h6 = mul_rn(h, 6.f);
   const float fi = floorf(h6);
   const float f = sub_rn(h6, fi);
-  const int i = fi >= 6.f ? 0 : static_cast<int>(fi);
+  const float sector = fi >= 6.f ? 0.f : fi;  // 0..5
   const float sxf = mul_rn(s, f);
   const float one_minus_s = sub_rn(1.f, s);
   const float v = maxc;
@@ -170,10 +170,12 @@ __attribute__((always_inline)) inline void hue(uint8_t r8, uint8_t g8, uint8_t b
   q = q < 0.f ? 0.f : (q > 1.f ? 1.f : q);
   t = t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
   p = p < 0.f ? 0.f : (p > 1.f ? 1.f : p);
-  // torchvision's table, sector i: (R, G, B) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q)
-  const float R = (i == 0 || i == 5) ? v : (i == 1 ? q : (i == 4 ? t : p));
-  const float G = (i == 1 || i == 2) ? v : (i == 0 ? t : (i == 3 ? q : p));
-  const float B = (i == 3 || i == 4) ? v : (i == 2 ? t : (i == 5 ? q : p));
+  // torchvision's table, sector i: (R, G, B) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q), as a flat run
+  // of selects (nested ones are control flow to GCC, and the plane loop would not vectorise)
+  float R = p, G = p, B = p;
+  R = sector == 4.f ? t : R, R = sector == 1.f ? q : R, R = sector == 0.f ? v : R, R = sector == 5.f ? v : R;
+  G = sector == 3.f ? q : G, G = sector == 0.f ? t : G, G = sector == 1.f ? v : G, G = sector == 2.f ? v : G;
+  B = sector == 5.f ? q : B, B = sector == 2.f ? t : B, B = sector == 3.f ? v : B, B = sector == 4.f ? v : B;
   const float to_u8 = static_cast<float>(255.0 + 1.0 - 1e-3);  // _to_uint8: x * 255.999, truncated
   out[0] = static_cast<uint8_t>(static_cast<int>(mul_rn(R, to_u8)));
   out[1] = static_cast<uint8_t>(static_cast<int>(mul_rn(G, to_u8)));
