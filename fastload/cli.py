@@ -310,10 +310,12 @@ def add_bench(sub):
                    "hardware decoder; --device cuda), hybrid (both, on different batches; --device cuda), auto "
                    "(nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
-    p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2"],
+    p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2",
+                                           "colorjitter"],
                    default=None,
                    help="the same torchvision v2 pipeline in both loaders: RandomResizedCrop + RandomHorizontalFlip "
-                        "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment] + ToDtype + Normalize; "
+                        "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment | ColorJitter(0.4, 0.4, 0.4, 0.1) + "
+                        "RandomGrayscale(0.2)] + ToDtype + Normalize; "
                         "torchvision_v2: torchvision's reference recipe (TrivialAugmentWide, RandomErasing(0.1), "
                         "MixUp/CutMix) (default: fastload's crop= shorthand against torchvision's classic "
                         "transforms)")
