@@ -460,6 +460,37 @@ def _enter_thread(cpus, device):
         torch.cuda.set_device(device)
 
 
+class _Planner:
+    """One producer's planner: a thread that runs BatchMaker.prepare for the batches its producer asks for, one
+    request ahead. Its thread holds the maker and the batch list, never the _Producers (a live thread holding that
+    would keep every slot's buffers alive), and stop() only puts on a SimpleQueue, which is safe from a __del__
+    that the garbage collector runs on any thread (a ThreadPoolExecutor's shutdown takes a lock that its own
+    submit() holds while starting the thread: a collection there deadlocked)."""
+
+    def __init__(self, maker, batches, epoch, w, cpus, device):
+        self.requests = queue.SimpleQueue()
+        self.thread = threading.Thread(target=_Planner._run, args=(self.requests, maker, batches, epoch, cpus, device),
+                                       daemon=True, name=f"fastload.planner-{w}")
+
+    def submit(self, k):
+        future = concurrent.futures.Future()
+        self.requests.put((k, future))
+        return future
+
+    def stop(self):
+        self.requests.put(None)
+
+    @staticmethod
+    def _run(requests, maker, batches, epoch, cpus, device):
+        _enter_thread(cpus, device)
+        while (request := requests.get()) is not None:
+            k, future = request
+            try:
+                future.set_result(maker.prepare(batches[k], epoch, k))
+            except BaseException as e:  # raised in the producer that asked, and from there in the training loop
+                future.set_exception(e)
+
+
 class _Producers:
     """What the producer threads share with the consumer. Threads hold this, never the iterator, so dropping
     the iterator (a ``break``, ``del``, an exception) garbage-collects it and its __del__ stops them."""
@@ -489,9 +520,7 @@ class _Producers:
         # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
         # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
         # (bench/RESULTS.md, "Ninth session").
-        # (Their initializer holds no reference to self: a live thread holding it would keep every buffer alive.)
-        self.planners = [concurrent.futures.ThreadPoolExecutor(1, f"fastload.planner-{w}", initializer=_enter_thread,
-                                                               initargs=(self.cpus, self.device)) for w in range(n)]
+        self.planners = [_Planner(self.maker, batches, epoch, w, self.cpus, self.device) for w in range(n)]
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
@@ -500,7 +529,7 @@ class _Producers:
         self.changed = threading.Condition()
         _live.add(self)
         try:
-            for t in self.threads:
+            for t in [p.thread for p in self.planners] + self.threads:
                 t.start()
         except BaseException:  # e.g. Ctrl-C between two starts: stop those already running
             self.close()
@@ -536,9 +565,16 @@ class _Producers:
 
     def prepare(self, w, k):
         """The future of batch k's BatchMaker.prepare on producer w's planner, None past the epoch's end."""
-        if k >= len(self.batches):
-            return None
-        return self.planners[w].submit(self.maker.prepare, self.batches[k], self.epoch, k)
+        return self.planners[w].submit(k) if k < len(self.batches) else None
+
+    def result(self, future):
+        """The future's result (its exception raised), or None once the producers are stopped."""
+        while not self.stop.is_set():
+            try:
+                return future.result(timeout=_POLL)
+            except concurrent.futures.TimeoutError:
+                pass
+        return None
 
     def produce(self, w, start):
         n = len(self.queues)
@@ -551,7 +587,9 @@ class _Producers:
                 slot = self.take(self.free[w])
                 if slot is None:
                     return
-                prepared = ahead.result()  # CancelledError once close() shut the planner down
+                prepared = self.result(ahead)
+                if prepared is None:
+                    return
                 ahead = self.prepare(w, k + n)
                 slot.wait_reusable()
                 batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared)
@@ -562,8 +600,6 @@ class _Producers:
                 self.free[w].put(slot)
                 if not self.put(self.queues[w], item):
                     return
-        except concurrent.futures.CancelledError:
-            return
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
 
@@ -581,7 +617,7 @@ class _Producers:
         mid-decode in native code when the interpreter exits. A thread that enters run() later sees `stop`."""
         self.stop.set()
         for planner in self.planners:
-            planner.shutdown(wait=False, cancel_futures=True)
+            planner.stop()
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:

@@ -112,7 +112,7 @@ def loader_threads(loader):
 
 
 def fastload_threads():
-    """Producer threads (fastload-N) and their planners (fastload.planner-N_0)."""
+    """Producer threads (fastload-N) and their planners (fastload.planner-N)."""
     return [t for t in threading.enumerate() if t.name.startswith(("fastload-", "fastload.planner"))]
 
 
