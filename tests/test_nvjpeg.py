@@ -33,11 +33,117 @@ def test_decoder_option_is_checked(imagenet_dir):
 
 
 def test_missing_library_says_where_it_looked(monkeypatch):
-    monkeypatch.setattr(nvjpeg, "_lib", None)
-    monkeypatch.setattr(nvjpeg, "_lib_error", None)
+    monkeypatch.setattr(nvjpeg, "_path", None)
+    monkeypatch.setattr(nvjpeg, "_path_error", None)
     monkeypatch.setenv("FASTLOAD_NVJPEG_LIB", "/nonexistent/libnvjpeg.so.13")
-    with pytest.raises(nvjpeg.NvjpegError, match="/nonexistent/libnvjpeg.so.13"):
-        nvjpeg.library()
+    for make in (nvjpeg.library_path, lambda: nvjpeg.HardwareDecoder(1)):
+        with pytest.raises(nvjpeg.NvjpegError, match="libnvjpeg not found .*/nonexistent/libnvjpeg.so.13: cannot open"):
+            make()
+    assert issubclass(nvjpeg.NvjpegError, RuntimeError)
+
+
+# ---- the native decoder (fastload/native/nvjpeg_decoder.cpp): loading and checks, without a GPU ----------------
+
+Native = ops.C.NvjpegDecoder
+
+
+def test_native_loader_names_the_path_it_cannot_open():
+    for make in (lambda p: Native.load_library(p), lambda p: Native(p, 1)):
+        with pytest.raises(nvjpeg.NvjpegError, match="cannot load libnvjpeg /nonexistent/libnvjpeg.so.13: .*No such"):
+            make("/nonexistent/libnvjpeg.so.13")
+
+
+# A stand-in for libnvjpeg with the entry points the decoder calls: it records each call as a line of the file
+# $FAKE_NVJPEG_LOG (read when the handle is made) and touches no memory but its arguments; nvjpegDecodeBatchedEx
+# reports "bad JPEG" (status 3) for a batch whose first bitstream starts with "X". -DOMIT=name leaves one out.
+FAKE_NVJPEG = r"""
+#include <stdio.h>
+#include <stdlib.h>
+typedef struct { unsigned char* channel[4]; size_t pitch[4]; } Image;
+static FILE* out;
+static int batch, objects;
+#define LOG(...) (fprintf(out, __VA_ARGS__), fputc('\\n', out), fflush(out))
+int nvjpegCreateEx(int backend, void* dev, void* pinned, unsigned flags, void** handle) {
+  out = fopen(getenv("FAKE_NVJPEG_LOG"), "a");
+  LOG("create %d %d %d %u", backend, dev != 0, pinned != 0, flags);
+  *handle = (void*)(size_t)++objects;
+  return 0;
+}
+int nvjpegDestroy(void* h) { LOG("destroy %zu", (size_t)h); return 0; }
+int nvjpegJpegStateCreate(void* h, void** state) { *state = (void*)(size_t)++objects; LOG("state %zu", (size_t)*state); return 0; }
+int nvjpegJpegStateDestroy(void* state) { LOG("state_destroy %zu", (size_t)state); return 0; }
+int nvjpegDecodeParamsCreate(void* h, void** p) { *p = (void*)(size_t)++objects; LOG("params %zu", (size_t)*p); return 0; }
+int nvjpegDecodeParamsDestroy(void* p) { LOG("params_destroy %zu", (size_t)p); return 0; }
+int nvjpegDecodeParamsSetOutputFormat(void* p, int format) { LOG("format %zu %d", (size_t)p, format); return 0; }
+#ifndef OMIT_ROI
+int nvjpegDecodeParamsSetROI(void* p, int x, int y, int w, int h) { LOG("roi %zu %d %d %d %d", (size_t)p, x, y, w, h); return 0; }
+#endif
+int nvjpegDecodeBatchedInitialize(void* h, void* s, int n, int threads, int format) {
+  batch = n;
+  LOG("init %d %d %d", n, threads, format);
+  return 0;
+}
+int nvjpegDecodeBatchedEx(void* h, void* s, const unsigned char** data, const size_t* lengths, Image* images,
+                          void** params, void* stream) {
+  LOG("batched %d %zu", batch, (size_t)stream);
+  for (int i = 0; i < batch; ++i)
+    LOG("image %zu %zu %zu %zu %zu", (size_t)params[i], lengths[i], (size_t)images[i].channel[0],
+        images[i].pitch[0], (size_t)images[i].channel[1] + images[i].pitch[1]);
+  return data[0][0] == 'X' ? 3 : 0;
+}
+"""
+
+
+def fake_nvjpeg(tmp_path, omit=None):
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in libnvjpeg")
+    (tmp_path / "fake.c").write_text(FAKE_NVJPEG)
+    lib = tmp_path / f"libfakenvjpeg{'_' + omit if omit else ''}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(tmp_path / "fake.c")] +
+                   ([f"-DOMIT_{omit}"] if omit else []), check=True)
+    return str(lib)
+
+
+def test_a_library_without_an_entry_point_is_refused_naming_it(tmp_path):
+    with pytest.raises(nvjpeg.NvjpegError, match=r"libc.so.6 is not a usable libnvjpeg: it has no nvjpegCreateEx"):
+        Native.load_library("libc.so.6")
+    lacking = fake_nvjpeg(tmp_path, omit="ROI")  # every entry point but one: each is looked up
+    with pytest.raises(nvjpeg.NvjpegError, match=rf"{lacking} is not a usable libnvjpeg: it has no "
+                                                 r"nvjpegDecodeParamsSetROI"):
+        Native(lacking, 1)
+    Native.load_library(fake_nvjpeg(tmp_path))  # the complete one loads
+
+
+def test_batches_are_checked_before_anything_is_decoded():
+    """decode's checks (here through check_batch, the same code without a decoder): ValueError naming what is
+    wrong, before any nvJPEG call; out is checked last, so the rest needs no GPU."""
+    two = [b"a", b"b"]
+    windows = torch.tensor([[0, 0, 10, 20, 1], [5, 6, 3, 4, 1]])
+    cpu_out = torch.empty(1000, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"windows must be an int64 or int32 CPU tensor of shape \[3, 5\]"):
+        Native.check_batch(two + [b"c"], windows, cpu_out)
+    for bad in (windows.float(), windows[:, :4], windows[0]):
+        with pytest.raises(ValueError, match=r"windows must be .* of shape \[2, 5\]"):
+            Native.check_batch(two, bad, cpu_out)
+    cases = {(0, 4, 2): "no DCT downscale", (1, 0, -1): "top and left must be >= 0",
+             (1, 1, -6): "top and left must be >= 0", (0, 2, 0): "height and width must be >= 1",
+             (1, 3, -4): "height and width must be >= 1", (1, 0, 65533): "reaches past 65535 pixels",
+             (0, 3, 65536): "reaches past 65535 pixels"}
+    for (row, col, value), why in cases.items():
+        bad = windows.clone()
+        bad[row, col] = value
+        with pytest.raises(ValueError, match=rf"window {row} \(top, left, height, width, downscale\) = .*{why}"):
+            Native.check_batch(two, bad, cpu_out)
+    with pytest.raises(TypeError, match="buffer 1 is a str"):
+        Native.check_batch([b"a", "b.jpg"], windows, cpu_out)
+    for dtype in (torch.int64, torch.int32):  # good windows: only out is left, and a CPU out is refused
+        with pytest.raises(ValueError, match="out must be a contiguous uint8 CUDA tensor"):
+            Native.check_batch(two, windows.to(dtype), cpu_out)
+    with pytest.raises(ValueError, match="max_batch must be >= 0"):
+        Native("/nonexistent/libnvjpeg.so.13", -1)
 
 
 def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
