@@ -61,8 +61,8 @@ def library_path():
                 except NvjpegError as e:
                     reasons.append(str(e))
             else:
-                _path_error = (f"libnvjpeg not found ({'; '.join(reasons)}); install the CUDA toolkit's nvJPEG or "
-                               f"set FASTLOAD_NVJPEG_LIB")
+                _path_error = (f"libnvjpeg not found (tried: {'; '.join(reasons)}); install the CUDA toolkit's "
+                               f"nvJPEG or set FASTLOAD_NVJPEG_LIB")
     if _path is None:
         raise NvjpegError(_path_error)
     return _path

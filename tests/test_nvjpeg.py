@@ -62,21 +62,32 @@ FAKE_NVJPEG = r"""
 typedef struct { unsigned char* channel[4]; size_t pitch[4]; } Image;
 static FILE* out;
 static int batch, objects;
-#define LOG(...) (fprintf(out, __VA_ARGS__), fputc('\\n', out), fflush(out))
+#define LOG(...) (fprintf(out, __VA_ARGS__), fputc('\n', out), fflush(out))
 int nvjpegCreateEx(int backend, void* dev, void* pinned, unsigned flags, void** handle) {
   out = fopen(getenv("FAKE_NVJPEG_LOG"), "a");
-  LOG("create %d %d %d %u", backend, dev != 0, pinned != 0, flags);
   *handle = (void*)(size_t)++objects;
+  LOG("create %d %d %d %u %zu", backend, dev != 0, pinned != 0, flags, (size_t)*handle);
   return 0;
 }
 int nvjpegDestroy(void* h) { LOG("destroy %zu", (size_t)h); return 0; }
-int nvjpegJpegStateCreate(void* h, void** state) { *state = (void*)(size_t)++objects; LOG("state %zu", (size_t)*state); return 0; }
+int nvjpegJpegStateCreate(void* h, void** state) {
+  *state = (void*)(size_t)++objects;
+  LOG("state %zu", (size_t)*state);
+  return 0;
+}
 int nvjpegJpegStateDestroy(void* state) { LOG("state_destroy %zu", (size_t)state); return 0; }
-int nvjpegDecodeParamsCreate(void* h, void** p) { *p = (void*)(size_t)++objects; LOG("params %zu", (size_t)*p); return 0; }
+int nvjpegDecodeParamsCreate(void* h, void** p) {
+  *p = (void*)(size_t)++objects;
+  LOG("params %zu", (size_t)*p);
+  return 0;
+}
 int nvjpegDecodeParamsDestroy(void* p) { LOG("params_destroy %zu", (size_t)p); return 0; }
 int nvjpegDecodeParamsSetOutputFormat(void* p, int format) { LOG("format %zu %d", (size_t)p, format); return 0; }
 #ifndef OMIT_ROI
-int nvjpegDecodeParamsSetROI(void* p, int x, int y, int w, int h) { LOG("roi %zu %d %d %d %d", (size_t)p, x, y, w, h); return 0; }
+int nvjpegDecodeParamsSetROI(void* p, int x, int y, int w, int h) {
+  LOG("roi %zu %d %d %d %d", (size_t)p, x, y, w, h);
+  return 0;
+}
 #endif
 int nvjpegDecodeBatchedInitialize(void* h, void* s, int n, int threads, int format) {
   batch = n;
@@ -144,6 +155,88 @@ def test_batches_are_checked_before_anything_is_decoded():
             Native.check_batch(two, windows.to(dtype), cpu_out)
     with pytest.raises(ValueError, match="max_batch must be >= 0"):
         Native("/nonexistent/libnvjpeg.so.13", -1)
+
+
+
+@pytest.mark.cuda
+def test_native_decoder_drives_nvjpeg_as_documented(tmp_path, monkeypatch):
+    """With the stand-in libnvjpeg (any CUDA GPU; no hardware decoder needed): the calls, their arguments and order
+    (the HARDWARE backend; RGBI output for each params; one ROI per image, x = left, y = top; the batched state
+    initialised when the batch size changes and again after a failed decode; destinations at out + offsets with
+    pitch width * 3), the results (ops.decode_crops's layout at downscale 1), nvJPEG's status in words, checks
+    that refuse before any call, and close."""
+    import gc
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_NVJPEG_LOG", str(log))
+
+    def calls():
+        lines = log.read_text().splitlines()
+        log.write_text("")  # the stand-in appends (O_APPEND): this empties it for the next step
+        return lines
+    fake = fake_nvjpeg(tmp_path)  # built once: it stays loaded, and is not to be rewritten under the process
+    decoder = Native(fake, 2)
+    made = calls()
+    handle = int(made[0].split()[-1])
+    state, p0, p1 = (int(made[k].split()[1]) for k in (1, 2, 4))
+    assert made == [f"create 3 0 0 0 {handle}", f"state {state}", f"params {p0}", f"format {p0} 5", f"params {p1}",
+                    f"format {p1} 5"]
+    assert decoder.device == torch.cuda.current_device()
+    stream = torch.cuda.Stream()
+    out = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    windows = torch.tensor([[1, 2, 10, 20, 1], [3, 4, 5, 6, 1], [0, 0, 2, 2, 1]])
+    buffers = [b"\xff\xd8one", bytearray(b"\xff\xd8three"), memoryview(b"\xff\xd8seven!!")]
+    offsets, shapes = decoder.decode(buffers, windows, out, stream.cuda_stream)
+    assert offsets.tolist() == [0, 600, 690] and offsets.dtype == shapes.dtype == torch.int64
+    assert shapes.tolist() == [[10, 20, 3], [5, 6, 3], [2, 2, 3]]
+    made = calls()
+    p2 = int(made[0].split()[1])  # the pool grew by one for the third image
+    params = (p0, p1, p2)
+    rois = [f"roi {p} {left} {top} {w} {h}" for p, (top, left, h, w, _) in zip(params, windows.tolist())]
+    images = [f"image {p} {len(b)} {out.data_ptr() + o} {w * 3} 0"
+              for p, b, o, w in zip(params, buffers, offsets.tolist(), windows[:, 3].tolist())]
+    batched = f"batched 3 {stream.cuda_stream}"
+    assert made == [f"params {p2}", f"format {p2} 5"] + rois + ["init 3 1 5", batched] + images
+    decoder.decode(buffers, windows.int(), out, stream.cuda_stream)  # same size: no new initialisation
+    assert calls() == rois + [batched] + images
+    with pytest.raises(nvjpeg.NvjpegError, match=r"^nvjpegDecodeBatchedEx: nvJPEG status 3 \(bad JPEG\)$"):
+        decoder.decode([b"X"] + buffers[1:], windows, out, stream.cuda_stream)
+    calls()
+    decoder.decode(buffers, windows, out, stream.cuda_stream)  # after a failure: initialised again
+    assert "init 3 1 5" in calls()
+    decoder.decode(buffers[:1], windows[:1], out, stream.cuda_stream)
+    assert calls() == [rois[0], "init 1 1 5", f"batched 1 {stream.cuda_stream}", images[0]]
+    # Refused before any nvJPEG call: ValueError, nothing logged.
+    refused = [("out holds 689 bytes, the batch needs 702", (buffers, windows, out[:689])),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.cpu())),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.view(10, 100)[:, :80])),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.float())),
+               (r"of shape \[2, 5\]", (buffers[:2], windows, out)),
+               ("height and width must be >= 1", (buffers, windows * torch.tensor([1, 1, 0, 1, 1]), out))]
+    for message, args in refused:
+        with pytest.raises(ValueError, match=message):
+            decoder.decode(*args, stream.cuda_stream)
+    assert calls() == []
+    # The Python wrapper: the same native class, found through FASTLOAD_NVJPEG_LIB; numpy windows are fine.
+    monkeypatch.setattr(nvjpeg, "_path", None)
+    monkeypatch.setattr(nvjpeg, "_path_error", None)
+    monkeypatch.setenv("FASTLOAD_NVJPEG_LIB", fake)
+    wrapped = nvjpeg.HardwareDecoder(3)
+    got = wrapped.decode(buffers, windows.numpy(), out, stream)
+    assert torch.equal(got[0], offsets) and torch.equal(got[1], shapes)
+    wrapped.close()
+    calls()
+    # close: every object destroyed once; idempotent; a closed decoder says so. Garbage collection closes too.
+    decoder.close()
+    assert calls() == [f"params_destroy {p}" for p in params] + [f"state_destroy {state}", f"destroy {handle}"]
+    decoder.close()
+    assert calls() == []
+    with pytest.raises(nvjpeg.NvjpegError, match="the decoder is closed"):
+        decoder.decode(buffers, windows, out, stream.cuda_stream)
+    dropped = Native(fake, 1)
+    made = [line.split() for line in calls()]
+    del dropped
+    gc.collect()
+    assert calls() == [f"params_destroy {made[2][1]}", f"state_destroy {made[1][1]}", f"destroy {made[0][-1]}"]
 
 
 def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
@@ -281,6 +374,71 @@ def test_hardware_decode_is_close_to_libjpeg(imagenet_dir):
         got = out[int(offsets[i]):int(offsets[i]) + h * w * 3].view(h, w, 3).cpu()
         values.append(psnr(got, ops.decode_crop(files[i], top, left, h, w)))
     assert np.median(values) >= 35 and min(values) >= 30, sorted(values)[:5]
+    decoder.close()
+
+
+def ctypes_decode(files, windows, out, stream):
+    """The calls fastload.nvjpeg made through ctypes before the native decoder (up to commit 76edc84): the
+    reference the native decoder must equal bit for bit (same library, same calls, same hardware)."""
+    import ctypes
+    lib = ctypes.CDLL(nvjpeg.library_path())
+
+    def check(status):
+        assert status == 0, f"nvJPEG status {status}"
+    handle, state = ctypes.c_void_p(), ctypes.c_void_p()
+    check(lib.nvjpegCreateEx(3, None, None, 0, ctypes.byref(handle)))  # NVJPEG_BACKEND_HARDWARE
+    check(lib.nvjpegJpegStateCreate(handle, ctypes.byref(state)))
+    n, win = len(files), windows.numpy()
+    params = [ctypes.c_void_p() for _ in range(n)]
+    for p, (top, left, h, w, _) in zip(params, win.tolist()):
+        check(lib.nvjpegDecodeParamsCreate(handle, ctypes.byref(p)))
+        check(lib.nvjpegDecodeParamsSetOutputFormat(p, 5))  # NVJPEG_OUTPUT_RGBI
+        check(lib.nvjpegDecodeParamsSetROI(p, left, top, w, h))
+    sizes = win[:, 2].astype(np.int64) * win[:, 3] * 3
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    images = np.zeros((n, 8), dtype=np.uint64)  # nvjpegImage_t: channel[4] pointers, then pitch[4]
+    images[:, 0] = out.data_ptr() + offsets
+    images[:, 4] = win[:, 3] * 3
+    check(lib.nvjpegDecodeBatchedInitialize(handle, state, n, 1, 5))
+    check(lib.nvjpegDecodeBatchedEx(handle, state, (ctypes.c_char_p * n)(*files),
+                                    (ctypes.c_size_t * n)(*map(len, files)), ctypes.c_void_p(images.ctypes.data),
+                                    (ctypes.c_void_p * n)(*[p.value for p in params]),
+                                    ctypes.c_void_p(stream.cuda_stream)))
+    stream.synchronize()
+    for p in params:
+        check(lib.nvjpegDecodeParamsDestroy(p))
+    check(lib.nvjpegJpegStateDestroy(state))
+    check(lib.nvjpegDestroy(handle))
+    return offsets
+
+
+@pytest.mark.cuda
+@hardware
+def test_hardware_decode_equals_the_ctypes_calls_it_replaced(imagenet_dir):
+    """The native decoder's pixels are the old ctypes path's, bit for bit, batch after batch (the state reused,
+    re-initialised for a new batch size), also after a batch nvJPEG refused."""
+    ds = fl.FolderDataset(imagenet_dir)
+    files = [open(p, "rb").read() for p in ds.paths]
+    decoder = nvjpeg.HardwareDecoder(4)
+    stream = torch.cuda.Stream()
+    for seed, n in ((0, len(files)), (1, len(files)), (2, 5)):
+        idx = np.arange(n)
+        plan = fl.RandomResizedCrop(64, dct_downscale=False).plan(ds.heights[idx], ds.widths[idx], seed, 0, idx)
+        nbytes = int((plan.windows[:, 2] * plan.windows[:, 3] * 3).sum())
+        want = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        got = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        ref_offsets = ctypes_decode(files[:n], plan.windows, want, stream)
+        offsets, shapes = decoder.decode(files[:n], plan.windows, got, stream)
+        stream.synchronize()
+        assert offsets.tolist() == ref_offsets.tolist()
+        assert shapes.tolist() == [[h, w, 3] for h, w in plan.windows[:, 2:4].tolist()]
+        assert torch.equal(got, want), seed
+        try:  # not a JPEG: nvJPEG may refuse the batch (status in words) or decode garbage; the decoder goes on
+            decoder.decode([b"\xff\xd8 not a JPEG" * 8] + files[1:n], plan.windows, got, stream)
+            stream.synchronize()
+        except nvjpeg.NvjpegError as e:
+            assert "nvJPEG status" in str(e)
+    decoder.close()
     decoder.close()
 
 

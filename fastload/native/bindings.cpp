@@ -690,7 +690,8 @@ NvjpegBatch nvjpeg_batch(const BufferViews& views, const at::Tensor& windows, co
   if (!(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.device().is_cpu() &&
         (windows.scalar_type() == at::kLong || windows.scalar_type() == at::kInt)))
     raise<py::value_error>("%s: windows must be an int64 or int32 CPU tensor of shape [%lld, 5] (one row per buffer: "
-                           "top, left, height, width, 1), got a %s %s tensor of shape %s", op, static_cast<long long>(n),
+                           "top, left, height, width, 1), got a %s %s tensor of shape %s", op,
+                           static_cast<long long>(n),
                            c10::DeviceTypeName(windows.device().type(), true).c_str(),
                            c10::toString(windows.scalar_type()), shape_text(windows).c_str());
   const at::Tensor win = windows.to(at::kLong).contiguous();
@@ -708,10 +709,10 @@ NvjpegBatch nvjpeg_batch(const BufferViews& views, const at::Tensor& windows, co
                           ? "it reaches past 65535 pixels, beyond any JPEG"
                           : nullptr;
     if (why != nullptr)
-      raise<py::value_error>("%s: window %lld (top, left, height, width, downscale) = (%lld, %lld, %lld, %lld, %lld): %s",
-                             op, static_cast<long long>(i), static_cast<long long>(top), static_cast<long long>(left),
-                             static_cast<long long>(height), static_cast<long long>(width),
-                             static_cast<long long>(w[i * 5 + 4]), why);
+      raise<py::value_error>("%s: window %lld (top, left, height, width, downscale) = (%lld, %lld, %lld, %lld, "
+                             "%lld): %s", op, static_cast<long long>(i), static_cast<long long>(top),
+                             static_cast<long long>(left), static_cast<long long>(height),
+                             static_cast<long long>(width), static_cast<long long>(w[i * 5 + 4]), why);
     offsets[i] = total;
     shapes[i * 3] = height;
     shapes[i * 3 + 1] = width;

@@ -94,7 +94,8 @@ int current_cuda_device() {
 // restores the previous one after. A CUDA failure is an NvjpegError too.
 class OnDevice {
  public:
-  explicit OnDevice(int device) try : guard_(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))) {
+  explicit OnDevice(int device)
+  try : guard_(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))) {
   } catch (const c10::Error& e) {
     throw NvjpegError(std::string("CUDA: cannot make device ") + std::to_string(device) + " current: " +
                       e.what_without_backtrace());

@@ -45,8 +45,9 @@ struct NvjpegCrop {
 
 // One nvJPEG handle + JPEG state + a pool of per-image decode parameters, on the CUDA device that was current
 // when it was made. Calls are serialised by a mutex (one batch at a time, close() waits for a decode); make one
-// per concurrent user for parallel decodes. Every method may be called without the GIL.
-class NvjpegDecoder {
+// per concurrent user for parallel decodes. Every method may be called without the GIL. Hidden, like the pybind11
+// types that bind it: it is not part of the extension's interface.
+class __attribute__((visibility("hidden"))) NvjpegDecoder {
  public:
   NvjpegDecoder(const std::string& library, int max_batch);
   ~NvjpegDecoder();
