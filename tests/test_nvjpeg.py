@@ -128,6 +128,85 @@ def test_a_library_without_an_entry_point_is_refused_naming_it(tmp_path):
     Native.load_library(fake_nvjpeg(tmp_path))  # the complete one loads
 
 
+# nvjpeg_api.h's hand-written declarations against NVIDIA's header: each entry point's type, once nvjpeg.h's types
+# are mapped to nvjpeg_api.h's (enums -> int, handles -> pointers to its opaque structs, cudaStream_t and the
+# allocator pointers -> void*), must be the declared one; the constants and nvjpegImage_t's layout must agree.
+ABI_CHECK = r"""
+#include <nvjpeg.h>
+#include <cstddef>
+#include <type_traits>
+#include "nvjpeg_api.h"
+using namespace fastload;
+template <class T> struct Mine { using type = T; };
+template <class T> struct Mine<T*> { using type = typename Mine<T>::type*; };
+template <class T> struct Mine<const T> { using type = const typename Mine<T>::type; };
+template <class R, class... A> struct Mine<R (*)(A...)> {
+  using type = typename Mine<R>::type (*)(typename Mine<A>::type...);
+};
+template <> struct Mine<nvjpegHandle> { using type = NvjpegHandle; };
+template <> struct Mine<nvjpegJpegState> { using type = NvjpegState; };
+template <> struct Mine<nvjpegDecodeParams> { using type = NvjpegParams; };
+template <> struct Mine<nvjpegImage_t> { using type = NvjpegImage; };
+template <> struct Mine<nvjpegStatus_t> { using type = int; };
+template <> struct Mine<nvjpegBackend_t> { using type = int; };
+template <> struct Mine<nvjpegOutputFormat_t> { using type = int; };
+template <> struct Mine<nvjpegDevAllocator_t*> { using type = void*; };
+template <> struct Mine<nvjpegPinnedAllocator_t*> { using type = void*; };
+template <> struct Mine<cudaStream_t> { using type = void*; };
+template <> struct Mine<const unsigned char**> { using type = const unsigned char* const*; };  // CUDA 12's data[]
+#define SAME(name) static_assert(std::is_same<Mine<decltype(&name)>::type, decltype(NvjpegApi::name)>::value, #name)
+SAME(nvjpegCreateEx);
+SAME(nvjpegDestroy);
+SAME(nvjpegJpegStateCreate);
+SAME(nvjpegJpegStateDestroy);
+SAME(nvjpegDecodeParamsCreate);
+SAME(nvjpegDecodeParamsDestroy);
+SAME(nvjpegDecodeParamsSetOutputFormat);
+SAME(nvjpegDecodeParamsSetROI);
+SAME(nvjpegDecodeBatchedInitialize);
+SAME(nvjpegDecodeBatchedEx);
+static_assert(sizeof(nvjpegStatus_t) == sizeof(int) && sizeof(nvjpegBackend_t) == sizeof(int) &&
+              sizeof(nvjpegOutputFormat_t) == sizeof(int), "enums are ints");
+static_assert(NVJPEG_BACKEND_HARDWARE == kBackendHardware && NVJPEG_OUTPUT_RGBI == kOutputRgbInterleaved, "values");
+static_assert(NVJPEG_MAX_COMPONENT == 4 && sizeof(nvjpegImage_t) == sizeof(NvjpegImage) &&
+              offsetof(nvjpegImage_t, pitch) == offsetof(NvjpegImage, pitch), "nvjpegImage_t");
+static_assert(NVJPEG_STATUS_SUCCESS == 0 && NVJPEG_STATUS_NOT_INITIALIZED == 1 && NVJPEG_STATUS_INVALID_PARAMETER == 2 &&
+              NVJPEG_STATUS_BAD_JPEG == 3 && NVJPEG_STATUS_JPEG_NOT_SUPPORTED == 4 &&
+              NVJPEG_STATUS_ALLOCATOR_FAILURE == 5 && NVJPEG_STATUS_EXECUTION_FAILED == 6 &&
+              NVJPEG_STATUS_ARCH_MISMATCH == 7 && NVJPEG_STATUS_INTERNAL_ERROR == 8 &&
+              NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED == 9 && NVJPEG_STATUS_INCOMPLETE_BITSTREAM == 10,
+              "the statuses fastload names");
+"""
+
+
+def nvjpeg_include_dirs():
+    """Where nvjpeg.h and the CUDA runtime headers it includes may be: the toolkit, NVIDIA's wheels."""
+    import glob
+    import site
+    roots = [os.path.join(h, "include") for h in filter(None, (os.environ.get("CUDA_HOME"), "/usr/local/cuda"))]
+    for packages in site.getsitepackages():
+        roots += sorted(glob.glob(os.path.join(packages, "nvidia", "*", "include")))
+    return [d for d in roots if os.path.isdir(d)]
+
+
+def check_nvjpeg_abi(include_dirs, tmp_path):
+    """Compiles ABI_CHECK against the nvjpeg.h found in include_dirs: None when it agrees, else the compiler's words."""
+    import subprocess
+    from fastload.native.sources import NATIVE_DIR
+    (tmp_path / "abi.cpp").write_text(ABI_CHECK)
+    done = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", f"-I{NATIVE_DIR}"] +
+                          [f"-I{d}" for d in include_dirs] + [str(tmp_path / "abi.cpp")], capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr
+
+
+def test_declared_entry_points_match_nvjpeg_h(tmp_path):
+    import shutil
+    dirs = nvjpeg_include_dirs()
+    if not any(os.path.exists(os.path.join(d, "nvjpeg.h")) for d in dirs) or shutil.which("c++") is None:
+        pytest.skip("no nvjpeg.h (CUDA toolkit or NVIDIA's nvjpeg wheel) or no C++ compiler")
+    assert check_nvjpeg_abi(dirs, tmp_path) is None
+
+
 def test_batches_are_checked_before_anything_is_decoded():
     """decode's checks (here through check_batch, the same code without a decoder): ValueError naming what is
     wrong, before any nvJPEG call; out is checked last, so the rest needs no GPU."""

@@ -1,5 +1,5 @@
-// nvJPEG's HARDWARE backend through dlopen: the entry points are declared here from NVIDIA's documented nvJPEG API
-// (nvjpeg.h, CUDA 12 and 13), so nothing of nvJPEG is needed to build. The device is set through c10's device
+// nvJPEG's HARDWARE backend through dlopen (the entry points: nvjpeg_api.h), so nothing of nvJPEG is needed to
+// build. The device is set through c10's device
 // guard (CUDA's, registered by libtorch_cuda at run time), so this file needs no CUDA header either and compiles
 // in every build; where torch has no CUDA, making a decoder fails with an NvjpegError saying so.
 #include "nvjpeg_decoder.h"
@@ -17,31 +17,6 @@
 #include <memory>
 
 namespace fastload {
-
-// ---- the nvJPEG ABI used here (nvjpeg.h) ----------------------------------------------------------------------
-// Enums are passed as int (their underlying type); cudaStream_t is a pointer.
-using NvjpegStatus = int;                  // nvjpegStatus_t: 0 = NVJPEG_STATUS_SUCCESS
-constexpr int kBackendHardware = 3;        // nvjpegBackend_t NVJPEG_BACKEND_HARDWARE
-constexpr int kOutputRgbInterleaved = 5;   // nvjpegOutputFormat_t NVJPEG_OUTPUT_RGBI
-
-struct NvjpegApi {
-  // nvjpegCreateEx(backend, nvjpegDevAllocator_t*, nvjpegPinnedAllocator_t*, flags, nvjpegHandle_t*)
-  NvjpegStatus (*create_ex)(int, void*, void*, unsigned int, NvjpegHandle**);
-  NvjpegStatus (*destroy)(NvjpegHandle*);                                    // nvjpegDestroy
-  NvjpegStatus (*state_create)(NvjpegHandle*, NvjpegState**);                // nvjpegJpegStateCreate
-  NvjpegStatus (*state_destroy)(NvjpegState*);                               // nvjpegJpegStateDestroy
-  NvjpegStatus (*params_create)(NvjpegHandle*, NvjpegParams**);              // nvjpegDecodeParamsCreate
-  NvjpegStatus (*params_destroy)(NvjpegParams*);                             // nvjpegDecodeParamsDestroy
-  NvjpegStatus (*params_set_output_format)(NvjpegParams*, int);              // nvjpegDecodeParamsSetOutputFormat
-  // nvjpegDecodeParamsSetROI(params, offset_x, offset_y, roi_width, roi_height)
-  NvjpegStatus (*params_set_roi)(NvjpegParams*, int, int, int, int);
-  // nvjpegDecodeBatchedInitialize(handle, state, batch_size, max_cpu_threads, output_format)
-  NvjpegStatus (*batched_initialize)(NvjpegHandle*, NvjpegState*, int, int, int);
-  // nvjpegDecodeBatchedEx(handle, state, const unsigned char* data[], const size_t* lengths,
-  //                       nvjpegImage_t* destinations, nvjpegDecodeParams_t* decode_params, cudaStream_t stream)
-  NvjpegStatus (*batched_ex)(NvjpegHandle*, NvjpegState*, const unsigned char**, const size_t*, NvjpegImage*,
-                             NvjpegParams**, void*);
-};
 
 namespace {
 
@@ -121,17 +96,19 @@ const NvjpegApi& load_nvjpeg(const std::string& path) {
     throw NvjpegError("cannot load libnvjpeg " + path + ": " + (why ? why : "dlopen failed"));
   }
   auto api = std::make_unique<NvjpegApi>();
+#define FL_RESOLVE(name) resolve(library, path, #name, &api->name)
   try {
-    resolve(library, path, "nvjpegCreateEx", &api->create_ex);
-    resolve(library, path, "nvjpegDestroy", &api->destroy);
-    resolve(library, path, "nvjpegJpegStateCreate", &api->state_create);
-    resolve(library, path, "nvjpegJpegStateDestroy", &api->state_destroy);
-    resolve(library, path, "nvjpegDecodeParamsCreate", &api->params_create);
-    resolve(library, path, "nvjpegDecodeParamsDestroy", &api->params_destroy);
-    resolve(library, path, "nvjpegDecodeParamsSetOutputFormat", &api->params_set_output_format);
-    resolve(library, path, "nvjpegDecodeParamsSetROI", &api->params_set_roi);
-    resolve(library, path, "nvjpegDecodeBatchedInitialize", &api->batched_initialize);
-    resolve(library, path, "nvjpegDecodeBatchedEx", &api->batched_ex);
+    FL_RESOLVE(nvjpegCreateEx);
+    FL_RESOLVE(nvjpegDestroy);
+    FL_RESOLVE(nvjpegJpegStateCreate);
+    FL_RESOLVE(nvjpegJpegStateDestroy);
+    FL_RESOLVE(nvjpegDecodeParamsCreate);
+    FL_RESOLVE(nvjpegDecodeParamsDestroy);
+    FL_RESOLVE(nvjpegDecodeParamsSetOutputFormat);
+    FL_RESOLVE(nvjpegDecodeParamsSetROI);
+    FL_RESOLVE(nvjpegDecodeBatchedInitialize);
+    FL_RESOLVE(nvjpegDecodeBatchedEx);
+#undef FL_RESOLVE
   } catch (...) {
     ::dlclose(library);
     throw;
@@ -146,11 +123,11 @@ NvjpegDecoder::NvjpegDecoder(const std::string& library, int max_batch) : api_(l
   OnDevice on(device_);
   try {
     NvjpegHandle* handle = nullptr;
-    check(api_.create_ex(kBackendHardware, nullptr, nullptr, 0, &handle),
+    check(api_.nvjpegCreateEx(kBackendHardware, nullptr, nullptr, 0, &handle),
           "the hardware decoder is not available (nvjpegCreateEx)");
     handle_ = handle;
     NvjpegState* state = nullptr;
-    check(api_.state_create(handle_, &state), "nvjpegJpegStateCreate");
+    check(api_.nvjpegJpegStateCreate(handle_, &state), "nvjpegJpegStateCreate");
     state_ = state;
     grow(static_cast<size_t>(std::max(max_batch, 0)));
   } catch (...) {
@@ -172,9 +149,9 @@ NvjpegDecoder::~NvjpegDecoder() {
 void NvjpegDecoder::grow(size_t n) {
   while (params_.size() < n) {
     NvjpegParams* params = nullptr;
-    check(api_.params_create(handle_, &params), "nvjpegDecodeParamsCreate");
+    check(api_.nvjpegDecodeParamsCreate(handle_, &params), "nvjpegDecodeParamsCreate");
     params_.push_back(params);
-    check(api_.params_set_output_format(params, kOutputRgbInterleaved), "nvjpegDecodeParamsSetOutputFormat");
+    check(api_.nvjpegDecodeParamsSetOutputFormat(params, kOutputRgbInterleaved), "nvjpegDecodeParamsSetOutputFormat");
   }
 }
 
@@ -183,10 +160,10 @@ int NvjpegDecoder::release() noexcept {
   auto keep = [&first](NvjpegStatus status) {
     if (first == 0) first = status;
   };
-  for (NvjpegParams* p : params_) keep(api_.params_destroy(p));
+  for (NvjpegParams* p : params_) keep(api_.nvjpegDecodeParamsDestroy(p));
   params_.clear();
-  if (state_ != nullptr) keep(api_.state_destroy(state_));
-  if (handle_ != nullptr) keep(api_.destroy(handle_));
+  if (state_ != nullptr) keep(api_.nvjpegJpegStateDestroy(state_));
+  if (handle_ != nullptr) keep(api_.nvjpegDestroy(handle_));
   state_ = nullptr;
   handle_ = nullptr;
   batch_ = 0;
@@ -217,16 +194,17 @@ void NvjpegDecoder::decode(const std::vector<NvjpegCrop>& crops, void* stream) {
     lengths_[i] = c.size;
     images_[i].channel[0] = c.dst;  // RGBI: one interleaved plane
     images_[i].pitch[0] = static_cast<size_t>(c.width) * 3;
-    check(api_.params_set_roi(params_[i], c.left, c.top, c.width, c.height), "nvjpegDecodeParamsSetROI");
+    check(api_.nvjpegDecodeParamsSetROI(params_[i], c.left, c.top, c.width, c.height), "nvjpegDecodeParamsSetROI");
   }
   const int batch = static_cast<int>(n);
   if (batch != batch_) {  // nvJPEG's batched state is sized for one batch size
     batch_ = 0;
-    check(api_.batched_initialize(handle_, state_, batch, 1, kOutputRgbInterleaved), "nvjpegDecodeBatchedInitialize");
+    check(api_.nvjpegDecodeBatchedInitialize(handle_, state_, batch, 1, kOutputRgbInterleaved),
+          "nvjpegDecodeBatchedInitialize");
     batch_ = batch;
   }
   const NvjpegStatus status =
-      api_.batched_ex(handle_, state_, data_.data(), lengths_.data(), images_.data(), params_.data(), stream);
+      api_.nvjpegDecodeBatchedEx(handle_, state_, data_.data(), lengths_.data(), images_.data(), params_.data(), stream);
   if (status != 0) {
     batch_ = 0;  // "if the batch decoding fails, call nvjpegDecodeBatchedInitialize() again"
     fail("nvjpegDecodeBatchedEx", status);

@@ -10,23 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "nvjpeg_api.h"
+
 namespace fastload {
 
 // libnvjpeg is missing or is not libnvjpeg, or a nvJPEG or CUDA call failed. Python sees fastload.nvjpeg.NvjpegError.
 struct NvjpegError : std::runtime_error {
   using std::runtime_error::runtime_error;
-};
-
-struct NvjpegApi;  // the resolved entry points of one libnvjpeg (nvjpeg_decoder.cpp)
-
-// nvJPEG's opaque objects (nvjpegHandle_t, nvjpegJpegState_t, nvjpegDecodeParams_t point to these), and
-// nvjpegImage_t: NVJPEG_MAX_COMPONENT = 4 channel pointers, then their 4 pitches.
-struct NvjpegHandle;
-struct NvjpegState;
-struct NvjpegParams;
-struct NvjpegImage {
-  unsigned char* channel[4];
-  size_t pitch[4];
 };
 
 // Opens libnvjpeg at `path` (a path, or a name the dynamic loader resolves) and resolves every entry point the
