@@ -18,7 +18,7 @@ from torch.utils import cpp_extension  # noqa: E402
 def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
     names = ("bindings.cpp", "jpeg_decoder.cpp", "jpeg_regions.cpp", "jpeg_transcode.cpp", "warp_cpu.cpp",
-             "augment_cpu.cpp", "batch_ops_cpu.cpp")
+             "augment_cpu.cpp", "batch_ops_cpu.cpp", "nvjpeg_decoder.cpp")  # nvJPEG: dlopen'd, in every build
     cpp = [os.path.join(rel, f) for f in names]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
     cxx, link = ["-O3"], []
@@ -37,12 +37,12 @@ def extension():
                 "-gencode=arch=compute_90,code=compute_90"]
         return cpp_extension.CUDAExtension(
             "fastload._C", cpp + [os.path.join(rel, f) for f in ("warp_cuda.cu", "augment_cuda.cu", "batch_ops_cuda.cu")],
-            libraries=["jpeg", "z"],
+            libraries=["jpeg", "z", "dl"],
             define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
     why = "FASTLOAD_NO_CUDA=1" if not want_cuda else (
         "torch is a CPU build" if torch.version.cuda is None else "no CUDA toolkit found (set CUDA_HOME)")
     print(f"fastload: building without CUDA kernels ({why})", file=sys.stderr)
-    return cpp_extension.CppExtension("fastload._C", cpp, libraries=["jpeg", "z"], define_macros=macros,
+    return cpp_extension.CppExtension("fastload._C", cpp, libraries=["jpeg", "z", "dl"], define_macros=macros,
                                       extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 

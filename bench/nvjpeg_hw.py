@@ -4,7 +4,7 @@ each batch to it could lift FastLoader(device="cuda") past what the CPU cores de
 
     python -m bench.nvjpeg_hw --data data/imagenet-like [--batch 256] [--seconds 5]
 
-Uses fastload.nvjpeg's HardwareDecoder (ctypes to libnvjpeg's HARDWARE backend): whole images and the
+Uses fastload.nvjpeg's HardwareDecoder (native, over libnvjpeg's HARDWARE backend): whole images and the
 RandomResizedCrop windows, as ragged batches in one device buffer, batches queued back to back on one stream.
 (The figures in bench/RESULTS.md came from this script's first version, commit 35398c0, which had its own ctypes
 calls and decoded whole images without an ROI.)
@@ -36,7 +36,7 @@ def main():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--seconds", type=float, default=4)
     a = p.parse_args()
-    nvjpeg.library()
+    nvjpeg.library_path()
     ds = fl.FolderDataset(a.data)
     idx = np.arange(a.batch) % len(ds)
     files = [open(ds.paths[i], "rb").read() for i in idx]

@@ -119,8 +119,8 @@ class _Timed:
 
 def nvjpeg_workers(ds):
     """Where decoder="nvjpeg" spends its time, against the number of producer threads: per batch, the wait for
-    the shared decoder, the time holding it, and inside that nvjpegDecodeBatchedEx (its return includes getting
-    the GIL back)."""
+    the shared decoder, the time holding it, and inside that HardwareDecoder.decode (the native call, GIL released
+    for its nvJPEG part; its return includes getting the GIL back)."""
     for workers in (1, 2, 3, 4):
         loader = fl.FastLoader(ds, batch_size=256, device="cuda", channels_last=True, drop_last=True,
                                workers=workers, decoder="nvjpeg")
@@ -130,8 +130,8 @@ def nvjpeg_workers(ds):
         loader._stats = type(loader._stats)()
         loader._maker.stats = loader._stats
         lock = loader._maker._hardware_lock = _Timed(loader._maker._hardware_lock)
-        lib = loader._maker.decoder.handles[0]._lib  # the process's one ctypes.CDLL: restored below
-        submit = lib.nvjpegDecodeBatchedEx = _Timed(lib.nvjpegDecodeBatchedEx)
+        decoder = loader._maker.decoder.handles[0]  # the loader's one HardwareDecoder: restored below
+        submit = decoder.decode = _Timed(decoder.decode)
         t, n = time.perf_counter(), 0
         for _ in range(3):
             for x, y in loader:
@@ -142,9 +142,9 @@ def nvjpeg_workers(ds):
         print(f"nvjpeg workers={workers:2d}: {n / (time.perf_counter() - t):8.0f} img/s | read {s['read_s']:.2f} "
               f"decode {s['decode_s']:.2f} stage {s['stage_s']:.2f} wait {s['wait_s']:.2f} s "
               f"(gpu_decoded {s['gpu_decoded']} of {s['images']}) | per batch: lock wait "
-              f"{1e3 * lock.wait / b:.1f} ms, held {1e3 * lock.held / b:.1f} ms, DecodeBatchedEx "
+              f"{1e3 * lock.wait / b:.1f} ms, held {1e3 * lock.held / b:.1f} ms, decode "
               f"{1e3 * submit.held / max(1, submit.calls):.1f} ms", flush=True)
-        lib.nvjpegDecodeBatchedEx = submit.inner
+        del decoder.decode
 
 
 def decode_scaling(ds, n=1024):

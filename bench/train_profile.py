@@ -13,7 +13,6 @@ Trains for a few epochs and reports, per decoder:
 """
 import argparse
 import collections
-import ctypes
 import os
 import shutil
 import subprocess
@@ -112,7 +111,6 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if epoch == 1:
             torch.cuda.synchronize()
             probe.start()
-            warm_allocations = collections.Counter(ALLOCATIONS)
             if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
                 seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
                 spies = [(p, _spy(os.getpid(), seconds, p, gil)) for p, gil in
@@ -154,79 +152,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
            "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary()}
-    if ALLOCATIONS:  # --nvjpeg-allocator torch: nvJPEG's allocation calls per timed step
-        timed = ALLOCATIONS - warm_allocations
-        row.update({f"nvjpeg_{k}_per_step": timed[k] / len(waits) for k in ("device", "device_free", "pinned",
-                                                                              "pinned_free")})
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
-
-
-ALLOCATIONS = collections.Counter()  # --nvjpeg-allocator torch: nvJPEG's allocation calls, by kind
-
-
-def _torch_allocators_nvjpeg():
-    """Experiment: nvJPEG's device and pinned memory from torch's caching allocators instead of its defaults
-    (cudaMalloc/cudaFree, cudaHostAlloc/cudaFreeHost, each free synchronising the device), counting the calls:
-    does nvJPEG allocate per batch once warm, and does that stall the training stream? (Frees are handed back
-    to the caches without stream bookkeeping: pixels may be wrong, timings are what this measures.)"""
-    from fastload import nvjpeg
-    DevMalloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t)
-    DevFree = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-    PinMalloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint)
-
-    class Dev(ctypes.Structure):
-        _fields_ = [("dev_malloc", DevMalloc), ("dev_free", DevFree)]
-
-    class Pinned(ctypes.Structure):
-        _fields_ = [("pinned_malloc", PinMalloc), ("pinned_free", DevFree)]
-    pinned = {}
-
-    def dev_malloc(ptr, size):
-        ALLOCATIONS["device"] += 1
-        ptr[0] = torch.cuda.caching_allocator_alloc(max(1, size))
-        return 0
-
-    def dev_free(ptr):
-        ALLOCATIONS["device_free"] += 1
-        torch.cuda.caching_allocator_delete(ptr)
-        return 0
-
-    def pin_malloc(ptr, size, flags):
-        ALLOCATIONS["pinned"] += 1
-        t = torch.empty(max(1, size), dtype=torch.uint8, pin_memory=True)
-        pinned[t.data_ptr()] = t
-        ptr[0] = t.data_ptr()
-        return 0
-
-    def pin_free(ptr):
-        ALLOCATIONS["pinned_free"] += 1
-        pinned.pop(ptr, None)
-        return 0
-    keep = (Dev(DevMalloc(dev_malloc), DevFree(dev_free)), Pinned(PinMalloc(pin_malloc), DevFree(pin_free)))
-
-    def init(self, max_batch):
-        self._lib, self._quick = nvjpeg.library(), nvjpeg.library(keep_gil=True)
-        self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
-        self._params, self._batch, self._allocators = [], 0, keep
-        nvjpeg._check(self._lib.nvjpegCreateEx(nvjpeg._BACKEND_HARDWARE, ctypes.byref(keep[0]), ctypes.byref(keep[1]),
-                                               0, ctypes.byref(self._handle)), "nvjpegCreateEx")
-        nvjpeg._check(self._lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(self._state)), "state")
-        self._grow(max_batch)
-    nvjpeg.HardwareDecoder.__init__ = init
-
-
-def _pad_nvjpeg(nbytes):
-    """Experiment: nvJPEG's memory paddings (device and pinned), so its buffers are not reallocated (each
-    cudaFree / cudaFreeHost synchronises the whole device) when the images grow."""
-    from fastload import nvjpeg
-    init = nvjpeg.HardwareDecoder.__init__
-
-    def padded(self, max_batch):
-        init(self, max_batch)
-        lib = nvjpeg.library()
-        nvjpeg._check(lib.nvjpegSetDeviceMemoryPadding(ctypes.c_size_t(nbytes), self._handle), "device padding")
-        nvjpeg._check(lib.nvjpegSetPinnedMemoryPadding(ctypes.c_size_t(nbytes), self._handle), "pinned padding")
-    nvjpeg.HardwareDecoder.__init__ = padded
 
 
 def main(argv=None):
@@ -242,23 +168,14 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--reserve", type=int, default=0,
                    help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
-    p.add_argument("--nvjpeg-padding", type=int, help="experiment: nvJPEG memory padding in MB")
-    p.add_argument("--nvjpeg-allocator", choices=["default", "torch"], default="default",
-                   help="experiment: nvJPEG's memory from torch's caching allocators, its calls counted")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
-    if args.nvjpeg_padding:
-        _pad_nvjpeg(args.nvjpeg_padding << 20)
-    if args.nvjpeg_allocator == "torch":
-        _torch_allocators_nvjpeg()
     rows = []
     for d in args.decoder:
         row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                              args.switch_interval, args.threads, args.workers, args.reserve)
-        if args.nvjpeg_allocator == "torch":
-            print(f"nvJPEG allocations so far: {dict(ALLOCATIONS)}", flush=True)
         rows.append(row)
         print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)

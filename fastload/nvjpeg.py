@@ -6,13 +6,14 @@ and it leaves the cores to the training loop. It decodes the crop window at full
 the warp kernel then antialiases the whole reduction) with nvJPEG's IDCT and chroma upsampling, so its pixels
 are close to, not equal to, libjpeg-turbo's.
 
-libnvjpeg is loaded with ctypes when first needed: no header or link-time dependency, so fastload builds and
-imports on machines without it. Only the batch decode releases the GIL: the per-image calls around it take
-microseconds, and a thread that gave the GIL up would wait for it back behind the training loop's Python, up to
-the 5 ms switch interval each time. Search order: $FASTLOAD_NVJPEG_LIB, the loader's default paths
-(libnvjpeg.so.13, .12), $CUDA_HOME/lib64, the copy inside torchvision's wheel.
+What runs where: this module finds libnvjpeg (``library_path``); the native class ``fastload._C.NvjpegDecoder``
+(fastload/native/nvjpeg_decoder.cpp) opens it with dlopen (no header or link-time dependency, so fastload builds
+and imports on machines without it) and does the rest. Per batch it takes the buffers' addresses and checks the
+windows and ``out`` with the GIL held (microseconds), then releases the GIL for the whole nvJPEG part: the
+per-image ROI parameters, the batch state's initialisation when the batch size changes, and the one
+nvjpegDecodeBatchedEx, which blocks for milliseconds. Search order: $FASTLOAD_NVJPEG_LIB (alone when set), the
+loader's default paths (libnvjpeg.so.13, .12), $CUDA_HOME/lib64, the copy inside torchvision's wheel.
 """
-import ctypes
 import glob
 import os
 import threading
@@ -20,19 +21,12 @@ import threading
 import numpy as np
 import torch
 
-_BACKEND_HARDWARE, _OUTPUT_RGBI = 3, 5  # nvjpegBackend_t, nvjpegOutputFormat_t
-_STATUS = {1: "not initialized", 2: "invalid parameter", 3: "bad JPEG", 4: "JPEG not supported",
-           5: "allocator failure", 6: "execution failed", 7: "architecture mismatch (no hardware decoder)",
-           8: "internal error", 9: "implementation not supported", 10: "incomplete bitstream"}
+from .native import C
 
+NvjpegError = C.NvjpegError  # a RuntimeError: libnvjpeg missing or refusing, a failed nvJPEG or CUDA call
 
-class NvjpegError(RuntimeError):
-    """libnvjpeg is missing, or it refused: no hardware decoder, an unsupported or broken file, a failed call."""
-
-
-_lib = None  # ctypes.CDLL: its calls release the GIL (for nvjpegDecodeBatchedEx, which blocks for milliseconds)
-_quick = None  # the same library as ctypes.PyDLL: its calls keep the GIL (for the per-image setters)
-_lib_error = None
+_path = None
+_path_error = None
 _lock = threading.Lock()
 
 
@@ -51,31 +45,27 @@ def _candidates():
     return names
 
 
-def library(keep_gil=False):
-    """The loaded libnvjpeg: a ctypes.CDLL, or with keep_gil a ctypes.PyDLL of it (calls that hold the GIL);
-    NvjpegError saying where it looked when there is none."""
-    global _lib, _quick, _lib_error
+def library_path():
+    """The libnvjpeg the decoders use: the first candidate that loads and has every entry point they call (it is
+    then loaded, for the process's life). NvjpegError saying where it looked, and why each failed, when none does;
+    the answer is found once per process."""
+    global _path, _path_error
     with _lock:
-        if _lib is None and _lib_error is None:
-            tried = _candidates()
-            for name in tried:
+        if _path is None and _path_error is None:
+            reasons = []
+            for name in _candidates():
                 try:
-                    _lib = ctypes.CDLL(name)
-                    _quick = ctypes.PyDLL(name)  # dlopen again: the same handle, only the calling convention differs
+                    C.NvjpegDecoder.load_library(name)
+                    _path = name
                     break
-                except OSError:
-                    continue
+                except NvjpegError as e:
+                    reasons.append(str(e))
             else:
-                _lib_error = (f"libnvjpeg not found (tried {', '.join(tried)}); install the CUDA toolkit's nvJPEG "
-                              f"or set FASTLOAD_NVJPEG_LIB")
-    if _lib is None:
-        raise NvjpegError(_lib_error)
-    return _quick if keep_gil else _lib
-
-
-def _check(status, what):
-    if status != 0:
-        raise NvjpegError(f"{what}: nvJPEG status {status} ({_STATUS.get(status, 'unknown')})")
+                _path_error = (f"libnvjpeg not found (tried: {'; '.join(reasons)}); install the CUDA toolkit's "
+                               f"nvJPEG or set FASTLOAD_NVJPEG_LIB")
+    if _path is None:
+        raise NvjpegError(_path_error)
+    return _path
 
 
 def available(device="cuda"):
@@ -91,75 +81,25 @@ def available(device="cuda"):
 
 
 class HardwareDecoder:
-    """One nvJPEG handle + state: not thread-safe, so one per producer thread. Decodes a batch of windows into
-    one device buffer, laid out like ``ops.decode_crops`` at downscale 1 (sample i is HWC uint8 at offsets[i])."""
+    """One nvJPEG handle + state on the current CUDA device: one batch at a time (the native class serialises
+    calls). Decodes a batch of windows into one device buffer, laid out like ``ops.decode_crops`` at downscale 1
+    (sample i is HWC uint8 at offsets[i])."""
 
     def __init__(self, max_batch):
-        self._lib = library()
-        self._quick = library(keep_gil=True)
-        self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
-        self._params = []
-        self._batch = 0
-        _check(self._lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0, ctypes.byref(self._handle)),
-               "the hardware decoder is not available (nvjpegCreateEx)")
-        _check(self._lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(self._state)), "nvjpegJpegStateCreate")
-        self._grow(max_batch)
-
-    def _grow(self, n):
-        while len(self._params) < n:
-            p = ctypes.c_void_p()
-            _check(self._lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)), "nvjpegDecodeParamsCreate")
-            self._params.append(p)
-            _check(self._lib.nvjpegDecodeParamsSetOutputFormat(p, _OUTPUT_RGBI), "output format")
+        self._native = C.NvjpegDecoder(library_path(), max_batch)
 
     def decode(self, buffers, windows, out, stream):
-        """Decodes windows [B, 5] (top, left, height, width, 1) of the JPEGs in ``buffers`` (bytes-like, host)
-        into the uint8 CUDA tensor ``out`` on ``stream`` (a torch.cuda.Stream). Asynchronous: the pixels are
-        there once the stream gets past this point. Returns (offsets, shapes) as ops.decode_crops would."""
-        n = len(buffers)
-        win = windows.numpy() if isinstance(windows, torch.Tensor) else np.asarray(windows)
-        h, w = win[:, 2].astype(np.int64), win[:, 3].astype(np.int64)
-        sizes = h * w * 3
-        offsets = np.zeros(n, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=offsets[1:])
-        if int(sizes.sum()) > out.numel():
-            raise ValueError(f"out holds {out.numel()} bytes, the batch needs {int(sizes.sum())}")
-        views = [np.frombuffer(b, dtype=np.uint8) for b in buffers]  # read-only views are fine: no copy
-        data = (ctypes.c_void_p * n)(*[v.ctypes.data for v in views])
-        lengths = (ctypes.c_size_t * n)(*[v.size for v in views])
-        images = np.zeros((n, 8), dtype=np.uint64)  # nvjpegImage_t: channel[4] pointers, then pitch[4]
-        images[:, 0] = out.data_ptr() + offsets
-        images[:, 4] = w * 3
-        self._grow(n)
-        params = (ctypes.c_void_p * n)(*[p.value for p in self._params[:n]])
-        set_roi = self._quick.nvjpegDecodeParamsSetROI
-        for p, x, y, pw, ph in zip(self._params[:n], win[:, 1].tolist(), win[:, 0].tolist(), w.tolist(), h.tolist()):
-            _check(set_roi(p, x, y, pw, ph), "nvjpegDecodeParamsSetROI")
-        if n != self._batch:  # nvJPEG's batched state is sized for one batch size
-            _check(self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGBI),
-                   "nvjpegDecodeBatchedInitialize")
-            self._batch = n
-        status = self._lib.nvjpegDecodeBatchedEx(self._handle, self._state, data, lengths,
-                                                 ctypes.c_void_p(images.ctypes.data), params,
-                                                 ctypes.c_void_p(stream.cuda_stream))
-        if status != 0:
-            self._batch = 0  # "if the batch decoding fails, call nvjpegDecodeBatchedInitialize() again"
-            _check(status, "nvjpegDecodeBatchedEx")
-        del views
-        shapes = np.stack([h, w, np.full(n, 3)], axis=1)
-        return torch.from_numpy(offsets), torch.from_numpy(shapes)
+        """Decodes windows [B, 5] (top, left, height, width, 1; an int64 or int32 tensor or array) of the JPEGs in
+        ``buffers`` (bytes-like, host) into the contiguous uint8 CUDA tensor ``out`` on ``stream`` (a
+        torch.cuda.Stream of out's device). Asynchronous: the pixels are there once the stream gets past this
+        point. Returns (offsets, shapes) as ops.decode_crops would. ValueError for inputs that do not fit (checked
+        before anything is decoded), NvjpegError when nvJPEG refuses."""
+        if not isinstance(windows, torch.Tensor):
+            windows = torch.from_numpy(np.ascontiguousarray(windows))
+        if out.is_cuda and stream.device != out.device:
+            raise ValueError(f"HardwareDecoder.decode: the stream is on {stream.device}, out on {out.device}")
+        return self._native.decode(buffers, windows, out, stream.cuda_stream)
 
     def close(self):
-        if self._handle:
-            for p in self._params:
-                self._lib.nvjpegDecodeParamsDestroy(p)
-            self._params = []
-            self._lib.nvjpegJpegStateDestroy(self._state)
-            self._lib.nvjpegDestroy(self._handle)
-            self._handle = ctypes.c_void_p()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
+        """Frees the nvJPEG objects (idempotent; also done when the decoder is garbage-collected)."""
+        self._native.close()

@@ -33,11 +33,289 @@ def test_decoder_option_is_checked(imagenet_dir):
 
 
 def test_missing_library_says_where_it_looked(monkeypatch):
-    monkeypatch.setattr(nvjpeg, "_lib", None)
-    monkeypatch.setattr(nvjpeg, "_lib_error", None)
+    monkeypatch.setattr(nvjpeg, "_path", None)
+    monkeypatch.setattr(nvjpeg, "_path_error", None)
     monkeypatch.setenv("FASTLOAD_NVJPEG_LIB", "/nonexistent/libnvjpeg.so.13")
-    with pytest.raises(nvjpeg.NvjpegError, match="/nonexistent/libnvjpeg.so.13"):
-        nvjpeg.library()
+    for make in (nvjpeg.library_path, lambda: nvjpeg.HardwareDecoder(1)):
+        with pytest.raises(nvjpeg.NvjpegError, match="libnvjpeg not found .*/nonexistent/libnvjpeg.so.13: cannot open"):
+            make()
+    assert issubclass(nvjpeg.NvjpegError, RuntimeError)
+
+
+# ---- the native decoder (fastload/native/nvjpeg_decoder.cpp): loading and checks, without a GPU ----------------
+
+Native = ops.C.NvjpegDecoder
+
+
+def test_native_loader_names_the_path_it_cannot_open():
+    for make in (lambda p: Native.load_library(p), lambda p: Native(p, 1)):
+        with pytest.raises(nvjpeg.NvjpegError, match="cannot load libnvjpeg /nonexistent/libnvjpeg.so.13: .*No such"):
+            make("/nonexistent/libnvjpeg.so.13")
+
+
+# A stand-in for libnvjpeg with the entry points the decoder calls: it records each call as a line of the file
+# $FAKE_NVJPEG_LOG (read when the handle is made) and touches no memory but its arguments; nvjpegDecodeBatchedEx
+# reports "bad JPEG" (status 3) for a batch whose first bitstream starts with "X". -DOMIT=name leaves one out.
+FAKE_NVJPEG = r"""
+#include <stdio.h>
+#include <stdlib.h>
+typedef struct { unsigned char* channel[4]; size_t pitch[4]; } Image;
+static FILE* out;
+static int batch, objects;
+#define LOG(...) (fprintf(out, __VA_ARGS__), fputc('\n', out), fflush(out))
+int nvjpegCreateEx(int backend, void* dev, void* pinned, unsigned flags, void** handle) {
+  out = fopen(getenv("FAKE_NVJPEG_LOG"), "a");
+  *handle = (void*)(size_t)++objects;
+  LOG("create %d %d %d %u %zu", backend, dev != 0, pinned != 0, flags, (size_t)*handle);
+  return 0;
+}
+int nvjpegDestroy(void* h) { LOG("destroy %zu", (size_t)h); return 0; }
+int nvjpegJpegStateCreate(void* h, void** state) {
+  *state = (void*)(size_t)++objects;
+  LOG("state %zu", (size_t)*state);
+  return 0;
+}
+int nvjpegJpegStateDestroy(void* state) { LOG("state_destroy %zu", (size_t)state); return 0; }
+int nvjpegDecodeParamsCreate(void* h, void** p) {
+  *p = (void*)(size_t)++objects;
+  LOG("params %zu", (size_t)*p);
+  return 0;
+}
+int nvjpegDecodeParamsDestroy(void* p) { LOG("params_destroy %zu", (size_t)p); return 0; }
+int nvjpegDecodeParamsSetOutputFormat(void* p, int format) { LOG("format %zu %d", (size_t)p, format); return 0; }
+#ifndef OMIT_ROI
+int nvjpegDecodeParamsSetROI(void* p, int x, int y, int w, int h) {
+  LOG("roi %zu %d %d %d %d", (size_t)p, x, y, w, h);
+  return 0;
+}
+#endif
+int nvjpegDecodeBatchedInitialize(void* h, void* s, int n, int threads, int format) {
+  batch = n;
+  LOG("init %d %d %d", n, threads, format);
+  return 0;
+}
+int nvjpegDecodeBatchedEx(void* h, void* s, const unsigned char** data, const size_t* lengths, Image* images,
+                          void** params, void* stream) {
+  LOG("batched %d %zu", batch, (size_t)stream);
+  for (int i = 0; i < batch; ++i)
+    LOG("image %zu %zu %zu %zu %zu", (size_t)params[i], lengths[i], (size_t)images[i].channel[0],
+        images[i].pitch[0], (size_t)images[i].channel[1] + images[i].pitch[1]);
+  return data[0][0] == 'X' ? 3 : 0;
+}
+"""
+
+
+def fake_nvjpeg(tmp_path, omit=None):
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in libnvjpeg")
+    (tmp_path / "fake.c").write_text(FAKE_NVJPEG)
+    lib = tmp_path / f"libfakenvjpeg{'_' + omit if omit else ''}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(tmp_path / "fake.c")] +
+                   ([f"-DOMIT_{omit}"] if omit else []), check=True)
+    return str(lib)
+
+
+def test_a_library_without_an_entry_point_is_refused_naming_it(tmp_path):
+    with pytest.raises(nvjpeg.NvjpegError, match=r"libc.so.6 is not a usable libnvjpeg: it has no nvjpegCreateEx"):
+        Native.load_library("libc.so.6")
+    lacking = fake_nvjpeg(tmp_path, omit="ROI")  # every entry point but one: each is looked up
+    with pytest.raises(nvjpeg.NvjpegError, match=rf"{lacking} is not a usable libnvjpeg: it has no "
+                                                 r"nvjpegDecodeParamsSetROI"):
+        Native(lacking, 1)
+    Native.load_library(fake_nvjpeg(tmp_path))  # the complete one loads
+
+
+# nvjpeg_api.h's hand-written declarations against NVIDIA's header: each entry point's type, once nvjpeg.h's types
+# are mapped to nvjpeg_api.h's (enums -> int, handles -> pointers to its opaque structs, cudaStream_t and the
+# allocator pointers -> void*), must be the declared one; the constants and nvjpegImage_t's layout must agree.
+ABI_CHECK = r"""
+#include <nvjpeg.h>
+#include <cstddef>
+#include <type_traits>
+#include "nvjpeg_api.h"
+using namespace fastload;
+template <class T> struct Mine { using type = T; };
+template <class T> struct Mine<T*> { using type = typename Mine<T>::type*; };
+template <class T> struct Mine<const T> { using type = const typename Mine<T>::type; };
+template <class R, class... A> struct Mine<R (*)(A...)> {
+  using type = typename Mine<R>::type (*)(typename Mine<A>::type...);
+};
+template <> struct Mine<nvjpegHandle> { using type = NvjpegHandle; };
+template <> struct Mine<nvjpegJpegState> { using type = NvjpegState; };
+template <> struct Mine<nvjpegDecodeParams> { using type = NvjpegParams; };
+template <> struct Mine<nvjpegImage_t> { using type = NvjpegImage; };
+template <> struct Mine<nvjpegStatus_t> { using type = int; };
+template <> struct Mine<nvjpegBackend_t> { using type = int; };
+template <> struct Mine<nvjpegOutputFormat_t> { using type = int; };
+template <> struct Mine<nvjpegDevAllocator_t*> { using type = void*; };
+template <> struct Mine<nvjpegPinnedAllocator_t*> { using type = void*; };
+template <> struct Mine<cudaStream_t> { using type = void*; };
+template <> struct Mine<const unsigned char**> { using type = const unsigned char* const*; };  // CUDA 12's data[]
+#define SAME(name) static_assert(std::is_same<Mine<decltype(&name)>::type, decltype(NvjpegApi::name)>::value, #name)
+SAME(nvjpegCreateEx);
+SAME(nvjpegDestroy);
+SAME(nvjpegJpegStateCreate);
+SAME(nvjpegJpegStateDestroy);
+SAME(nvjpegDecodeParamsCreate);
+SAME(nvjpegDecodeParamsDestroy);
+SAME(nvjpegDecodeParamsSetOutputFormat);
+SAME(nvjpegDecodeParamsSetROI);
+SAME(nvjpegDecodeBatchedInitialize);
+SAME(nvjpegDecodeBatchedEx);
+static_assert(sizeof(nvjpegStatus_t) == sizeof(int) && sizeof(nvjpegBackend_t) == sizeof(int) &&
+              sizeof(nvjpegOutputFormat_t) == sizeof(int), "enums are ints");
+static_assert(NVJPEG_BACKEND_HARDWARE == kBackendHardware && NVJPEG_OUTPUT_RGBI == kOutputRgbInterleaved, "values");
+static_assert(NVJPEG_MAX_COMPONENT == 4 && sizeof(nvjpegImage_t) == sizeof(NvjpegImage) &&
+              offsetof(nvjpegImage_t, pitch) == offsetof(NvjpegImage, pitch), "nvjpegImage_t");
+static_assert(NVJPEG_STATUS_SUCCESS == 0 && NVJPEG_STATUS_NOT_INITIALIZED == 1 && NVJPEG_STATUS_INVALID_PARAMETER == 2 &&
+              NVJPEG_STATUS_BAD_JPEG == 3 && NVJPEG_STATUS_JPEG_NOT_SUPPORTED == 4 &&
+              NVJPEG_STATUS_ALLOCATOR_FAILURE == 5 && NVJPEG_STATUS_EXECUTION_FAILED == 6 &&
+              NVJPEG_STATUS_ARCH_MISMATCH == 7 && NVJPEG_STATUS_INTERNAL_ERROR == 8 &&
+              NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED == 9 && NVJPEG_STATUS_INCOMPLETE_BITSTREAM == 10,
+              "the statuses fastload names");
+"""
+
+
+def nvjpeg_include_dirs():
+    """Where nvjpeg.h and the CUDA runtime headers it includes may be: the toolkit, NVIDIA's wheels."""
+    import glob
+    import site
+    roots = [os.path.join(h, "include") for h in filter(None, (os.environ.get("CUDA_HOME"), "/usr/local/cuda"))]
+    for packages in site.getsitepackages():
+        roots += sorted(glob.glob(os.path.join(packages, "nvidia", "*", "include")))
+    return [d for d in roots if os.path.isdir(d)]
+
+
+def check_nvjpeg_abi(include_dirs, tmp_path):
+    """Compiles ABI_CHECK against the nvjpeg.h found in include_dirs: None when it agrees, else the compiler's words."""
+    import subprocess
+    from fastload.native.sources import NATIVE_DIR
+    (tmp_path / "abi.cpp").write_text(ABI_CHECK)
+    done = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", f"-I{NATIVE_DIR}"] +
+                          [f"-I{d}" for d in include_dirs] + [str(tmp_path / "abi.cpp")], capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr
+
+
+def test_declared_entry_points_match_nvjpeg_h(tmp_path):
+    import shutil
+    dirs = nvjpeg_include_dirs()
+    if not any(os.path.exists(os.path.join(d, "nvjpeg.h")) for d in dirs) or shutil.which("c++") is None:
+        pytest.skip("no nvjpeg.h (CUDA toolkit or NVIDIA's nvjpeg wheel) or no C++ compiler")
+    assert check_nvjpeg_abi(dirs, tmp_path) is None
+
+
+def test_batches_are_checked_before_anything_is_decoded():
+    """decode's checks (here through check_batch, the same code without a decoder): ValueError naming what is
+    wrong, before any nvJPEG call; out is checked last, so the rest needs no GPU."""
+    two = [b"a", b"b"]
+    windows = torch.tensor([[0, 0, 10, 20, 1], [5, 6, 3, 4, 1]])
+    cpu_out = torch.empty(1000, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"windows must be an int64 or int32 CPU tensor of shape \[3, 5\]"):
+        Native.check_batch(two + [b"c"], windows, cpu_out)
+    for bad in (windows.float(), windows[:, :4], windows[0]):
+        with pytest.raises(ValueError, match=r"windows must be .* of shape \[2, 5\]"):
+            Native.check_batch(two, bad, cpu_out)
+    cases = {(0, 4, 2): "no DCT downscale", (1, 0, -1): "top and left must be >= 0",
+             (1, 1, -6): "top and left must be >= 0", (0, 2, 0): "height and width must be >= 1",
+             (1, 3, -4): "height and width must be >= 1", (1, 0, 65533): "reaches past 65535 pixels",
+             (0, 3, 65536): "reaches past 65535 pixels"}
+    for (row, col, value), why in cases.items():
+        bad = windows.clone()
+        bad[row, col] = value
+        with pytest.raises(ValueError, match=rf"window {row} \(top, left, height, width, downscale\) = .*{why}"):
+            Native.check_batch(two, bad, cpu_out)
+    with pytest.raises(TypeError, match="buffer 1 is a str"):
+        Native.check_batch([b"a", "b.jpg"], windows, cpu_out)
+    for dtype in (torch.int64, torch.int32):  # good windows: only out is left, and a CPU out is refused
+        with pytest.raises(ValueError, match="out must be a contiguous uint8 CUDA tensor"):
+            Native.check_batch(two, windows.to(dtype), cpu_out)
+    with pytest.raises(ValueError, match="max_batch must be >= 0"):
+        Native("/nonexistent/libnvjpeg.so.13", -1)
+
+
+
+@pytest.mark.cuda
+def test_native_decoder_drives_nvjpeg_as_documented(tmp_path, monkeypatch):
+    """With the stand-in libnvjpeg (any CUDA GPU; no hardware decoder needed): the calls, their arguments and order
+    (the HARDWARE backend; RGBI output for each params; one ROI per image, x = left, y = top; the batched state
+    initialised when the batch size changes and again after a failed decode; destinations at out + offsets with
+    pitch width * 3), the results (ops.decode_crops's layout at downscale 1), nvJPEG's status in words, checks
+    that refuse before any call, and close."""
+    import gc
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_NVJPEG_LOG", str(log))
+
+    def calls():
+        lines = log.read_text().splitlines()
+        log.write_text("")  # the stand-in appends (O_APPEND): this empties it for the next step
+        return lines
+    fake = fake_nvjpeg(tmp_path)  # built once: it stays loaded, and is not to be rewritten under the process
+    decoder = Native(fake, 2)
+    made = calls()
+    handle = int(made[0].split()[-1])
+    state, p0, p1 = (int(made[k].split()[1]) for k in (1, 2, 4))
+    assert made == [f"create 3 0 0 0 {handle}", f"state {state}", f"params {p0}", f"format {p0} 5", f"params {p1}",
+                    f"format {p1} 5"]
+    assert decoder.device == torch.cuda.current_device()
+    stream = torch.cuda.Stream()
+    out = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    windows = torch.tensor([[1, 2, 10, 20, 1], [3, 4, 5, 6, 1], [0, 0, 2, 2, 1]])
+    buffers = [b"\xff\xd8one", bytearray(b"\xff\xd8three"), memoryview(b"\xff\xd8seven!!")]
+    offsets, shapes = decoder.decode(buffers, windows, out, stream.cuda_stream)
+    assert offsets.tolist() == [0, 600, 690] and offsets.dtype == shapes.dtype == torch.int64
+    assert shapes.tolist() == [[10, 20, 3], [5, 6, 3], [2, 2, 3]]
+    made = calls()
+    p2 = int(made[0].split()[1])  # the pool grew by one for the third image
+    params = (p0, p1, p2)
+    rois = [f"roi {p} {left} {top} {w} {h}" for p, (top, left, h, w, _) in zip(params, windows.tolist())]
+    images = [f"image {p} {len(b)} {out.data_ptr() + o} {w * 3} 0"
+              for p, b, o, w in zip(params, buffers, offsets.tolist(), windows[:, 3].tolist())]
+    batched = f"batched 3 {stream.cuda_stream}"
+    assert made == [f"params {p2}", f"format {p2} 5"] + rois + ["init 3 1 5", batched] + images
+    decoder.decode(buffers, windows.int(), out, stream.cuda_stream)  # same size: no new initialisation
+    assert calls() == rois + [batched] + images
+    with pytest.raises(nvjpeg.NvjpegError, match=r"^nvjpegDecodeBatchedEx: nvJPEG status 3 \(bad JPEG\)$"):
+        decoder.decode([b"X"] + buffers[1:], windows, out, stream.cuda_stream)
+    calls()
+    decoder.decode(buffers, windows, out, stream.cuda_stream)  # after a failure: initialised again
+    assert "init 3 1 5" in calls()
+    decoder.decode(buffers[:1], windows[:1], out, stream.cuda_stream)
+    assert calls() == [rois[0], "init 1 1 5", f"batched 1 {stream.cuda_stream}", images[0]]
+    # Refused before any nvJPEG call: ValueError, nothing logged.
+    refused = [("out holds 689 bytes, the batch needs 702", (buffers, windows, out[:689])),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.cpu())),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.view(10, 100)[:, :80])),
+               ("out must be a contiguous uint8 CUDA tensor", (buffers, windows, out.float())),
+               (r"of shape \[2, 5\]", (buffers[:2], windows, out)),
+               ("height and width must be >= 1", (buffers, windows * torch.tensor([1, 1, 0, 1, 1]), out))]
+    for message, args in refused:
+        with pytest.raises(ValueError, match=message):
+            decoder.decode(*args, stream.cuda_stream)
+    assert calls() == []
+    # The Python wrapper: the same native class, found through FASTLOAD_NVJPEG_LIB; numpy windows are fine.
+    monkeypatch.setattr(nvjpeg, "_path", None)
+    monkeypatch.setattr(nvjpeg, "_path_error", None)
+    monkeypatch.setenv("FASTLOAD_NVJPEG_LIB", fake)
+    wrapped = nvjpeg.HardwareDecoder(3)
+    got = wrapped.decode(buffers, windows.numpy(), out, stream)
+    assert torch.equal(got[0], offsets) and torch.equal(got[1], shapes)
+    wrapped.close()
+    calls()
+    # close: every object destroyed once; idempotent; a closed decoder says so. Garbage collection closes too.
+    decoder.close()
+    assert calls() == [f"params_destroy {p}" for p in params] + [f"state_destroy {state}", f"destroy {handle}"]
+    decoder.close()
+    assert calls() == []
+    with pytest.raises(nvjpeg.NvjpegError, match="the decoder is closed"):
+        decoder.decode(buffers, windows, out, stream.cuda_stream)
+    dropped = Native(fake, 1)
+    made = [line.split() for line in calls()]
+    del dropped
+    gc.collect()
+    assert calls() == [f"params_destroy {made[2][1]}", f"state_destroy {made[1][1]}", f"destroy {made[0][-1]}"]
 
 
 def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
@@ -175,6 +453,71 @@ def test_hardware_decode_is_close_to_libjpeg(imagenet_dir):
         got = out[int(offsets[i]):int(offsets[i]) + h * w * 3].view(h, w, 3).cpu()
         values.append(psnr(got, ops.decode_crop(files[i], top, left, h, w)))
     assert np.median(values) >= 35 and min(values) >= 30, sorted(values)[:5]
+    decoder.close()
+
+
+def ctypes_decode(files, windows, out, stream):
+    """The calls fastload.nvjpeg made through ctypes before the native decoder (up to commit 76edc84): the
+    reference the native decoder must equal bit for bit (same library, same calls, same hardware)."""
+    import ctypes
+    lib = ctypes.CDLL(nvjpeg.library_path())
+
+    def check(status):
+        assert status == 0, f"nvJPEG status {status}"
+    handle, state = ctypes.c_void_p(), ctypes.c_void_p()
+    check(lib.nvjpegCreateEx(3, None, None, 0, ctypes.byref(handle)))  # NVJPEG_BACKEND_HARDWARE
+    check(lib.nvjpegJpegStateCreate(handle, ctypes.byref(state)))
+    n, win = len(files), windows.numpy()
+    params = [ctypes.c_void_p() for _ in range(n)]
+    for p, (top, left, h, w, _) in zip(params, win.tolist()):
+        check(lib.nvjpegDecodeParamsCreate(handle, ctypes.byref(p)))
+        check(lib.nvjpegDecodeParamsSetOutputFormat(p, 5))  # NVJPEG_OUTPUT_RGBI
+        check(lib.nvjpegDecodeParamsSetROI(p, left, top, w, h))
+    sizes = win[:, 2].astype(np.int64) * win[:, 3] * 3
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    images = np.zeros((n, 8), dtype=np.uint64)  # nvjpegImage_t: channel[4] pointers, then pitch[4]
+    images[:, 0] = out.data_ptr() + offsets
+    images[:, 4] = win[:, 3] * 3
+    check(lib.nvjpegDecodeBatchedInitialize(handle, state, n, 1, 5))
+    check(lib.nvjpegDecodeBatchedEx(handle, state, (ctypes.c_char_p * n)(*files),
+                                    (ctypes.c_size_t * n)(*map(len, files)), ctypes.c_void_p(images.ctypes.data),
+                                    (ctypes.c_void_p * n)(*[p.value for p in params]),
+                                    ctypes.c_void_p(stream.cuda_stream)))
+    stream.synchronize()
+    for p in params:
+        check(lib.nvjpegDecodeParamsDestroy(p))
+    check(lib.nvjpegJpegStateDestroy(state))
+    check(lib.nvjpegDestroy(handle))
+    return offsets
+
+
+@pytest.mark.cuda
+@hardware
+def test_hardware_decode_equals_the_ctypes_calls_it_replaced(imagenet_dir):
+    """The native decoder's pixels are the old ctypes path's, bit for bit, batch after batch (the state reused,
+    re-initialised for a new batch size), also after a batch nvJPEG refused."""
+    ds = fl.FolderDataset(imagenet_dir)
+    files = [open(p, "rb").read() for p in ds.paths]
+    decoder = nvjpeg.HardwareDecoder(4)
+    stream = torch.cuda.Stream()
+    for seed, n in ((0, len(files)), (1, len(files)), (2, 5)):
+        idx = np.arange(n)
+        plan = fl.RandomResizedCrop(64, dct_downscale=False).plan(ds.heights[idx], ds.widths[idx], seed, 0, idx)
+        nbytes = int((plan.windows[:, 2] * plan.windows[:, 3] * 3).sum())
+        want = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        got = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        ref_offsets = ctypes_decode(files[:n], plan.windows, want, stream)
+        offsets, shapes = decoder.decode(files[:n], plan.windows, got, stream)
+        stream.synchronize()
+        assert offsets.tolist() == ref_offsets.tolist()
+        assert shapes.tolist() == [[h, w, 3] for h, w in plan.windows[:, 2:4].tolist()]
+        assert torch.equal(got, want), seed
+        try:  # not a JPEG: nvJPEG may refuse the batch (status in words) or decode garbage; the decoder goes on
+            decoder.decode([b"\xff\xd8 not a JPEG" * 8] + files[1:n], plan.windows, got, stream)
+            stream.synchronize()
+        except nvjpeg.NvjpegError as e:
+            assert "nvJPEG status" in str(e)
+    decoder.close()
     decoder.close()
 
 

@@ -1,7 +1,8 @@
 """Loads the compiled module fastload._C, with a clear message when it is missing or stale.
 
 The C++/CUDA sources beside this file: jpeg_decoder.* (libjpeg-turbo crop decode), bindings.cpp (pybind11:
-buffers in, status out), warp_*.{cpp,cu} and warp.h (the torch op fastload::warp_normalize, CPU and CUDA).
+buffers in, status out), warp_*.{cpp,cu} and warp.h (the torch op fastload::warp_normalize, CPU and CUDA),
+nvjpeg_decoder.* (the GPU's hardware JPEG decoder, libnvjpeg opened at run time).
 """
 import os
 

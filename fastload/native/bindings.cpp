@@ -30,6 +30,7 @@
 #include "jpeg_decoder.h"
 #include "jpeg_regions.h"
 #include "jpeg_transcode.h"
+#include "nvjpeg_decoder.h"
 
 #ifndef FASTLOAD_SOURCE_HASH
 #define FASTLOAD_SOURCE_HASH "unknown"
@@ -663,6 +664,91 @@ py::object jpeg_region_py(const py::object& data, int64_t top, int64_t left, int
                         py::make_tuple(sub.top, sub.left, sub.height, sub.width, sub.downscale));
 }
 
+
+// ---- the hardware decoder (nvjpeg_decoder.h) -------------------------------------------------------------------
+
+// A batch for NvjpegDecoder.decode, checked and laid out as ops.decode_crops does at downscale 1 (sample i is HWC
+// uint8 at offsets[i]): offsets int64 [B], shapes int64 [B, 3], and what the decoder reads and writes.
+struct NvjpegBatch {
+  at::Tensor offsets, shapes;
+  std::vector<NvjpegCrop> crops;
+};
+
+std::string shape_text(const at::Tensor& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + "]";
+}
+
+constexpr int64_t kJpegMaxSide = 65535;  // a JPEG's dimensions are 16-bit: larger windows cannot be valid
+
+// Raises ValueError (TypeError for a buffer that is not bytes-like, from BufferViews) before anything is decoded;
+// `out` is checked last, so the window checks can be tested without a GPU.
+NvjpegBatch nvjpeg_batch(const BufferViews& views, const at::Tensor& windows, const at::Tensor& out) {
+  const char* op = "NvjpegDecoder.decode";
+  const int64_t n = static_cast<int64_t>(views.size());
+  if (!(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.device().is_cpu() &&
+        (windows.scalar_type() == at::kLong || windows.scalar_type() == at::kInt)))
+    raise<py::value_error>("%s: windows must be an int64 or int32 CPU tensor of shape [%lld, 5] (one row per buffer: "
+                           "top, left, height, width, 1), got a %s %s tensor of shape %s", op,
+                           static_cast<long long>(n),
+                           c10::DeviceTypeName(windows.device().type(), true).c_str(),
+                           c10::toString(windows.scalar_type()), shape_text(windows).c_str());
+  const at::Tensor win = windows.to(at::kLong).contiguous();
+  const int64_t* w = win.data_ptr<int64_t>();
+  NvjpegBatch batch{at::empty({n}, at::kLong), at::empty({n, 3}, at::kLong), {}};
+  int64_t* offsets = batch.offsets.data_ptr<int64_t>();
+  int64_t* shapes = batch.shapes.data_ptr<int64_t>();
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t top = w[i * 5], left = w[i * 5 + 1], height = w[i * 5 + 2], width = w[i * 5 + 3];
+    const char* why = w[i * 5 + 4] != 1 ? "the hardware decoder has no DCT downscale (the last field must be 1)"
+                      : top < 0 || left < 0 ? "top and left must be >= 0"
+                      : height < 1 || width < 1 ? "height and width must be >= 1"
+                      : top > kJpegMaxSide - height || left > kJpegMaxSide - width
+                          ? "it reaches past 65535 pixels, beyond any JPEG"
+                          : nullptr;
+    if (why != nullptr)
+      raise<py::value_error>("%s: window %lld (top, left, height, width, downscale) = (%lld, %lld, %lld, %lld, "
+                             "%lld): %s", op, static_cast<long long>(i), static_cast<long long>(top),
+                             static_cast<long long>(left), static_cast<long long>(height),
+                             static_cast<long long>(width), static_cast<long long>(w[i * 5 + 4]), why);
+    offsets[i] = total;
+    shapes[i * 3] = height;
+    shapes[i * 3 + 1] = width;
+    shapes[i * 3 + 2] = 3;
+    total += height * width * 3;  // < 2^34 per window: no overflow for any batch that fits in memory
+  }
+  if (!(out.scalar_type() == at::kByte && out.is_cuda() && out.is_contiguous()))
+    raise<py::value_error>("%s: out must be a contiguous uint8 CUDA tensor", op);
+  if (total > out.numel())
+    raise<py::value_error>("%s: out holds %lld bytes, the batch needs %lld", op, static_cast<long long>(out.numel()),
+                           static_cast<long long>(total));
+  uint8_t* base = out.data_ptr<uint8_t>();  // device memory: only its address is used here
+  batch.crops.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    batch.crops.push_back({views[i].data, views[i].size, static_cast<int>(w[i * 5]), static_cast<int>(w[i * 5 + 1]),
+                           static_cast<int>(w[i * 5 + 2]), static_cast<int>(w[i * 5 + 3]), base + offsets[i]});
+  return batch;
+}
+
+// Decodes windows [B, 5] of the JPEGs in `buffers` into `out` on `stream` (a cudaStream_t as an integer); the
+// buffers' pointers are taken and everything checked with the GIL held, then it is released for the whole nvJPEG
+// part. Returns (offsets, shapes).
+py::tuple nvjpeg_decode_py(NvjpegDecoder& decoder, const py::sequence& buffers, const at::Tensor& windows,
+                           const at::Tensor& out, uintptr_t stream) {
+  BufferViews views(buffers, "NvjpegDecoder.decode", false);
+  NvjpegBatch batch = nvjpeg_batch(views, windows, out);
+  if (out.device().index() != decoder.device())
+    raise<py::value_error>("NvjpegDecoder.decode: out is on cuda:%d, the decoder on cuda:%d",
+                           static_cast<int>(out.device().index()), decoder.device());
+  {
+    py::gil_scoped_release nogil;
+    decoder.decode(batch.crops, reinterpret_cast<void*>(stream));
+  }
+  return py::make_tuple(batch.offsets, batch.shapes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -696,4 +782,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("crc32s", &crc32s_py, py::arg("buffers"), py::arg("threads") = 1);
   m.def("jpeg_region", &jpeg_region_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1);
+
+  auto nvjpeg_error = py::register_exception<NvjpegError>(m, "NvjpegError", PyExc_RuntimeError);
+  nvjpeg_error.attr("__doc__") =
+      "libnvjpeg is missing, or it refused: no hardware decoder, an unsupported or broken file, a failed call.";
+  py::class_<NvjpegDecoder>(m, "NvjpegDecoder",
+                            "nvJPEG's hardware decoder (one handle + state, on the CUDA device current when made)")
+      .def(py::init([](const std::string& library, int max_batch) {
+             if (max_batch < 0) raise<py::value_error>("NvjpegDecoder: max_batch must be >= 0, got %d", max_batch);
+             py::gil_scoped_release nogil;  // creating the handle may take a while (CUDA context, engines)
+             return std::make_unique<NvjpegDecoder>(library, max_batch);
+           }),
+           py::arg("library"), py::arg("max_batch"))
+      .def("decode", &nvjpeg_decode_py, py::arg("buffers"), py::arg("windows"), py::arg("out"), py::arg("stream"))
+      .def("close", &NvjpegDecoder::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("device", &NvjpegDecoder::device)
+      .def_static("load_library", [](const std::string& path) {
+             py::gil_scoped_release nogil;
+             load_nvjpeg(path);
+           }, py::arg("path"), "Loads libnvjpeg at path and resolves its entry points, or raises NvjpegError.")
+      .def_static("check_batch", [](const py::sequence& buffers, const at::Tensor& windows, const at::Tensor& out) {
+             BufferViews views(buffers, "NvjpegDecoder.decode", false);
+             NvjpegBatch batch = nvjpeg_batch(views, windows, out);
+             return py::make_tuple(batch.offsets, batch.shapes);
+           }, py::arg("buffers"), py::arg("windows"), py::arg("out"),
+           "decode's checks and layout, without a decoder: (offsets, shapes), or the ValueError decode raises.");
 }
