@@ -610,6 +610,30 @@ FL_AVX2 void accumulate8(const uint8_t* pixels, int64_t row_stride, const int64_
   *r = sr, *g = sg, *b = sb;
 }
 
+// One axis's taps of a group (general_weights8's outputs) and the centres they were computed for. Plain arrays: a
+// std::vector of __m256 members need not be 32-byte aligned.
+struct AxisCache8 {
+  bool valid = false;
+  int32_t key[8], start[8], fits[8];
+  float total[8];
+  // True if the cached taps are those of `centre`, bit for bit; else computes them into w.
+  FL_AVX2 bool update(__m256 centre, float support, int size, int K, float* w) {
+    const __m256i c = _mm256_castps_si256(centre);
+    auto* k = reinterpret_cast<__m256i*>(key);
+    if (valid && _mm256_movemask_epi8(_mm256_cmpeq_epi32(c, _mm256_loadu_si256(k))) == -1) return true;
+    __m256i st, ft;
+    _mm256_storeu_ps(total, general_weights8(centre, support, size, K, w, &st, &ft));
+    _mm256_storeu_si256(k, c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(start), st);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(fits), ft);
+    valid = true;
+    return false;
+  }
+  FL_AVX2 __m256i starts() const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(start)); }
+  FL_AVX2 __m256i fit() const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fits)); }
+  FL_AVX2 __m256 totals() const { return _mm256_loadu_ps(total); }
+};
+
 template <typename out_t>
 __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>& img, const float* m,
                                                            const float* alpha, const float* beta,
@@ -619,7 +643,6 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
   const InputView<uint8_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
   thread_local std::vector<float> wx, wy;
-  wx.resize(static_cast<size_t>(kx) * 8);
   wy.resize(static_cast<size_t>(ky) * 8);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 m0 = _mm256_set1_ps(m[0]), m2 = _mm256_set1_ps(m[2]), m3 = _mm256_set1_ps(m[3]),
@@ -628,16 +651,25 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
   const __m256i last_row = _mm256_set1_epi32(img.h - ky), last_col = _mm256_set1_epi32(img.w - kx);
   const __m256 a[3] = {_mm256_set1_ps(alpha[0]), _mm256_set1_ps(alpha[1]), _mm256_set1_ps(alpha[2])};
   const __m256 bt[3] = {_mm256_set1_ps(beta[0]), _mm256_set1_ps(beta[1]), _mm256_set1_ps(beta[2])};
+  // A group whose centres equal, bit for bit, those its weights were last computed for reuses them: along an axis
+  // that a shear leaves alone, the weights repeat (y along a row under a horizontal shear, x down the columns under a
+  // vertical one). x weights are kept per column group, y weights from the row's previous group.
+  const int groups = (out_w + 7) / 8;
+  thread_local std::vector<AxisCache8> xcache;
+  xcache.assign(groups, AxisCache8{});
+  AxisCache8 ycache{};
+  wx.resize(static_cast<size_t>(groups) * kx * 8);
   for (int v = 0; v < out_h; ++v) {
     out_t* row_out = out + v * os.y;
     const __m256 m1v = _mm256_set1_ps(m[1] * v), m4v = _mm256_set1_ps(m[4] * v);
     for (int u0 = 0; u0 < out_w; u0 += 8) {
       const int lanes = std::min(8, out_w - u0);
       // sample_centre, lane by lane: m[0] * u + m[1] * v + m[2] + 0.5f
-      const __m256i ui = _mm256_add_epi32(_mm256_set1_epi32(u0), iota);
-      const __m256 uf = _mm256_cvtepi32_ps(ui);
+      const __m256 uf = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(u0), iota));
       const __m256 cx = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m0, uf), m1v), m2), half);
       const __m256 cy = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, uf), m4v), m5), half);
+      float* wxg = wx.data() + static_cast<size_t>(u0) * kx;
+      AxisCache8& xc = xcache[u0 / 8];
       const __m256 inside = _mm256_and_ps(
           _mm256_and_ps(_mm256_cmp_ps(cx, zero, _CMP_GE_OQ), _mm256_cmp_ps(cx, width, _CMP_LE_OQ)),
           _mm256_and_ps(_mm256_cmp_ps(cy, zero, _CMP_GE_OQ), _mm256_cmp_ps(cy, height, _CMP_LE_OQ)));
@@ -645,9 +677,10 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
       int fast_bits = 0;
       alignas(32) float res[3][8];
       if (inside_bits) {
-        __m256i startx, starty, fitsx, fitsy;
-        const __m256 total_x = general_weights8(cx, sx, img.w, kx, wx.data(), &startx, &fitsx);
-        const __m256 total_y = general_weights8(cy, sy, img.h, ky, wy.data(), &starty, &fitsy);
+        xc.update(cx, sx, img.w, kx, wxg);
+        ycache.update(cy, sy, img.h, ky, wy.data());
+        const __m256i startx = xc.starts(), starty = ycache.starts(), fitsx = xc.fit(), fitsy = ycache.fit();
+        const __m256 total_x = xc.totals(), total_y = ycache.totals();
         const __m256 total = _mm256_mul_ps(total_x, total_y);
         const __m256 inv = _mm256_and_ps(_mm256_cmp_ps(total, zero, _CMP_GT_OQ),
                                          _mm256_div_ps(_mm256_set1_ps(1.f), total));
@@ -670,10 +703,10 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
           __m256 sum[3];
           const uint8_t* pixels = img.p;
           switch (kx) {  // the common tap counts unrolled
-            case 3: accumulate8<3>(pixels, img.s.y, off, wx.data(), wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            case 4: accumulate8<4>(pixels, img.s.y, off, wx.data(), wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            case 5: accumulate8<5>(pixels, img.s.y, off, wx.data(), wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            default: accumulate8<0>(pixels, img.s.y, off, wx.data(), wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]);
+            case 3: accumulate8<3>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
+            case 4: accumulate8<4>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
+            case 5: accumulate8<5>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
+            default: accumulate8<0>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]);
           }
           // store_pixel's (acc * inv) * alpha + beta; uint8 clamps and rounds as store_rgb does
           for (int c = 0; c < 3; ++c) {
