@@ -531,9 +531,10 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
   }
 }
 
-// warp_general built for any x86-64 and for AVX2, picked at run time (floorf becomes one instruction, the weights
-// wider vectors). AVX2 brings no FMA, and GCC contracts nothing without it: both builds round every operation
-// alike. (The separable path gains nothing from it: its vertical pass is axpy's own AVX2 clone.)
+// warp_general built for any x86-64 and for AVX2, picked at run time; the AVX2 build takes the loader's case (uint8
+// RGB) eight pixels at a time (warp_general_rgb8_avx2). AVX2 brings no FMA, and GCC contracts nothing without it:
+// both builds round every operation alike. (The separable path gains nothing from it: its vertical pass is axpy's
+// own AVX2 clone.)
 template <typename in_t, typename out_t>
 void warp_general_base(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                        out_t* out, const Strides& os, int out_h, int out_w) {
@@ -799,8 +800,10 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   }
   auto* general = &warp_general_base<in_t, out_t>;
 #if FL_AVX2_BUILD
+  // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine (tests check that both give the same bits).
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) general = &warp_general_avx2<in_t, out_t>;
+  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
+  if (avx2 && !(baseline && std::strcmp(baseline, "1") == 0)) general = &warp_general_avx2<in_t, out_t>;
 #endif
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
