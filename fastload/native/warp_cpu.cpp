@@ -692,15 +692,14 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
         fast_bits = _mm256_movemask_ps(_mm256_castsi256_ps(fast)) & ((1 << lanes) - 1);
         if (fast_bits) {
           // each lane's first tap; lanes that are not fast read the first fast lane's taps (in bounds), unused
-          alignas(32) int32_t sy8[8], sx8[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sy8), starty);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sx8), startx);
+          // (the image's size fits an int32: checked by the caller)
+          alignas(32) int32_t off32[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(off32),
+                             _mm256_add_epi32(_mm256_mullo_epi32(starty, _mm256_set1_epi32(static_cast<int>(img.s.y))),
+                                              _mm256_mullo_epi32(startx, _mm256_set1_epi32(3))));
           const int first = __builtin_ctz(fast_bits);
           int64_t off[8];
-          for (int i = 0; i < 8; ++i) {
-            const int l = fast_bits >> i & 1 ? i : first;
-            off[i] = sy8[l] * img.s.y + sx8[l] * 3;
-          }
+          for (int i = 0; i < 8; ++i) off[i] = off32[fast_bits >> i & 1 ? i : first];
           __m256 sum[3];
           const uint8_t* pixels = img.p;
           switch (kx) {  // the common tap counts unrolled
