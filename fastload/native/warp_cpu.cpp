@@ -611,19 +611,29 @@ FL_AVX2 void accumulate8(const uint8_t* pixels, int64_t row_stride, const int64_
   *r = sr, *g = sg, *b = sb;
 }
 
+// One row's group of eight pixels between the two passes of warp_general_rgb8_avx2.
+struct GroupPlan {
+  int inside_bits, fast_bits;  // lanes whose centre lies inside the image / that take the fast sums
+  const float* wy;             // y weights, ky * 8
+  int64_t off[8];              // byte offset of each lane's first tap (pixel order)
+  float inv[8];                // 1 / (total_x * total_y), 0 where the total is 0
+};
+
 // One axis's taps of a group (general_weights8's outputs) and the centres they were computed for. Plain arrays: a
 // std::vector of __m256 members need not be 32-byte aligned.
 struct AxisCache8 {
   bool valid = false;
   int32_t key[8], start[8], fits[8];
   float total[8];
-  // True if the cached taps are those of `centre`, bit for bit; else computes them into w.
-  FL_AVX2 bool update(__m256 centre, float support, int size, int K, float* w) {
+  const float* w = nullptr;  // the weights, K * 8
+  // True if the cached taps are those of `centre`, bit for bit; else computes them into `buffer` (then w).
+  FL_AVX2 bool update(__m256 centre, float support, int size, int K, float* buffer) {
     const __m256i c = _mm256_castps_si256(centre);
     auto* k = reinterpret_cast<__m256i*>(key);
     if (valid && _mm256_movemask_epi8(_mm256_cmpeq_epi32(c, _mm256_loadu_si256(k))) == -1) return true;
     __m256i st, ft;
-    _mm256_storeu_ps(total, general_weights8(centre, support, size, K, w, &st, &ft));
+    _mm256_storeu_ps(total, general_weights8(centre, support, size, K, buffer, &st, &ft));
+    w = buffer;
     _mm256_storeu_si256(k, c);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(start), st);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(fits), ft);
@@ -644,7 +654,6 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
   const InputView<uint8_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
   thread_local std::vector<float> wx, wy;
-  wy.resize(static_cast<size_t>(ky) * 8);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 m0 = _mm256_set1_ps(m[0]), m2 = _mm256_set1_ps(m[2]), m3 = _mm256_set1_ps(m[3]),
                m5 = _mm256_set1_ps(m[5]), half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps();
@@ -660,61 +669,73 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
   xcache.assign(groups, AxisCache8{});
   AxisCache8 ycache{};
   wx.resize(static_cast<size_t>(groups) * kx * 8);
+  // Each row in two passes: first every group's taps and weights, then the sums, back to back, so that one group's
+  // loads start while the previous group's adds finish.
+  thread_local std::vector<GroupPlan> plans;
+  plans.resize(groups);
+  wy.resize(static_cast<size_t>(groups) * ky * 8);
   for (int v = 0; v < out_h; ++v) {
     out_t* row_out = out + v * os.y;
     const __m256 m1v = _mm256_set1_ps(m[1] * v), m4v = _mm256_set1_ps(m[4] * v);
+    ycache.valid = false;  // its weights may lie in a group's buffer that this row rewrites
     for (int u0 = 0; u0 < out_w; u0 += 8) {
+      GroupPlan& plan = plans[u0 / 8];
       const int lanes = std::min(8, out_w - u0);
       // sample_centre, lane by lane: m[0] * u + m[1] * v + m[2] + 0.5f
       const __m256 uf = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(u0), iota));
       const __m256 cx = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m0, uf), m1v), m2), half);
       const __m256 cy = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, uf), m4v), m5), half);
-      float* wxg = wx.data() + static_cast<size_t>(u0) * kx;
       AxisCache8& xc = xcache[u0 / 8];
       const __m256 inside = _mm256_and_ps(
           _mm256_and_ps(_mm256_cmp_ps(cx, zero, _CMP_GE_OQ), _mm256_cmp_ps(cx, width, _CMP_LE_OQ)),
           _mm256_and_ps(_mm256_cmp_ps(cy, zero, _CMP_GE_OQ), _mm256_cmp_ps(cy, height, _CMP_LE_OQ)));
-      const int inside_bits = _mm256_movemask_ps(inside) & ((1 << lanes) - 1);
-      int fast_bits = 0;
+      plan.inside_bits = _mm256_movemask_ps(inside) & ((1 << lanes) - 1);
+      plan.fast_bits = 0;
+      if (!plan.inside_bits) continue;
+      xc.update(cx, sx, img.w, kx, wx.data() + static_cast<size_t>(u0) * kx);
+      ycache.update(cy, sy, img.h, ky, wy.data() + static_cast<size_t>(u0) * ky);
+      plan.wy = ycache.w;
+      const __m256i startx = xc.starts(), starty = ycache.starts(), fitsx = xc.fit(), fitsy = ycache.fit();
+      const __m256 total = _mm256_mul_ps(xc.totals(), ycache.totals());
+      _mm256_storeu_ps(plan.inv, _mm256_and_ps(_mm256_cmp_ps(total, zero, _CMP_GT_OQ),
+                                               _mm256_div_ps(_mm256_set1_ps(1.f), total)));
+      // fast: inside, taps fit, and the window leaves the last row or the last column (the rgbx read's spare byte)
+      const __m256i room = _mm256_or_si256(_mm256_cmpgt_epi32(last_row, starty), _mm256_cmpgt_epi32(last_col, startx));
+      const __m256i fast = _mm256_and_si256(_mm256_and_si256(_mm256_castps_si256(inside), room),
+                                            _mm256_and_si256(fitsx, fitsy));
+      plan.fast_bits = _mm256_movemask_ps(_mm256_castsi256_ps(fast)) & ((1 << lanes) - 1);
+      if (plan.fast_bits) {
+        // each lane's first tap; lanes that are not fast read the first fast lane's taps (in bounds), unused
+        // (the image's size fits an int32: checked by the caller)
+        alignas(32) int32_t off32[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(off32),
+                           _mm256_add_epi32(_mm256_mullo_epi32(starty, _mm256_set1_epi32(static_cast<int>(img.s.y))),
+                                            _mm256_mullo_epi32(startx, _mm256_set1_epi32(3))));
+        const int first = __builtin_ctz(plan.fast_bits);
+        for (int i = 0; i < 8; ++i) plan.off[i] = off32[plan.fast_bits >> i & 1 ? i : first];
+      }
+    }
+    for (int u0 = 0; u0 < out_w; u0 += 8) {
+      const GroupPlan& plan = plans[u0 / 8];
+      const int lanes = std::min(8, out_w - u0), fast_bits = plan.fast_bits, inside_bits = plan.inside_bits;
       alignas(32) float res[3][8];
-      if (inside_bits) {
-        xc.update(cx, sx, img.w, kx, wxg);
-        ycache.update(cy, sy, img.h, ky, wy.data());
-        const __m256i startx = xc.starts(), starty = ycache.starts(), fitsx = xc.fit(), fitsy = ycache.fit();
-        const __m256 total_x = xc.totals(), total_y = ycache.totals();
-        const __m256 total = _mm256_mul_ps(total_x, total_y);
-        const __m256 inv = _mm256_and_ps(_mm256_cmp_ps(total, zero, _CMP_GT_OQ),
-                                         _mm256_div_ps(_mm256_set1_ps(1.f), total));
-        // fast: inside, taps fit, and the window leaves the last row or the last column (the rgbx read's spare byte)
-        const __m256i room = _mm256_or_si256(_mm256_cmpgt_epi32(last_row, starty), _mm256_cmpgt_epi32(last_col, startx));
-        const __m256i fast = _mm256_and_si256(_mm256_and_si256(_mm256_castps_si256(inside), room),
-                                              _mm256_and_si256(fitsx, fitsy));
-        fast_bits = _mm256_movemask_ps(_mm256_castsi256_ps(fast)) & ((1 << lanes) - 1);
-        if (fast_bits) {
-          // each lane's first tap; lanes that are not fast read the first fast lane's taps (in bounds), unused
-          // (the image's size fits an int32: checked by the caller)
-          alignas(32) int32_t off32[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(off32),
-                             _mm256_add_epi32(_mm256_mullo_epi32(starty, _mm256_set1_epi32(static_cast<int>(img.s.y))),
-                                              _mm256_mullo_epi32(startx, _mm256_set1_epi32(3))));
-          const int first = __builtin_ctz(fast_bits);
-          int64_t off[8];
-          for (int i = 0; i < 8; ++i) off[i] = off32[fast_bits >> i & 1 ? i : first];
-          __m256 sum[3];
-          const uint8_t* pixels = img.p;
-          switch (kx) {  // the common tap counts unrolled
-            case 3: accumulate8<3>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            case 4: accumulate8<4>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            case 5: accumulate8<5>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]); break;
-            default: accumulate8<0>(pixels, img.s.y, off, wxg, wy.data(), kx, ky, &sum[0], &sum[1], &sum[2]);
-          }
-          // store_pixel's (acc * inv) * alpha + beta; uint8 clamps and rounds as store_rgb does
-          for (int c = 0; c < 3; ++c) {
-            __m256 val = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(sum[c], inv), a[c]), bt[c]);
-            if constexpr (std::is_same_v<out_t, uint8_t>)
-              val = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(val, zero), _mm256_set1_ps(255.f)), half);
-            _mm256_store_ps(res[c], val);
-          }
+      if (fast_bits) {
+        __m256 sum[3];
+        const uint8_t* pixels = img.p;
+        const float* wxg = wx.data() + static_cast<size_t>(u0) * kx;
+        switch (kx) {  // the common tap counts unrolled
+          case 3: accumulate8<3>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          case 4: accumulate8<4>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          case 5: accumulate8<5>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          default: accumulate8<0>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]);
+        }
+        // store_pixel's (acc * inv) * alpha + beta; uint8 clamps and rounds as store_rgb does
+        const __m256 inv = _mm256_loadu_ps(plan.inv);
+        for (int c = 0; c < 3; ++c) {
+          __m256 val = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(sum[c], inv), a[c]), bt[c]);
+          if constexpr (std::is_same_v<out_t, uint8_t>)
+            val = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(val, zero), _mm256_set1_ps(255.f)), half);
+          _mm256_store_ps(res[c], val);
         }
       }
       out_t* o = row_out + u0 * os.x;
