@@ -575,7 +575,7 @@ FL_AVX2 __m256 general_weights8(__m256 centre, float support, int size, int K, f
   return total;
 }
 
-// Lanes of one channel as floats: byte `shift / 8` of each gathered rgbx word.
+// Lanes of one channel as floats: byte `shift / 8` of each lane's rgbx word.
 FL_AVX2 __m256 channel8(__m256i rgbx, int shift) {
   return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(rgbx, shift), _mm256_set1_epi32(0xff)));
 }
@@ -776,7 +776,7 @@ __attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, c
                                                        const float* beta, float fill, out_t* out, const Strides& os,
                                                        int out_h, int out_w) {
   if constexpr (std::is_same_v<in_t, uint8_t>) {
-    // gathers index the image with int32 byte offsets
+    // lane offsets into the image are int32
     if (img.c == 3 && img.s.x == 3 && static_cast<int64_t>(img.h) * img.s.y < INT32_MAX - 64) {
       float fill_value[kMaxChannels] = {};
       for (int c = 0; c < 3; ++c) fill_value[c] = fill * alpha[c] + beta[c];
