@@ -91,7 +91,8 @@ def main():
     for kind, label in (("rotate", "rot +-10-30, 1.5-2x"), ("shear_x", "shear x 0.3, 1.5-2x"),
                         ("shear_y", "shear y 0.3, 1.5-2x")):
         cases.append((label, everyone, hand_matrices(shapes, args.size, kind)))
-    outs = (("float32", dict(mean=MEAN, std=STD)), ("uint8", dict(out_dtype=torch.uint8, mean=None, std=None, in_scale=1.0)))
+    outs = (("float32", dict(mean=MEAN, std=STD)),
+            ("uint8", dict(out_dtype=torch.uint8, mean=None, std=None, in_scale=1.0)))
     crops = shapes[:, :2].double()
     print(f"CPU warp, 1 thread, {args.size}x{args.size} out, {len(offsets)} TrivialAugmentWide crops from {args.data} "
           f"(median crop {int(crops[:, 0].median())}x{int(crops[:, 1].median())}), best of {args.repeats}")
