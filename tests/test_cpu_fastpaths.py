@@ -1,13 +1,16 @@
 """The CPU kernels' fast paths against the reference code they replace (warp_cpu.cpp, augment_cpu.cpp).
 
-- warp: uint8 RGB samples with a rotation or shear take a padded, SSE, two-pixels-at-a-time path; float32 samples
-  of the same values take warp.h's per-pixel loop (warp_pixel_general). Both must give the same bits.
+- warp: uint8 RGB samples with a rotation or shear take a padded fast path (the baseline build: SSE, two pixels at a
+  time; the AVX2 build: eight pixels at a time, one per lane, weights reused where the centres repeat); float32
+  samples of the same values take warp.h's per-pixel loop (warp_pixel_general). All must give the same bits. Both
+  builds are tested: FASTLOAD_WARP_BASELINE=1 makes an AVX2 machine take the baseline one.
 - hue: the CPU op computes hue on whole planes without branches (vectorised); every one of the 2^24 colours must
   equal torchvision's adjust_hue exactly, at the ends of the factor range too.
 """
 import math
 
 import numpy as np
+import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
@@ -35,7 +38,32 @@ def _matrix(angle, shear, scale, tx, ty, out, h, w):
     return np.concatenate([rot, t[:, None]], axis=1)
 
 
-def test_general_warp_uint8_path_equals_reference_loop():
+@pytest.fixture
+def build(request, monkeypatch):
+    if request.param == "baseline":
+        monkeypatch.setenv("FASTLOAD_WARP_BASELINE", "1")
+    else:
+        monkeypatch.delenv("FASTLOAD_WARP_BASELINE", raising=False)
+    return request.param
+
+
+def _assert_fast_equals_reference(data, offsets, shapes, matrices, out, dtypes=None):
+    """The uint8 input's fast path against warp.h's loop on the same values as float32, over output types, fills and
+    layouts."""
+    dtypes = dtypes or ((torch.uint8, None, None, 1.0), (torch.float32, MEAN, STD, 1 / 255),
+                        (torch.float16, MEAN, STD, 1 / 255), (torch.bfloat16, MEAN, STD, 1 / 255))
+    for dtype, mean, std, in_scale in dtypes:
+        for fill in (0.0, 127.0):
+            for channels_last in (False, True):
+                kw = dict(mean=mean, std=std, in_scale=in_scale, out_dtype=dtype, channels_last=channels_last,
+                          fill=fill)
+                fast = ops.warp_ragged(data, offsets, shapes, matrices, out, **kw)
+                reference = ops.warp_ragged(data.float(), offsets, shapes, matrices, out, **kw)
+                assert torch.equal(fast, reference), (dtype, fill, channels_last)
+
+
+@pytest.mark.parametrize("build", ["dispatched", "baseline"], indirect=True)
+def test_general_warp_uint8_path_equals_reference_loop(build):
     rng = np.random.default_rng(3)
     sizes = [(97, 131), (64, 64), (300, 181), (33, 250), (224, 224), (5, 7), (180, 120), (150, 260)]
     images = [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
@@ -49,18 +77,76 @@ def test_general_warp_uint8_path_equals_reference_loop():
     mats[3][0, 0] = 0.0  # a y-shear-like matrix with an exact zero
     matrices = torch.tensor(np.stack(mats), dtype=torch.float32)
     assert bool(((matrices[:, 0, 1] != 0) | (matrices[:, 1, 0] != 0)).all())  # every sample takes the general path
-    for dtype, mean, std, in_scale in ((torch.uint8, None, None, 1.0), (torch.float32, MEAN, STD, 1 / 255),
-                                       (torch.float16, MEAN, STD, 1 / 255)):
-        for fill in (0.0, 127.0):
-            for channels_last in (False, True):
-                kw = dict(mean=mean, std=std, in_scale=in_scale, out_dtype=dtype, channels_last=channels_last,
-                          fill=fill)
-                fast = ops.warp_ragged(data, offsets, shapes, matrices, out, **kw)
-                reference = ops.warp_ragged(data.float(), offsets, shapes, matrices, out, **kw)
-                assert torch.equal(fast, reference), (dtype, fill, channels_last)
+    _assert_fast_equals_reference(data, offsets, shapes, matrices, out)
     fast = ops.warp_ragged(data, offsets, shapes, matrices, out, out_dtype=torch.uint8, mean=None, std=None,
                            in_scale=1.0)
     assert fast.float().std() > 20  # the samples are not all fill
+
+
+@pytest.mark.parametrize("build", ["dispatched", "baseline"], indirect=True)
+def test_general_warp_uint8_path_on_photos(build, photos):
+    """Real photos, cropped to sizes that end at their borders, under the geometry the policies make and more: output
+    widths that leave partial groups of eight, pure shears (weights reused along rows or down columns: m[3] or m[1]
+    exactly 0), quarter turns, flips, shrinks from 0.3x to 4x (up to 9 taps per axis, past the unrolled 3-5), windows
+    on the image's last pixel (no spare byte to read past) and partly outside (fill), uint8 saturation (in_scale 3)."""
+    rng = np.random.default_rng(7)
+    rgbs = [full.permute(1, 2, 0).to(torch.uint8) for _, full in photos]
+    crops = []
+    for k in range(12):
+        im = rgbs[k % len(rgbs)]
+        h, w = int(rng.integers(40, min(420, im.shape[0]))), int(rng.integers(40, min(420, im.shape[1])))
+        y, x = (im.shape[0] - h, im.shape[1] - w) if k % 3 == 0 else (int(rng.integers(0, im.shape[0] - h)),
+                                                                      int(rng.integers(0, im.shape[1] - w)))
+        crops.append(im[y:y + h, x:x + w].contiguous())
+    data, offsets, shapes = _ragged(crops)
+    for out in ((61, 97), (80, 80)):
+        out_h, out_w = out
+        mats = []
+        for k, (h, w) in enumerate(shapes[:, :2].tolist()):
+            angle = [0, 0, 90, -90, 180, 30, -17, 135, 5, 8, 45, -60][k]
+            shear = [17, 0, 0, 0, 0, 0, 10, 0, -25, 0, 0, 0][k]
+            scale = [1.3, 0.3, 1.0, 2.0, 4.0, 1.6, 0.8, 2.5, 1.9, 1.2, 3.2, 1.45][k]
+            a, s = math.radians(angle), math.tan(math.radians(shear))
+            lin = np.array([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]]) @ np.array([[1, s], [0, 1]])
+            lin = lin * scale * min(h / out_h, w / out_w)
+            if k == 1:
+                lin = np.array([[1.0, 0.0], [0.4, 1.0]]) * scale  # vertical shear: m[1] == 0, x weights per column
+            if k in (4, 8):
+                lin[:, 0] *= -1  # flip
+            centre = np.array([(w - 1) / 2, (h - 1) / 2])
+            if k in (0, 7):
+                centre = np.array([w - 2.0, h - 2.0])  # the bottom-right corner: last pixel, fill
+            if k == 9:
+                centre = centre + np.array([w * 0.45, -h * 0.4])  # partly outside
+            t = centre - lin @ np.array([(out_w - 1) / 2, (out_h - 1) / 2])
+            mats.append(np.concatenate([lin, t[:, None]], 1))
+        matrices = torch.tensor(np.stack(mats), dtype=torch.float32)
+        matrices[2, 0, 0] = matrices[2, 1, 1] = 0.0  # an exact quarter turn
+        matrices[0, 1, 0] = 0.0  # a horizontal shear: m[3] == 0, y weights along rows
+        assert bool(((matrices[:, 0, 1] != 0) | (matrices[:, 1, 0] != 0)).all())
+        _assert_fast_equals_reference(data, offsets, shapes, matrices, out, dtypes=(
+            (torch.uint8, None, None, 1.0), (torch.float32, MEAN, STD, 1 / 255), (torch.uint8, None, None, 3.0),
+            (torch.bfloat16, MEAN, STD, 1 / 255)))
+        got = ops.warp_ragged(data, offsets, shapes, matrices, out, out_dtype=torch.uint8, mean=None, std=None,
+                              in_scale=1.0)
+        assert got.float().std() > 20 and bool((got == 0).any())  # real content, and some fill
+
+
+def test_baseline_and_avx2_builds_agree(monkeypatch, photos):
+    """The two builds against each other on the loader's own input: TrivialAugmentWide-like rotations of photo crops
+    to 224 px (on a machine without AVX2 both runs take the baseline build)."""
+    rgbs = [full.permute(1, 2, 0).to(torch.uint8) for _, full in photos]
+    crops = [im[:300, :360].contiguous() for im in rgbs]
+    data, offsets, shapes = _ragged(crops)
+    matrices = torch.tensor(np.stack([_matrix(a, sh, 1.4, 3, -2, 224, 300, 360) for a, sh in
+                                      ((23, 0), (-30, 0), (0, 16), (11, -9))]), dtype=torch.float32)
+    outs = {}
+    for build in ("dispatched", "baseline"):
+        monkeypatch.setenv("FASTLOAD_WARP_BASELINE", "1" if build == "baseline" else "0")
+        outs[build] = [ops.warp_ragged(data, offsets, shapes, matrices, 224, **kw) for kw in
+                       (dict(mean=MEAN, std=STD), dict(out_dtype=torch.uint8, mean=None, std=None, in_scale=1.0))]
+    for a, b in zip(outs["dispatched"], outs["baseline"]):
+        assert torch.equal(a, b)
 
 
 def test_hue_every_colour_matches_torchvision():

@@ -24,6 +24,7 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <immintrin.h>
 #define FL_SSE2 1
 #endif
 
@@ -530,9 +531,10 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
   }
 }
 
-// warp_general built for any x86-64 and for AVX2, picked at run time (floorf becomes one instruction, the weights
-// wider vectors). AVX2 brings no FMA, and GCC contracts nothing without it: both builds round every operation
-// alike. (The separable path gains nothing from it: its vertical pass is axpy's own AVX2 clone.)
+// warp_general built for any x86-64 and for AVX2, picked at run time; the AVX2 build takes the loader's case (uint8
+// RGB) eight pixels at a time (warp_general_rgb8_avx2). AVX2 brings no FMA, and GCC contracts nothing without it:
+// both builds round every operation alike. (The separable path gains nothing from it: its vertical pass is axpy's
+// own AVX2 clone.)
 template <typename in_t, typename out_t>
 void warp_general_base(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
                        out_t* out, const Strides& os, int out_h, int out_w) {
@@ -540,10 +542,248 @@ void warp_general_base(const Image<in_t>& img, const float* m, const float* alph
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_AVX2_BUILD 1
+#define FL_AVX2 __attribute__((target("avx2"), always_inline)) inline
+
+// The AVX2 build's general path for uint8 RGB HWC: eight output pixels of a row at once, one per lane, each lane
+// performing warp_pixel_general's float operations in its order (centre, taps, weights, then acc += (wy * wx) * p
+// tap by tap, row-major), so every lane's bits are the scalar code's. Taps are padded to a count fixed per sample
+// as in warp_general; a lane's padded taps weigh exactly 0 and add +0 to a sum >= +0.
+
+// Lane i: warp.h's filter_taps for centre[i] and general_weights' padded weights, w[k * 8 + i] for k < K; returns
+// each lane's weight sum in tap order. start: first tap's index; fits: hi - lo <= K (else warp.h's loop).
+FL_AVX2 __m256 general_weights8(__m256 centre, float support, int size, int K, float* w, __m256i* start,
+                                __m256i* fits) {
+  const __m256 s = _mm256_set1_ps(support), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f);
+  const __m256i a = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_add_ps(_mm256_sub_ps(centre, s), half)));
+  const __m256i b = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_add_ps(_mm256_add_ps(centre, s), half)));
+  const __m256i lo = _mm256_max_epi32(a, _mm256_setzero_si256()), hi = _mm256_min_epi32(b, _mm256_set1_epi32(size));
+  *fits = _mm256_cmpgt_epi32(_mm256_set1_epi32(K + 1), _mm256_sub_epi32(hi, lo));  // wraps as the scalar int does
+  *start = _mm256_max_epi32(_mm256_setzero_si256(), _mm256_min_epi32(lo, _mm256_set1_epi32(size - K)));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lo1 = _mm256_sub_epi32(lo, _mm256_set1_epi32(1));
+  __m256i i = *start;
+  __m256 total = _mm256_setzero_ps();
+  for (int k = 0; k < K; ++k, i = _mm256_add_epi32(i, _mm256_set1_epi32(1))) {
+    const __m256 x = _mm256_and_ps(_mm256_div_ps(_mm256_sub_ps(_mm256_add_ps(_mm256_cvtepi32_ps(i), half), centre), s),
+                                   abs_mask);
+    const __m256 tri = _mm256_and_ps(_mm256_cmp_ps(x, one, _CMP_LT_OQ), _mm256_sub_ps(one, x));
+    const __m256i inside = _mm256_and_si256(_mm256_cmpgt_epi32(i, lo1), _mm256_cmpgt_epi32(hi, i));
+    const __m256 wk = _mm256_and_ps(tri, _mm256_castsi256_ps(inside));
+    _mm256_storeu_ps(w + 8 * k, wk);
+    total = _mm256_add_ps(total, wk);
+  }
+  return total;
+}
+
+// Lanes of one channel as floats: byte `shift / 8` of each lane's rgbx word.
+FL_AVX2 __m256 channel8(__m256i rgbx, int shift) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(rgbx, shift), _mm256_set1_epi32(0xff)));
+}
+
+// Lane i: the 4 bytes at p + off[i] (rgb and the next byte), by scalar loads: cheaper than vpgatherdd on Zen 3.
+FL_AVX2 __m256i load_rgbx8(const uint8_t* p, const int64_t* off) {
+  auto word = [&](int i) {
+    int32_t v;
+    std::memcpy(&v, p + off[i], 4);
+    return _mm_cvtsi32_si128(v);
+  };
+  const __m128i lo = _mm_unpacklo_epi64(_mm_unpacklo_epi32(word(0), word(1)), _mm_unpacklo_epi32(word(2), word(3)));
+  const __m128i hi = _mm_unpacklo_epi64(_mm_unpacklo_epi32(word(4), word(5)), _mm_unpacklo_epi32(word(6), word(7)));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+// Each lane's sums over its taps, tap by tap in warp_pixel_general's order: acc += (wy[j] * wx[k]) * p.
+template <int KX>
+FL_AVX2 void accumulate8(const uint8_t* pixels, int64_t row_stride, const int64_t* off, const float* wx,
+                         const float* wy, int kx, int ky, __m256* r, __m256* g, __m256* b) {
+  const int taps = KX > 0 ? KX : kx;
+  __m256 sr = _mm256_setzero_ps(), sg = _mm256_setzero_ps(), sb = _mm256_setzero_ps();
+  for (int j = 0; j < ky; ++j, pixels += row_stride) {
+    const __m256 wyj = _mm256_loadu_ps(wy + 8 * j);
+    for (int k = 0; k < taps; ++k) {
+      const __m256 w = _mm256_mul_ps(wyj, _mm256_loadu_ps(wx + 8 * k));
+      const __m256i p = load_rgbx8(pixels + 3 * k, off);
+      sr = _mm256_add_ps(sr, _mm256_mul_ps(w, channel8(p, 0)));
+      sg = _mm256_add_ps(sg, _mm256_mul_ps(w, channel8(p, 8)));
+      sb = _mm256_add_ps(sb, _mm256_mul_ps(w, channel8(p, 16)));
+    }
+  }
+  *r = sr, *g = sg, *b = sb;
+}
+
+// One row's group of eight pixels between the two passes of warp_general_rgb8_avx2.
+struct GroupPlan {
+  int inside_bits, fast_bits;  // lanes whose centre lies inside the image / that take the fast sums
+  const float* wy;             // y weights, ky * 8
+  int64_t off[8];              // byte offset of each lane's first tap (pixel order)
+  float inv[8];                // 1 / (total_x * total_y), 0 where the total is 0
+};
+
+// One axis's taps of a group (general_weights8's outputs) and the centres they were computed for. Plain arrays: a
+// std::vector of __m256 members need not be 32-byte aligned.
+struct AxisCache8 {
+  bool valid = false;
+  int32_t key[8], start[8], fits[8];
+  float total[8];
+  const float* w = nullptr;  // the weights, K * 8
+  // True if the cached taps are those of `centre`, bit for bit; else computes them into `buffer` (then w).
+  FL_AVX2 bool update(__m256 centre, float support, int size, int K, float* buffer) {
+    const __m256i c = _mm256_castps_si256(centre);
+    auto* k = reinterpret_cast<__m256i*>(key);
+    if (valid && _mm256_movemask_epi8(_mm256_cmpeq_epi32(c, _mm256_loadu_si256(k))) == -1) return true;
+    __m256i st, ft;
+    _mm256_storeu_ps(total, general_weights8(centre, support, size, K, buffer, &st, &ft));
+    w = buffer;
+    _mm256_storeu_si256(k, c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(start), st);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(fits), ft);
+    valid = true;
+    return false;
+  }
+  FL_AVX2 __m256i starts() const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(start)); }
+  FL_AVX2 __m256i fit() const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fits)); }
+  FL_AVX2 __m256 totals() const { return _mm256_loadu_ps(total); }
+};
+
+template <typename out_t>
+__attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>& img, const float* m,
+                                                           const float* alpha, const float* beta,
+                                                           const float* fill_value, out_t* out, const Strides& os,
+                                                           int out_h, int out_w) {
+  const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
+  const InputView<uint8_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
+  const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
+  thread_local std::vector<float> wx, wy;
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 m0 = _mm256_set1_ps(m[0]), m2 = _mm256_set1_ps(m[2]), m3 = _mm256_set1_ps(m[3]),
+               m5 = _mm256_set1_ps(m[5]), half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps();
+  const __m256 width = _mm256_set1_ps(static_cast<float>(img.w)), height = _mm256_set1_ps(static_cast<float>(img.h));
+  const __m256i last_row = _mm256_set1_epi32(img.h - ky), last_col = _mm256_set1_epi32(img.w - kx);
+  const __m256 a[3] = {_mm256_set1_ps(alpha[0]), _mm256_set1_ps(alpha[1]), _mm256_set1_ps(alpha[2])};
+  const __m256 bt[3] = {_mm256_set1_ps(beta[0]), _mm256_set1_ps(beta[1]), _mm256_set1_ps(beta[2])};
+  // A group whose centres equal, bit for bit, those its weights were last computed for reuses them: along an axis
+  // that a shear leaves alone, the weights repeat (y along a row under a horizontal shear, x down the columns under a
+  // vertical one). x weights are kept per column group, y weights from the row's previous group.
+  const int groups = (out_w + 7) / 8;
+  thread_local std::vector<AxisCache8> xcache;
+  xcache.assign(groups, AxisCache8{});
+  AxisCache8 ycache{};
+  wx.resize(static_cast<size_t>(groups) * kx * 8);
+  // Each row in two passes: first every group's taps and weights, then the sums, back to back, so that one group's
+  // loads start while the previous group's adds finish.
+  thread_local std::vector<GroupPlan> plans;
+  plans.resize(groups);
+  wy.resize(static_cast<size_t>(groups) * ky * 8);
+  for (int v = 0; v < out_h; ++v) {
+    out_t* row_out = out + v * os.y;
+    const __m256 m1v = _mm256_set1_ps(m[1] * v), m4v = _mm256_set1_ps(m[4] * v);
+    ycache.valid = false;  // its weights may lie in a group's buffer that this row rewrites
+    for (int u0 = 0; u0 < out_w; u0 += 8) {
+      GroupPlan& plan = plans[u0 / 8];
+      const int lanes = std::min(8, out_w - u0);
+      // sample_centre, lane by lane: m[0] * u + m[1] * v + m[2] + 0.5f
+      const __m256 uf = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(u0), iota));
+      const __m256 cx = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m0, uf), m1v), m2), half);
+      const __m256 cy = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, uf), m4v), m5), half);
+      AxisCache8& xc = xcache[u0 / 8];
+      const __m256 inside = _mm256_and_ps(
+          _mm256_and_ps(_mm256_cmp_ps(cx, zero, _CMP_GE_OQ), _mm256_cmp_ps(cx, width, _CMP_LE_OQ)),
+          _mm256_and_ps(_mm256_cmp_ps(cy, zero, _CMP_GE_OQ), _mm256_cmp_ps(cy, height, _CMP_LE_OQ)));
+      plan.inside_bits = _mm256_movemask_ps(inside) & ((1 << lanes) - 1);
+      plan.fast_bits = 0;
+      if (!plan.inside_bits) continue;
+      xc.update(cx, sx, img.w, kx, wx.data() + static_cast<size_t>(u0) * kx);
+      ycache.update(cy, sy, img.h, ky, wy.data() + static_cast<size_t>(u0) * ky);
+      plan.wy = ycache.w;
+      const __m256i startx = xc.starts(), starty = ycache.starts(), fitsx = xc.fit(), fitsy = ycache.fit();
+      const __m256 total = _mm256_mul_ps(xc.totals(), ycache.totals());
+      _mm256_storeu_ps(plan.inv, _mm256_and_ps(_mm256_cmp_ps(total, zero, _CMP_GT_OQ),
+                                               _mm256_div_ps(_mm256_set1_ps(1.f), total)));
+      // fast: inside, taps fit, and the window leaves the last row or the last column (the rgbx read's spare byte)
+      const __m256i room = _mm256_or_si256(_mm256_cmpgt_epi32(last_row, starty), _mm256_cmpgt_epi32(last_col, startx));
+      const __m256i fast = _mm256_and_si256(_mm256_and_si256(_mm256_castps_si256(inside), room),
+                                            _mm256_and_si256(fitsx, fitsy));
+      plan.fast_bits = _mm256_movemask_ps(_mm256_castsi256_ps(fast)) & ((1 << lanes) - 1);
+      if (plan.fast_bits) {
+        // each lane's first tap; lanes that are not fast read the first fast lane's taps (in bounds), unused
+        // (the image's size fits an int32: checked by the caller)
+        alignas(32) int32_t off32[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(off32),
+                           _mm256_add_epi32(_mm256_mullo_epi32(starty, _mm256_set1_epi32(static_cast<int>(img.s.y))),
+                                            _mm256_mullo_epi32(startx, _mm256_set1_epi32(3))));
+        const int first = __builtin_ctz(plan.fast_bits);
+        for (int i = 0; i < 8; ++i) plan.off[i] = off32[plan.fast_bits >> i & 1 ? i : first];
+      }
+    }
+    for (int u0 = 0; u0 < out_w; u0 += 8) {
+      const GroupPlan& plan = plans[u0 / 8];
+      const int lanes = std::min(8, out_w - u0), fast_bits = plan.fast_bits, inside_bits = plan.inside_bits;
+      alignas(32) float res[3][8];
+      if (fast_bits) {
+        __m256 sum[3];
+        const uint8_t* pixels = img.p;
+        const float* wxg = wx.data() + static_cast<size_t>(u0) * kx;
+        switch (kx) {  // the common tap counts unrolled
+          case 3: accumulate8<3>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          case 4: accumulate8<4>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          case 5: accumulate8<5>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]); break;
+          default: accumulate8<0>(pixels, img.s.y, plan.off, wxg, plan.wy, kx, ky, &sum[0], &sum[1], &sum[2]);
+        }
+        // store_pixel's (acc * inv) * alpha + beta; uint8 clamps and rounds as store_rgb does
+        const __m256 inv = _mm256_loadu_ps(plan.inv);
+        for (int c = 0; c < 3; ++c) {
+          __m256 val = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(sum[c], inv), a[c]), bt[c]);
+          if constexpr (std::is_same_v<out_t, uint8_t>)
+            val = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(val, zero), _mm256_set1_ps(255.f)), half);
+          _mm256_store_ps(res[c], val);
+        }
+      }
+      out_t* o = row_out + u0 * os.x;
+      if (fast_bits == 0xff && os.x == 1) {  // NCHW, all eight: one contiguous run per channel
+        for (int c = 0; c < 3; ++c) {
+          if constexpr (std::is_same_v<out_t, float>) {
+            _mm256_storeu_ps(o + c * os.c, _mm256_load_ps(res[c]));
+          } else if constexpr (std::is_same_v<out_t, uint8_t>) {
+            const __m256i q = _mm256_cvttps_epi32(_mm256_load_ps(res[c]));
+            const __m128i q16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(o + c * os.c), _mm_packus_epi16(q16, q16));
+          } else {
+            for (int i = 0; i < 8; ++i) o[c * os.c + i] = OutCast<out_t>::apply(res[c][i]);
+          }
+        }
+        continue;
+      }
+      for (int i = 0; i < lanes; ++i, o += os.x) {
+        if (fast_bits >> i & 1) {
+          for (int c = 0; c < 3; ++c) {
+            if constexpr (std::is_same_v<out_t, uint8_t>)
+              o[c * os.c] = static_cast<uint8_t>(static_cast<int32_t>(res[c][i]));
+            else
+              o[c * os.c] = OutCast<out_t>::apply(res[c][i]);
+          }
+        } else if (inside_bits >> i & 1) {  // near the image's last pixel, or taps that did not fit: warp.h's loop
+          warp_pixel_general(in, 3, m, sx, sy, u0 + i, v, alpha, beta, fill_value, o, os.c);
+        } else {
+          for (int c = 0; c < 3; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
+        }
+      }
+    }
+  }
+}
+
 template <typename in_t, typename out_t>
 __attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, const float* m, const float* alpha,
                                                        const float* beta, float fill, out_t* out, const Strides& os,
                                                        int out_h, int out_w) {
+  if constexpr (std::is_same_v<in_t, uint8_t>) {
+    // lane offsets into the image are int32
+    if (img.c == 3 && img.s.x == 3 && static_cast<int64_t>(img.h) * img.s.y < INT32_MAX - 64) {
+      float fill_value[kMaxChannels] = {};
+      for (int c = 0; c < 3; ++c) fill_value[c] = fill * alpha[c] + beta[c];
+      warp_general_rgb8_avx2(img, m, alpha, beta, fill_value, out, os, out_h, out_w);
+      return;
+    }
+  }
   warp_general(img, m, alpha, beta, fill, out, os, out_h, out_w);
 }
 #endif
@@ -580,8 +820,10 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   }
   auto* general = &warp_general_base<in_t, out_t>;
 #if FL_AVX2_BUILD
+  // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine (tests check that both give the same bits).
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) general = &warp_general_avx2<in_t, out_t>;
+  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
+  if (avx2 && !(baseline && std::strcmp(baseline, "1") == 0)) general = &warp_general_avx2<in_t, out_t>;
 #endif
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
