@@ -613,8 +613,10 @@ class _Producers:
         return handle
 
     def close(self, timeout=5.0):
-        """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run(), so none is
-        mid-decode in native code when the interpreter exits. A thread that enters run() later sees `stop`."""
+        """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run() and the
+        planners have ended, so none is in native code when the interpreter exits (a thread that returns from a
+        GIL-free call then is ended by the interpreter, unwinding through noexcept C++ frames: std::terminate). A
+        thread that enters run() later sees `stop`."""
         self.stop.set()
         for planner in self.planners:
             planner.stop()
@@ -622,7 +624,7 @@ class _Producers:
         deadline = time.monotonic() + timeout
         with self.changed:
             self.changed.wait_for(lambda: not self.running - {me}, timeout)
-        for t in self.threads:
+        for t in self.threads + [p.thread for p in self.planners]:
             if t.is_alive() and t is not me:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         _live.discard(self)
