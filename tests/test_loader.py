@@ -163,6 +163,33 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
     assert_no_fastload_threads()
 
+def test_an_error_while_planning_ahead_reaches_the_loop_at_its_batch(coded_dir):
+    """The planner threads prepare batches ahead of the decode; an exception there surfaces in the training loop
+    when that batch's turn comes (the batches before it arrive, in order), and no thread is left behind."""
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=5, seed=4, crop=fl.RandomResizedCrop(32), workers=2)
+    expected = collect(loader)
+    assert len(expected) >= 4
+    maker = loader._maker
+    real = maker.prepare
+
+    def prepare(indices, epoch, k=0):
+        if k == 3:
+            raise RuntimeError("planning failed for batch 3")
+        return real(indices, epoch, k)
+    maker.prepare = prepare
+    loader.set_epoch(0)
+    got = []
+    with pytest.raises(RuntimeError, match="planning failed for batch 3"):
+        for x, y in loader:
+            got.append((x, y))
+    assert len(got) == 3
+    for (xa, ya), (xb, yb) in zip(got, expected):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    del loader, maker, real
+    assert_no_fastload_threads()
+
+
 def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     """close() stops the epoch's producers and those started ahead for the next epoch, at once and without the
     garbage collector; iterating again gives the batches a fresh loader gives."""
