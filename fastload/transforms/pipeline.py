@@ -165,7 +165,7 @@ class Pipeline:
         self.erasing = erasing
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
-        self._memo = threading.local()  # _policy_plan's last result per policy, per producer thread
+        self._memo = threading.local()  # _policy_plan's last result per policy, per planning thread
         from .geometry import GeometryPlanner
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
@@ -290,9 +290,10 @@ class Pipeline:
         return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
 
     def _policy_plan(self, policy, seed, epoch, indices, h, w):
-        """policy.plan, computed once per batch: the producer thread that plans a batch's geometry asks for the
-        same draws again for its table once the samples are final (unless on_error="skip" replaced some). The last
-        result per policy is kept per thread."""
+        """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's planner,
+        in BatchMaker.prepare) asks for the same draws again for its table (a producer asks again only when
+        on_error="skip" replaced samples, with other indices: a new key). The last result per policy is kept per
+        thread."""
         indices = np.asarray(indices, dtype=np.int64)
         key = (id(policy), seed, epoch, h, w, indices.tobytes())
         memo = self._memo.__dict__.setdefault("plans", {})
