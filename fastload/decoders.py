@@ -368,14 +368,17 @@ class Engines:
             buffers = [b for b, ok in zip(buffers, keep) if ok]
             if not len(chosen):
                 return None
-            windows, matrices, _ = plan if plan is not None else m.plan(indices, epoch)
-            full_bytes = int((windows[:, 2] * windows[:, 3] * 3).sum())  # the whole batch at full resolution
+            planned_w, planned_m, other = plan if plan is not None else m.plan(indices, epoch)
+            full_bytes = int((planned_w[:, 2] * planned_w[:, 3] * 3).sum())  # the whole batch at full resolution
             hw = torch.from_numpy(chosen)
-            windows, matrices = full_resolution(windows[hw], matrices[hw])  # the hardware has no DCT downscale
+            windows, matrices = full_resolution(planned_w[hw], planned_m[hw])  # the hardware has no DCT downscale
             hw_bytes = int(decoded_nbytes(windows).sum())
             rest = np.setdiff1d(np.arange(n), chosen)
             t1 = time.perf_counter()
-            part = self.cores.make(indices[rest], epoch, slot) if len(rest) else None  # raises or repairs
+            # Plans are per sample: the rest's plan is the batch plan's rows (not planned a second time).
+            cpu = torch.from_numpy(rest)
+            part = self.cores.make(indices[rest], epoch, slot, plan=(planned_w[cpu], planned_m[cpu], other[rest])) \
+                if len(rest) else None  # raises or repairs
             with m._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
                 decoder, stream, copy_stream = self._handles(n)
                 with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the
@@ -397,7 +400,6 @@ class Engines:
         all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
         labels = torch.from_numpy(m.labels[indices])
         final = indices.copy()
-        cpu = torch.from_numpy(rest)
         offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices
         if part is not None:
             offsets[cpu], shapes[cpu], all_matrices[cpu] = part.offsets + hw_bytes, part.shapes, part.matrices

@@ -196,3 +196,22 @@ def test_cuda_batches_follow_the_cpu_ones(imagenet_dir, spec):
     gpu = [x.cpu() for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf, device="cuda")]
     diff = torch.cat([(a - b).abs().flatten() for a, b in zip(cpu, gpu)])
     assert float(diff.mean()) < 2e-3 and float(diff.quantile(0.999)) <= 0.1
+
+
+def test_a_subset_plans_as_the_rows_of_its_batch_plan(imagenet_dir):
+    """Plans are per sample (counter RNG of seed, epoch, index): the engines' decoder hands the cores the rows of
+    the batch plan for the samples the engines cannot take instead of planning them again; that must be the same."""
+    ds = fl.FolderDataset(imagenet_dir)
+    for spec in benchmark.TRANSFORMS:
+        loader = fl.FastLoader(ds, batch_size=8, transform=benchmark.pipelines(spec, 64, num_classes=4)[0])
+        maker = loader._maker
+        for epoch in range(2):
+            for k, batch in enumerate(loader._epoch_batches(epoch)):
+                batch = np.asarray(batch)
+                windows, matrices, other = maker.plan(batch, epoch)
+                rest = np.arange(k % 2, len(batch), 2)
+                w, m, o = maker.plan(batch[rest], epoch)
+                rows = torch.from_numpy(rest)
+                assert torch.equal(windows[rows], w) and torch.equal(matrices[rows], m), (spec, epoch, k)
+                assert np.array_equal(other[rest], o)
+        loader.close()
