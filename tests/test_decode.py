@@ -255,6 +255,31 @@ def test_threaded_batch_equals_single_decodes(kinds):
         assert torch.equal(ops.crop_view(again[0], offsets, shapes, i), ops.crop_view(out, offsets, shapes, i))
 
 
+def test_rows_written_in_place_touch_nothing_outside_their_window(kinds):
+    """RGB rows are decoded straight into the output, with libjpeg's context columns spilling onto the previous
+    row's tail (put back) and the next row's head: windows of 1-3 rows and narrow ones, with context on the left,
+    the right or both, packed back to back in one batch between sentinel bytes, each equal to Pillow's pixels."""
+    rows, buffers, refs = [], [], []
+    for kind in ("420", "422", "444", "progressive", "restart", "gray"):
+        data = kinds[kind].read_bytes()
+        ref = pillow_rgb(kinds[kind])
+        h, w = ref.shape[:2]
+        for top, left, wh, ww in [(0, 17, 1, 5), (3, 33, 2, 40), (h - 3, w - 41, 3, 7), (5, 1, 3, w - 2),
+                                  (h // 2, w // 2 - 5, 1, 1), (7, 48, 4, 16), (h - 1, 31, 1, w - 63)]:
+            rows.append([top, left, wh, ww, 1])
+            buffers.append(data)
+            refs.append(ref[top:top + wh, left:left + ww])
+    need = sum(r.size for r in refs)
+    slot = torch.full((need + 4096,), 0x5A, dtype=torch.uint8)
+    for threads in (1, 4):
+        slot[:] = 0x5A
+        out, offsets, shapes, status, messages = ops.decode_crops(buffers, torch.tensor(rows), slot, threads=threads)
+        assert status.tolist() == [ops.OK] * len(rows), messages
+        assert bool((slot[need:] == 0x5A).all()), "decode_crops wrote past the batch"
+        for i, ref in enumerate(refs):
+            assert_same(ops.crop_view(out, offsets, shapes, i), ref, f"window {rows[i]} ({threads} threads)")
+
+
 def test_read_headers_batch(kinds):
     buffers, _, _ = _mixed_batch(kinds)
     sizes, status, messages = ops.read_headers(buffers, threads=4)

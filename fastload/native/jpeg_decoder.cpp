@@ -237,22 +237,35 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
   }
 
   const size_t out_stride = static_cast<size_t>(cols) * 3;
-  // Decode straight into the output when libjpeg's row is exactly our row; otherwise through one pooled row.
-  const bool direct = nc == 3 && skip_cols == 0 && cinfo.output_width == cols;
-  JSAMPARRAY scratch = nullptr;
-  if (!direct)
-    scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
-                                         cinfo.output_width * nc, 1);
+  // RGB rows go straight into the output: libjpeg's row is the window's row plus `before` bytes of context on
+  // its left and `after` on its right, which land on the previous row's tail (saved and put back) and the next
+  // row's head (overwritten by that row later). Only a row whose spill would leave this sample's output (the
+  // first with context on the left, the last with context on the right) goes through one pooled row and a copy.
+  // Copying every row cost ~15% of the decode on the 2-core dev machine (bench/RESULTS.md, "Tenth session").
+  const size_t before = static_cast<size_t>(skip_cols) * nc;
+  const size_t after = (static_cast<size_t>(cinfo.output_width) - skip_cols - cols) * nc;
+  JSAMPARRAY scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                  cinfo.output_width * nc, 1);
+  JSAMPARRAY saved = before > 0 ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                              static_cast<JDIMENSION>(before), 1)
+                                : nullptr;
+  const size_t end = static_cast<size_t>(rows) * out_stride;
   for (JDIMENSION r = 0; r < rows; ++r) {
     uint8_t* dst = out + r * out_stride;
-    JSAMPROW row = direct ? dst : scratch[0];
+    const size_t at = r * out_stride;
+    const bool in_place = nc == 3 && at >= before && at + out_stride + after <= end;
+    if (in_place && before > 0) std::memcpy(saved[0], dst - before, before);
+    JSAMPROW row = in_place ? dst - before : scratch[0];
     if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
       set_message(message, message_size, "decoder returned no scanline (suspended input)");
       jpeg_destroy_decompress(&cinfo);
       return kCorrupt;
     }
-    if (direct) continue;
-    const uint8_t* src = scratch[0] + static_cast<size_t>(skip_cols) * nc;
+    if (in_place) {
+      if (before > 0) std::memcpy(dst - before, saved[0], before);
+      continue;
+    }
+    const uint8_t* src = scratch[0] + before;
     if (nc == 3) std::memcpy(dst, src, out_stride);
     else if (nc == 1) gray_to_rgb(src, dst, cols);
     else cmyk_to_rgb(src, dst, cols, inverted);
