@@ -3,18 +3,31 @@ ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if miss
 the corpus with ImageNet's ~0.6 bytes per pixel). FastLoader runs twice:
 on the folder itself and on the store `fastload pack --seekable` makes of it (packed once, kept in --data).
 
-    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--transform SPEC] [--json out.json]
+    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json out.json]
 
 Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
-loaders: fastload.benchmark.pipelines), workers = threads = cores.
+loaders: fastload.benchmark.pipelines), workers = threads = cores. --rounds N measures every loader N times in
+alternating order (round r runs them in turn, starting one later each round) and prints each loader's median with
+its range: on a shared 2-core machine one run of torchvision's DataLoader varies by up to +-30%, so a ratio of
+single runs says little (bench/RESULTS.md, "Tenth session").
 """
 import argparse
 import json
 import os
+import statistics
 
 from bench import corpus
 from fastload import benchmark
 from fastload.datasets import FolderDataset, LMDBDataset
+
+
+def median_row(label, rates, stats=None):
+    """A table row: the median of a loader's rates over the rounds, with every rate kept (and its stats)."""
+    row = {"pipeline": label if len(rates) == 1 else f"{label} [{min(rates):,.0f}-{max(rates):,.0f}]",
+           "images_per_s": statistics.median(rates), "rounds": rates}
+    if stats is not None:
+        row["stats"] = stats
+    return row
 
 
 def main(argv=None):
@@ -22,6 +35,8 @@ def main(argv=None):
     p.add_argument("--data", default="data", help="where the corpora live or are built")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1, help="measure each loader this many times, alternating; report "
+                                                           "medians")
     p.add_argument("--cores", type=int, default=os.cpu_count(), help="fastload threads and torchvision workers")
     p.add_argument("--transform", default=None, choices=benchmark.TRANSFORMS,
                    help="the same torchvision v2 pipeline in both loaders (default: the crop= shorthand and "
@@ -39,27 +54,38 @@ def main(argv=None):
     unknown = [n for n in names if n not in makers]
     if unknown:
         p.error(f"--sets: unknown {', '.join(unknown)} (choose from {', '.join(makers)})")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     sets = {name: makers[name]() for name in names}
     results = {}
     for name, root in sets.items():
         ds = FolderDataset(root)
-        rows = []
-        for what, dataset in (("folder", ds), ("pack --seekable", LMDBDataset(corpus.seekable_store(root)))):
-            rate, stats = benchmark.fastload_rate(dataset, batch_size=args.batch_size, threads=args.cores,
-                                                  epochs=args.epochs, transform=args.transform)
-            rows.append({"pipeline": f"fastload FastLoader (cpu, {args.cores} threads, {what})",
-                         "images_per_s": rate, "stats": stats})
-        tv = benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores, epochs=args.epochs,
-                                        transform=args.transform)
-        results[name] = rows + [{"pipeline": f"torchvision DataLoader ({args.cores} workers, folder)",
-                                 "images_per_s": tv}]
+        store = LMDBDataset(corpus.seekable_store(root))
+        loaders = [(f"fastload FastLoader (cpu, {args.cores} threads, {what})",
+                    lambda dataset=dataset: benchmark.fastload_rate(
+                        dataset, batch_size=args.batch_size, threads=args.cores, epochs=args.epochs,
+                        transform=args.transform))
+                   for what, dataset in (("folder", ds), ("pack --seekable", store))]
+        loaders.append((f"torchvision DataLoader ({args.cores} workers, folder)",
+                        lambda: (benchmark.torchvision_rate(ds, batch_size=args.batch_size, workers=args.cores,
+                                                            epochs=args.epochs, transform=args.transform), None)))
+        runs = {label: [] for label, _ in loaders}
+        stats = {}
+        for r in range(args.rounds):
+            for k in range(len(loaders)):
+                label, measure = loaders[(r + k) % len(loaders)]
+                rate, stats[label] = measure()
+                runs[label].append(rate)
+        results[name] = [median_row(label, runs[label], stats[label]) for label, _ in loaders]
     for name, rows in results.items():
         print()
         n, size, pixels = corpus.density(sets[name])
         print(benchmark.format_table(rows, f"{name}: {n} images ({size / n / 1e3:.0f} KB mean, "
                                            f"{size / pixels:.2f} bytes/pixel), batch {args.batch_size}, "
                                            f"{args.cores} cores, transforms: "
-                                           f"{args.transform or 'crop + flip + normalise'}"))
+                                           f"{args.transform or 'crop + flip + normalise'}"
+                                           + (f", median of {args.rounds} alternating rounds [range]"
+                                              if args.rounds > 1 else "")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

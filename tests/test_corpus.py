@@ -160,3 +160,21 @@ def test_bench_loader_names_its_corpora(tmp_path, capsys):
         loader.main(["--data", str(tmp_path), "--sets", "ImageNet-dense,ImageNet-huge"])
     assert e.value.code == 2 and "unknown ImageNet-huge" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_loader_rounds_report_medians(tmp_path, capsys):
+    """`--rounds N` reports each loader's median over N alternating runs and keeps every run; the speed-up column
+    divides medians; fewer than one round is refused before anything is built."""
+    from bench import loader
+    from fastload import benchmark
+    with pytest.raises(SystemExit) as e:
+        loader.main(["--data", str(tmp_path), "--sets", "ImageNet-like", "--rounds", "0"])
+    assert e.value.code == 2 and "--rounds must be at least 1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    rows = [loader.median_row("fastload FastLoader", [900.0, 1500.0, 1000.0]),
+            loader.median_row("torchvision DataLoader", [200.0, 250.0, 300.0])]
+    assert [r["images_per_s"] for r in rows] == [1000.0, 250.0]
+    assert rows[0]["rounds"] == [900.0, 1500.0, 1000.0] and "[900-1,500]" in rows[0]["pipeline"]
+    table = benchmark.format_table(rows)
+    assert "4.00x" in table and "1.00x" in table
+    assert loader.median_row("one", [123.0])["pipeline"] == "one"  # a single run has no range
