@@ -216,22 +216,24 @@ inline __m128 rgbx_u8(const uint8_t* p) {
 
 // Stores v * alpha + beta of lanes 0-2 (channels 0-2) as horizontal_rgb and store_pixel compute them (pass sum * inv
 // for the latter's (acc * inv) * alpha + beta); for uint8 the clamp and round in lanes too (max/min give the
-// ternaries' results, NaN included: 0 either way).
+// ternaries' results, NaN included: 0 either way). The lanes leave the register through shuffles and packs rather
+// than a 16-byte store read back lane by lane (a store-to-load forwarding hazard; measured gain small, ~5%).
 template <typename out_t>
 inline void store_rgb(out_t* o, int64_t os_c, __m128 v, const float* alpha, const float* beta) {
+  const __m128 a = _mm_setr_ps(alpha[0], alpha[1], alpha[2], 0.f), b = _mm_setr_ps(beta[0], beta[1], beta[2], 0.f);
+  v = _mm_add_ps(_mm_mul_ps(v, a), b);
   if constexpr (std::is_same_v<out_t, uint8_t>) {
-    const __m128 a = _mm_setr_ps(alpha[0], alpha[1], alpha[2], 0.f), b = _mm_setr_ps(beta[0], beta[1], beta[2], 0.f);
-    v = _mm_add_ps(_mm_mul_ps(v, a), b);
     v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.f));
-    alignas(16) int32_t q[4];
-    _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm_cvttps_epi32(_mm_add_ps(v, _mm_set1_ps(0.5f))));
-    o[0] = static_cast<uint8_t>(q[0]);
-    o[os_c] = static_cast<uint8_t>(q[1]);
-    o[2 * os_c] = static_cast<uint8_t>(q[2]);
+    const __m128i q = _mm_cvttps_epi32(_mm_add_ps(v, _mm_set1_ps(0.5f)));  // 0..255: the packs do not saturate
+    const __m128i q16 = _mm_packs_epi32(q, q);
+    const uint32_t bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(q16, q16)));
+    o[0] = static_cast<uint8_t>(bytes);
+    o[os_c] = static_cast<uint8_t>(bytes >> 8);
+    o[2 * os_c] = static_cast<uint8_t>(bytes >> 16);
   } else {
-    float x[4];
-    _mm_storeu_ps(x, v);
-    for (int c = 0; c < 3; ++c) o[c * os_c] = OutCast<out_t>::apply(x[c] * alpha[c] + beta[c]);
+    o[0] = OutCast<out_t>::apply(_mm_cvtss_f32(v));
+    o[os_c] = OutCast<out_t>::apply(_mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)));
+    o[2 * os_c] = OutCast<out_t>::apply(_mm_cvtss_f32(_mm_shuffle_ps(v, v, 2)));
   }
 }
 #endif
