@@ -17,6 +17,7 @@ On each corpus (ImageNet-like, 1080p), single-threaded, files already in memory,
 import argparse
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,8 +44,11 @@ def dct_downscale(height, width, size=SIZE):
 
 
 def turbojpeg(lib_path=None):
-    """A TurboJPEG decoder: ``lib_path``, else PyTurboJPEG's default search, else Debian's library path."""
+    """A TurboJPEG decoder: ``lib_path``, else $FASTLOAD_TURBOJPEG_LIB (bench/device_run.sh points it at the
+    library it unpacks on the GPU machine, which has none installed), else PyTurboJPEG's default search, else
+    Debian's library path."""
     from turbojpeg import TurboJPEG
+    lib_path = lib_path or os.environ.get("FASTLOAD_TURBOJPEG_LIB")
     if lib_path:
         return TurboJPEG(lib_path=lib_path)
     try:

@@ -26,11 +26,8 @@ ANY = {"DecodeError", "ok"}  # a valid decode of bytes that still parse is fine;
 
 @lru_cache(maxsize=None)
 def _turbo():
-    from turbojpeg import TurboJPEG
-    try:
-        return TurboJPEG()
-    except (OSError, RuntimeError):
-        return TurboJPEG(lib_path="/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0")
+    from bench.decode import turbojpeg
+    return turbojpeg()
 
 
 @lru_cache(maxsize=None)
