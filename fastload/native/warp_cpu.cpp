@@ -267,11 +267,73 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
   }
 }
 
+#if FL_SSE2 && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_AVX2_ROWS 1
+// The AVX2 build's way out of the horizontal pass (planar output, uint8 or float32): horizontal_sums leaves each
+// pixel's three sums in a row buffer (one 16-byte store, the same operations as horizontal_rgb), then store_row_avx2
+// finishes eight pixels at a time: store_rgb's operations in every lane (v * alpha + beta; for uint8 the clamp, + 0.5
+// and truncation), then channels regrouped in registers and written as 8-value runs per plane. Per pixel, store_rgb's
+// conversions and three scattered stores were about half of the horizontal pass's time (bench/RESULTS.md, "Tenth
+// session"). Same bits: tests/test_cpu_fastpaths.py compares it with the baseline build.
+template <int K>
+void horizontal_sums(const float* acc, const int* lo, const float* w, int out_w, float* sums) {
+  for (int u = 0; u < out_w; ++u) {
+    const float* a = acc + lo[u] * 3;
+    const float* wu = w + u * K;
+    __m128 sum = _mm_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
+    _mm_storeu_ps(sums + 4 * u, sum);
+  }
+}
+
+template <typename out_t>
+__attribute__((target("avx2"))) void store_row_avx2(const float* sums, int out_w, const float* alpha,
+                                                    const float* beta, out_t* o, int64_t os_c) {
+  const __m256 a = _mm256_setr_ps(alpha[0], alpha[1], alpha[2], 0.f, alpha[0], alpha[1], alpha[2], 0.f);
+  const __m256 b = _mm256_setr_ps(beta[0], beta[1], beta[2], 0.f, beta[0], beta[1], beta[2], 0.f);
+  int u = 0;
+  for (; u + 8 <= out_w; u += 8) {
+    __m256 v[4];  // v[j]: pixels u + 2j (low half) and u + 2j + 1 (high half), each R, G, B, unused
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(sums + 4 * (u + 2 * j)), a), b);
+    if constexpr (std::is_same_v<out_t, uint8_t>) {
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 c = _mm256_min_ps(_mm256_max_ps(v[j], _mm256_setzero_ps()), _mm256_set1_ps(255.f));
+        q[j] = _mm256_cvttps_epi32(_mm256_add_ps(c, _mm256_set1_ps(0.5f)));  // 0..255: the packs do not saturate
+      }
+      // packs/packus work within 128-bit halves: bytes = pixels 0, 2, 4, 6 | 1, 3, 5, 7 (R, G, B, unused each)
+      __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      const __m256i by_channel = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                                  0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+      bytes = _mm256_shuffle_epi8(bytes, by_channel);  // R0 R2 R4 R6 G0 G2 G4 G6 B0 .. | R1 R3 R5 R7 G1 ..
+      const __m128i even = _mm256_castsi256_si128(bytes), odd = _mm256_extracti128_si256(bytes, 1);
+      const __m128i rg = _mm_unpacklo_epi8(even, odd), bx = _mm_unpackhi_epi8(even, odd);  // R0..R7 G0..G7 | B0..B7
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(o + u), rg);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(o + os_c + u), _mm_unpackhi_epi64(rg, rg));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(o + 2 * os_c + u), bx);
+    } else {
+      // a 4x4 transpose in each half, then the halves' pixels (0, 2, 4, 6 | 1, 3, 5, 7) back in order
+      const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      const __m256 r = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), order);
+      const __m256 g = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)), order);
+      const __m256 bl = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), order);
+      _mm256_storeu_ps(o + u, r);
+      _mm256_storeu_ps(o + os_c + u, g);
+      _mm256_storeu_ps(o + 2 * os_c + u, bl);
+    }
+  }
+  for (; u < out_w; ++u) store_rgb(o + u, os_c, _mm_loadu_ps(sums + 4 * u), alpha, beta);
+}
+#endif
+
 // Vertical pass first (contiguous rows, vectorised), then the horizontal taps on one accumulated row:
 // the gather-heavy pass then runs over out_h rows instead of the taller input.
 template <typename in_t, typename out_t>
 void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
-                    out_t* out, const Strides& os, int out_h, int out_w) {
+                    out_t* out, const Strides& os, int out_h, int out_w, bool avx2_rows) {
   thread_local std::vector<AxisSample> xs, ys;
   thread_local std::vector<float> wx, wy, acc;
   axis_weights(m[0], m[2], out_w, img.w, xs, wx);
@@ -323,6 +385,26 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
     if (fixed) {
       const int* lo = fixed_lo.data();
       const float* fw = fixed_w.data();
+#if FL_AVX2_ROWS
+      if constexpr (std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>) {
+        if (avx2_rows && os.x == 1) {
+          thread_local std::vector<float> sums;
+          sums.resize(static_cast<size_t>(out_w) * 4);
+          switch (K) {
+            case 1: horizontal_sums<1>(acc.data(), lo, fw, out_w, sums.data()); break;
+            case 2: horizontal_sums<2>(acc.data(), lo, fw, out_w, sums.data()); break;
+            case 3: horizontal_sums<3>(acc.data(), lo, fw, out_w, sums.data()); break;
+            case 4: horizontal_sums<4>(acc.data(), lo, fw, out_w, sums.data()); break;
+            case 5: horizontal_sums<5>(acc.data(), lo, fw, out_w, sums.data()); break;
+            default: horizontal_sums<6>(acc.data(), lo, fw, out_w, sums.data()); break;
+          }
+          store_row_avx2(sums.data(), out_w, alpha, beta, row_out, os.c);
+          continue;
+        }
+      }
+#else
+      (void)avx2_rows;
+#endif
       switch (K) {
         case 1: horizontal_rgb<1>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
         case 2: horizontal_rgb<2>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
@@ -821,11 +903,15 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
              static_cast<long long>(total));
   }
   auto* general = &warp_general_base<in_t, out_t>;
+  bool avx2_rows = false;
 #if FL_AVX2_BUILD
   // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine (tests check that both give the same bits).
   static const bool avx2 = __builtin_cpu_supports("avx2");
   const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
-  if (avx2 && !(baseline && std::strcmp(baseline, "1") == 0)) general = &warp_general_avx2<in_t, out_t>;
+  if (avx2 && !(baseline && std::strcmp(baseline, "1") == 0)) {
+    general = &warp_general_avx2<in_t, out_t>;
+    avx2_rows = true;
+  }
 #endif
   at::parallel_for(0, offsets.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -836,7 +922,7 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
       const float* m = mats + i * 6;
       out_t* dst = o + i * out.stride(0);
       if (m[1] == 0.f && m[3] == 0.f)
-        warp_separable(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
+        warp_separable(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w, avx2_rows);
       else
         general(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
     }
