@@ -3,7 +3,7 @@ ImageNet-like and the 1080p real-photo corpora (built by bench/corpus.py if miss
 the corpus with ImageNet's ~0.6 bytes per pixel). FastLoader runs twice:
 on the folder itself and on the store `fastload pack --seekable` makes of it (packed once, kept in --data).
 
-    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json out.json]
+    python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json F]
 
 Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
 loaders: fastload.benchmark.pipelines), workers = threads = cores. --rounds N measures every loader N times in
