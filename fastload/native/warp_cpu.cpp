@@ -238,6 +238,18 @@ inline void store_rgb(out_t* o, int64_t os_c, __m128 v, const float* alpha, cons
 }
 #endif
 
+#if FL_SSE2
+// One output pixel's K taps of an accumulated RGB row, its three sums in lanes 0-2 (reads a[3 * K]: the accumulator
+// row has one float of padding). Shared by horizontal_rgb and horizontal_sums, so both builds sum alike.
+template <int K>
+inline __m128 rgb_taps(const float* a, const float* wu) {
+  __m128 sum = _mm_setzero_ps();
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
+  return sum;
+}
+#endif
+
 // Horizontal pass of one RGB row with exactly K taps per output pixel (weights zero-padded): a loop the compiler
 // unrolls completely, without the data-dependent trip count that costs a branch miss per pixel.
 template <int K, typename out_t>
@@ -247,11 +259,8 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
     const float* a = acc + lo[u] * 3;
     const float* wu = w + u * K;
     out_t* o = row_out + u * os.x;
-#if FL_SSE2  // reads a[3 * K]: the accumulator row has one float of padding
-    __m128 sum = _mm_setzero_ps();
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
-    store_rgb(o, os.c, sum, alpha, beta);
+#if FL_SSE2
+    store_rgb(o, os.c, rgb_taps<K>(a, wu), alpha, beta);
 #else
     float r = 0.f, g = 0.f, b = 0.f;
 #pragma GCC unroll 8
@@ -277,14 +286,7 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
 // session"). Same bits: tests/test_cpu_fastpaths.py compares it with the baseline build.
 template <int K>
 void horizontal_sums(const float* acc, const int* lo, const float* w, int out_w, float* sums) {
-  for (int u = 0; u < out_w; ++u) {
-    const float* a = acc + lo[u] * 3;
-    const float* wu = w + u * K;
-    __m128 sum = _mm_setzero_ps();
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(wu[k]), _mm_loadu_ps(a + 3 * k)));
-    _mm_storeu_ps(sums + 4 * u, sum);
-  }
+  for (int u = 0; u < out_w; ++u) _mm_storeu_ps(sums + 4 * u, rgb_taps<K>(acc + lo[u] * 3, w + u * K));
 }
 
 template <typename out_t>
