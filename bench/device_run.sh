@@ -8,6 +8,7 @@
 #   augprobe: Nsight Compute on one TrivialAugmentWide stage (TRANSFORM picks another spec): each kernel's time;
 #   example: examples/train_imagenet.py --recipe torchvision_v2 --arch resnet50 for STEPS_LIMIT (20) steps;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
+#   trainprof: python -m bench.train_profile on 4 links to each JPEG, once per line of TPARGS (its arguments);
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
@@ -140,6 +141,16 @@ if [[ +$what+ == *+kernel+* ]]; then
     cp /tmp/warp_cuda.cu.orig fastload/native/warp_cuda.cu
     python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
   fi
+fi
+if [[ +$what+ == *+trainprof+* ]]; then  # bench.train_profile on the 8,000-sample folder: one line of TPARGS a run
+  python3 -c "from bench.corpus import linked_copies; linked_copies('$base', '$base-x4', 4)"
+  lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"
+  while IFS= read -r args; do
+    [[ -z $args ]] && continue
+    echo "train_profile $args"
+    timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.train_profile $base-x4 $args 2>&1 | tee -a "$OUT/trainprof.log" | \
+      grep -E "^\||^sched"
+  done <<< "${TPARGS:---decoder cpu hybrid}"
 fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (LINKS=6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:

@@ -75,6 +75,42 @@ def _summarise_spy(path, top=12):
     return "\n".join(out)
 
 
+ALLOWED = sorted(os.sched_getaffinity(0))  # before any thread narrows its own
+
+
+def set_sched(mode):
+    """The CUDA driver's wait policy for the primary context, set before anything touches CUDA: "spin" (what
+    "auto" picks with one context on many cores: a thread in cudaStreamSynchronize keeps its core busy), "yield",
+    or "blocking" (the waiting thread sleeps until the device signals)."""
+    import ctypes
+    flags = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}[mode]
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    assert cuda.cuDevicePrimaryCtxSetFlags(0, flags) == 0, "cuDevicePrimaryCtxSetFlags failed"
+
+
+def physical_cores(n):
+    """The logical CPUs of the first n physical cores this process may use (each core with its hyperthread
+    siblings), and the rest."""
+    allowed = set(ALLOWED)
+    cores = []
+    for cpu in sorted(allowed):
+        group = _siblings(cpu) & allowed
+        if group not in cores:
+            cores.append(group)
+    mine = set().union(*cores[:n])
+    return mine, allowed - mine
+
+
+def _siblings(cpu):
+    text = open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read().strip()
+    out = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out |= set(range(int(a), int(b or a) + 1))
+    return out
+
+
 def ceiling_launch(step, batch_size, size, device, steps=30):
     """Mean ms the training thread takes to launch one step on a fixed batch (nothing else running)."""
     x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
@@ -90,15 +126,20 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0):
+            workers=None, reserve=0, reserve_cores=0):
     device = torch.device("cuda")
+    cpus = ALLOWED[reserve:] if reserve else None
+    if reserve_cores:  # the training thread (and autograd's, started from it) on whole cores of its own
+        mine, cpus = physical_cores(reserve_cores)
+        os.sched_setaffinity(0, mine)  # this thread only (Linux); threads it starts inherit it
+        cpus = sorted(cpus)
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
     launch_alone = ceiling_launch(step, batch_size, size, device)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
                         decoder=decoder, crop=RandomResizedCrop(size), threads=threads, workers=workers,
-                        cpus=sorted(os.sched_getaffinity(0))[reserve:] if reserve else None)
+                        cpus=cpus)
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
@@ -146,7 +187,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if p is not None:
             p.wait(timeout=60)
     rate = images / seconds
-    row = {"decoder": decoder, "reserve": reserve, "model": model, "size": size, "ceiling": ceiling, "images_per_s": rate,
+    row = {"decoder": decoder, "reserve": reserve, "reserve_cores": reserve_cores, "model": model, "size": size,
+           "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -168,20 +210,29 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--reserve", type=int, default=0,
                    help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
+    p.add_argument("--reserve-cores", type=int, default=0,
+                   help="N whole physical cores (with their hyperthread siblings) for the training loop's thread "
+                        "alone, the loader on the rest")
+    p.add_argument("--sched", choices=("auto", "spin", "yield", "blocking"), default="auto",
+                   help="the CUDA driver's wait policy (cuDevicePrimaryCtxSetFlags), set before CUDA starts")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
+    if args.sched != "auto":
+        set_sched(args.sched)
     rows = []
     for d in args.decoder:
         row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                             args.switch_interval, args.threads, args.workers, args.reserve)
+                             args.switch_interval, args.threads, args.workers, args.reserve,
+                             args.reserve_cores)
         rows.append(row)
         print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
         for path, text in spies:
             print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
-    cols = ("decoder", "reserve", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
+    print(f"sched={args.sched}")
+    cols = ("decoder", "reserve", "reserve_cores", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
             "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

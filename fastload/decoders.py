@@ -35,6 +35,14 @@ HYBRID_PERIOD = 3  # decoder="hybrid": the cores decode batch k of an epoch when
 _MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
 
 
+def wait_for(stream):
+    """Blocks until ``stream``'s work so far is done, asleep: Stream.synchronize() spins its thread on a core
+    (the driver's wait policy with one context on many cores), which slows the training thread's launches."""
+    done = torch.cuda.Event(blocking=True)
+    done.record(stream)
+    done.synchronize()
+
+
 @dataclass
 class RaggedBatch:
     """A decoded batch: sample i is data[offsets[i]:][:h*w*3] as HWC uint8, warped by matrices[i]."""
@@ -390,11 +398,11 @@ class Engines:
                 try:
                     hw_offsets, hw_shapes = decoder.decode(buffers, windows, out, stream)
                     # The bitstreams are host memory the reader context owns: done with them before it ends.
-                    stream.synchronize()
+                    wait_for(stream)
                 except nvjpeg.NvjpegError:
                     return None
                 finally:
-                    copy_stream.synchronize()  # the pinned slot may be refilled after this
+                    wait_for(copy_stream)  # the pinned slot may be refilled after this
         offsets = torch.empty(n, dtype=torch.int64)
         shapes = torch.empty(n, 3, dtype=torch.int64)
         all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)

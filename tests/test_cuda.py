@@ -2,6 +2,7 @@
 against the CPU path, DataPrefetcher, memory over epochs. Skipped without CUDA (CI has none): run them on
 the GPU machine for every change to GPU code (see bench/RESULTS.md)."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -208,3 +209,47 @@ def test_data_prefetcher_keeps_float_labels_on_cuda():
     ys = [y for _, y in fl.DataPrefetcher(torch.utils.data.DataLoader(dataset, batch_size=3), device="cuda")]
     assert all(y.is_cuda and y.dtype == torch.float32 for y in ys)
     assert torch.equal(torch.cat(ys).cpu(), torch.linspace(0, 1, 6))
+
+
+@pytest.mark.cuda
+def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
+    """A producer waits on the pipe's events (Slot.wait_reusable) and the engines' streams (decoders.wait_for)
+    before it reuses a buffer. Those waits must sleep: a default CUDA event or Stream.synchronize() spins its
+    thread on a core while the GPU works (the driver's policy with one context on many cores), and spinning
+    producers slowed a ResNet-18 training thread's launches by a third (bench/RESULTS.md, "Eleventh session").
+    The GPU is kept busy ~0.2 s by a sleep kernel queued ahead of the work waited for; the waiting thread's CPU
+    time must stay far below that wall time (a spin would use all of it)."""
+    from fastload.decoders import wait_for
+    from fastload.prefetch.pipe import DevicePipe
+
+    data, offsets, shapes, _ = ragged_photo_batch(np.random.default_rng(0), n=4)
+    matrices = torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]] * 4)
+    pipe = DevicePipe("cuda", 16, MEAN, STD, torch.float32, False)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10 ** 7)
+    end.record()
+    end.synchronize()
+    rate = 10 ** 7 / (start.elapsed_time(end) / 1e3)  # the sleep kernel's cycles per second
+
+    def measure(wait, stream):
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(int(0.2 * rate))
+        result = wait()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        result()
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    def submitted(event):
+        def wait():
+            handle = pipe.submit(data.pin_memory(), offsets, shapes, matrices, torch.arange(4), data.numel())
+            return getattr(handle, event).synchronize
+        return wait
+
+    side = torch.cuda.Stream()
+    cases = {"copied": (submitted("copied"), pipe.stream), "ready": (submitted("ready"), pipe.stream),
+             "wait_for": (lambda: (lambda: wait_for(side)), side)}
+    for name, (wait, stream) in cases.items():
+        wall, cpu = measure(wait, stream)
+        assert wall > 0.1, (name, wall)  # the wait did wait for the sleep kernel
+        assert cpu < 0.25 * wall, (name, wall, cpu)

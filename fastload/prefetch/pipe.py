@@ -90,7 +90,7 @@ class DevicePipe:
             pixels = data[:nbytes].to(self.device, non_blocking=True)
             if data.is_cuda:  # decoded on the GPU on another stream: keep its memory ours until the kernel ran
                 _record_stream(data, self.stream)
-            copied = torch.cuda.Event()
+            copied = torch.cuda.Event(blocking=True)  # see below
             copied.record(self.stream)
             b = offsets.numel()
             head = meta[:head.numel() * 8].view(torch.int64)
@@ -105,7 +105,11 @@ class DevicePipe:
                                     hwc=hwc, channels=int(shapes[0, 2]))
             if batch_plan is not None:
                 x = self.batch_ops(x, batch_plan, params)
-            ready = torch.cuda.Event()
+            # Producers wait on these from the host (Slot.wait_reusable) before refilling a buffer. Blocking
+            # events sleep there: a default one spins its thread on a core (the driver's policy with one
+            # context on many cores), and spinning producers slowed the training thread's launches by a third
+            # (bench/RESULTS.md, "Eleventh session").
+            ready = torch.cuda.Event(blocking=True)
             ready.record(self.stream)
             return Handle(x, y, ready, copied)
 
