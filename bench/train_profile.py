@@ -111,6 +111,32 @@ def _siblings(cpu):
     return out
 
 
+def thread_cpu():
+    """CPU seconds (user + system) of each of this process' threads, keyed (tid, name) (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:  # the thread ended
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[(int(tid), name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_by_thread(before, after, main_tid, seconds):
+    """Cores' worth of CPU each kind of thread used between two thread_cpu() snapshots: the training thread
+    alone, the others summed by name (the decode threads share one)."""
+    used = collections.Counter()
+    for key, t in after.items():
+        name = "training thread" if key[0] == main_tid else key[1]
+        used[name] += t - before.get(key, 0.0)
+    return {name: round(t / seconds, 2) for name, t in used.most_common() if t / seconds >= 0.02}
+
+
 def ceiling_launch(step, batch_size, size, device, steps=30):
     """Mean ms the training thread takes to launch one step on a fixed batch (nothing else running)."""
     x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
@@ -158,6 +184,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                          ((os.path.join(spy_dir, f"spy_{decoder}_all.txt"), False),
                           (os.path.join(spy_dir, f"spy_{decoder}_gil.txt"), True))]
             start = time.perf_counter()
+            cpu_before = thread_cpu()
         it = iter(loader)
         while True:
             t0 = time.perf_counter()
@@ -178,6 +205,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                 images += len(y)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
     probe.stop.set()
     probe.join()
     gpu_ms = [a.elapsed_time(b) for a, b in events]
@@ -193,7 +221,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
-           "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary()}
+           "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary(),
+           "cpu_by_thread": cores}
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
 
 
@@ -232,6 +261,8 @@ def main(argv=None):
         for path, text in spies:
             print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
     print(f"sched={args.sched}")
+    for r in rows:
+        print(f"cores used by thread, {r['decoder']}: " + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "reserve", "reserve_cores", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
             "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")

@@ -217,7 +217,7 @@ def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
     before it reuses a buffer. Those waits must sleep: a default CUDA event or Stream.synchronize() spins its
     thread on a core while the GPU works (the driver's policy with one context on many cores), and spinning
     producers slowed a ResNet-18 training thread's launches by a third (bench/RESULTS.md, "Eleventh session").
-    The GPU is kept busy ~0.2 s by a sleep kernel queued ahead of the work waited for; the waiting thread's CPU
+    The GPU is kept busy ~0.3 s by a sleep kernel queued ahead of the work waited for; the waiting thread's CPU
     time must stay far below that wall time (a spin would use all of it)."""
     from fastload.decoders import wait_for
     from fastload.prefetch.pipe import DevicePipe
@@ -225,16 +225,17 @@ def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
     data, offsets, shapes, _ = ragged_photo_batch(np.random.default_rng(0), n=4)
     matrices = torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]] * 4)
     pipe = DevicePipe("cuda", 16, MEAN, STD, torch.float32, False)
+    torch.cuda._sleep(1000)  # loaded before it is timed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    torch.cuda._sleep(10 ** 7)
+    torch.cuda._sleep(10 ** 8)
     end.record()
     end.synchronize()
-    rate = 10 ** 7 / (start.elapsed_time(end) / 1e3)  # the sleep kernel's cycles per second
+    rate = 10 ** 8 / (start.elapsed_time(end) / 1e3)  # the sleep kernel's cycles per second
 
     def measure(wait, stream):
         with torch.cuda.stream(stream):
-            torch.cuda._sleep(int(0.2 * rate))
+            torch.cuda._sleep(int(0.3 * rate))
         result = wait()
         wall, cpu = time.perf_counter(), time.thread_time()
         result()
@@ -251,5 +252,5 @@ def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
              "wait_for": (lambda: (lambda: wait_for(side)), side)}
     for name, (wait, stream) in cases.items():
         wall, cpu = measure(wait, stream)
-        assert wall > 0.1, (name, wall)  # the wait did wait for the sleep kernel
+        assert wall > 0.1, (name, wall, rate)  # the wait did wait for the sleep kernel
         assert cpu < 0.25 * wall, (name, wall, cpu)

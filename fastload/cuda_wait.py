@@ -1,0 +1,73 @@
+"""How this process' threads wait for the GPU: the CUDA driver's scheduling policy of a device's primary context
+(the one PyTorch uses), through the driver API, which PyTorch does not expose.
+
+By default the driver picks "spin" when a process has one context and many cores: a thread waiting on the GPU (a
+launch into a full queue, a synchronize, a copy from pageable memory) keeps its core busy until the GPU answers.
+When the loader's decode threads need every core, those spinning waits take cores from them. "sleep" makes
+waiting threads block until the device signals (a few microseconds later to wake): ResNet-18 at 160 px fed by the
+cores went from 0.74 to 0.85 of its ceiling on an H100 host with 16 cores (bench/RESULTS.md, "Eleventh
+session"). FastLoader's own waits sleep whatever the policy (blocking events).
+
+    import fastload as fl
+    fl.set_cuda_wait("sleep")   # first thing in the script, before anything uses CUDA
+"""
+import ctypes
+
+import torch
+
+POLICIES = {"auto": 0, "spin": 1, "yield": 2, "sleep": 4}  # CU_CTX_SCHED_*: sleep is CU_CTX_SCHED_BLOCKING_SYNC
+_SCHED_MASK = 7
+_PRIMARY_CONTEXT_ACTIVE = 708  # CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE (drivers before CUDA 11 refuse active contexts)
+
+
+def _driver():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise RuntimeError(f"no CUDA driver in this process' reach (libcuda.so.1: {e})") from None
+    status = lib.cuInit(0)
+    if status != 0:
+        raise RuntimeError(f"the CUDA driver did not start (cuInit returned {status})")
+    return lib
+
+
+def _device(lib, device):
+    """The driver's handle of ``device``: None (device 0), an index, "cuda:N" or a torch.device."""
+    index = 0 if device is None else device if isinstance(device, int) else torch.device(device).index or 0
+    handle = ctypes.c_int()
+    status = lib.cuDeviceGet(ctypes.byref(handle), index)
+    if status != 0:
+        raise ValueError(f"no CUDA device {index} (cuDeviceGet returned {status})")
+    return handle.value
+
+
+def cuda_wait(device=None):
+    """The wait policy of ``device``'s primary context (default: device 0, or "cuda:N"): one of POLICIES."""
+    lib = _driver()
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    status = lib.cuDevicePrimaryCtxGetState(_device(lib, device), ctypes.byref(flags), ctypes.byref(active))
+    if status != 0:
+        raise RuntimeError(f"cuDevicePrimaryCtxGetState returned {status}")
+    code = flags.value & _SCHED_MASK
+    return next(name for name, value in POLICIES.items() if value == code)
+
+
+def set_cuda_wait(policy, device=None):
+    """Sets how threads wait for ``device`` (default: device 0, or "cuda:N"): "sleep", "spin", "yield" or "auto"
+    (the driver's default). Call it before anything uses CUDA: a driver that refuses to change a running context
+    raises RuntimeError. Affects the whole process (every thread that waits on that device)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    lib = _driver()
+    dev = _device(lib, device)
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    if lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
+        raise RuntimeError("cuDevicePrimaryCtxGetState failed")
+    setter = getattr(lib, "cuDevicePrimaryCtxSetFlags_v2", None) or lib.cuDevicePrimaryCtxSetFlags
+    status = setter(dev, (flags.value & ~_SCHED_MASK) | POLICIES[policy])
+    if status == _PRIMARY_CONTEXT_ACTIVE:
+        raise RuntimeError(f"set_cuda_wait({policy!r}): CUDA is already running on device {dev} and this driver "
+                           "does not change a running context's policy; call it before anything uses CUDA")
+    if status != 0:
+        raise RuntimeError(f"cuDevicePrimaryCtxSetFlags returned {status}")
+
