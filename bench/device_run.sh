@@ -149,7 +149,7 @@ if [[ +$what+ == *+trainprof+* ]]; then  # bench.train_profile on the 8,000-samp
     [[ -z $args ]] && continue
     echo "train_profile $args"
     timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.train_profile $base-x4 $args 2>&1 | tee -a "$OUT/trainprof.log" | \
-      grep -E "^\||^sched|^cores used"
+      grep -E "^\||^cores used"
   done <<< "${TPARGS:---decoder cpu hybrid}"
 fi
 if [[ +$what+ == *+train+* ]]; then

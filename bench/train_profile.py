@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from fastload import FastLoader
+from fastload import FastLoader, set_cuda_wait
 from fastload.benchmark import ceiling_rate, open_dataset, training_step
 from fastload.transforms.planners import RandomResizedCrop
 
@@ -78,17 +78,6 @@ def _summarise_spy(path, top=12):
 ALLOWED = sorted(os.sched_getaffinity(0))  # before any thread narrows its own
 
 
-def set_sched(mode):
-    """The CUDA driver's wait policy for the primary context, set before anything touches CUDA: "spin" (what
-    "auto" picks with one context on many cores: a thread in cudaStreamSynchronize keeps its core busy), "yield",
-    or "blocking" (the waiting thread sleeps until the device signals)."""
-    import ctypes
-    flags = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}[mode]
-    cuda = ctypes.CDLL("libcuda.so.1")
-    assert cuda.cuInit(0) == 0
-    assert cuda.cuDevicePrimaryCtxSetFlags(0, flags) == 0, "cuDevicePrimaryCtxSetFlags failed"
-
-
 def physical_cores(n):
     """The logical CPUs of the first n physical cores this process may use (each core with its hyperthread
     siblings), and the rest."""
@@ -112,7 +101,8 @@ def _siblings(cpu):
 
 
 def thread_cpu():
-    """CPU seconds (user + system) of each of this process' threads, keyed (tid, name) (Linux /proc)."""
+    """CPU seconds (user + system) of each of this process' threads, keyed (tid, name), and of the whole process
+    ("process", threads that ended included) (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for tid in os.listdir("/proc/self/task"):
@@ -124,6 +114,9 @@ def thread_cpu():
         name = text[text.index("(") + 1:text.rindex(")")]
         fields = text[text.rindex(")") + 2:].split()
         out[(int(tid), name)] = (int(fields[11]) + int(fields[12])) / tick
+    with open("/proc/self/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    out["process"] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -131,6 +124,7 @@ def cpu_by_thread(before, after, main_tid, seconds):
     """Cores' worth of CPU each kind of thread used between two thread_cpu() snapshots: the training thread
     alone, the others summed by name (the decode threads share one)."""
     used = collections.Counter()
+    used["whole process"] = after.pop("process") - before["process"]  # threads that ended included
     for key, t in after.items():
         name = "training thread" if key[0] == main_tid else key[1]
         used[name] += t - before.get(key, 0.0)
@@ -242,29 +236,33 @@ def main(argv=None):
     p.add_argument("--reserve-cores", type=int, default=0,
                    help="N whole physical cores (with their hyperthread siblings) for the training loop's thread "
                         "alone, the loader on the rest")
-    p.add_argument("--sched", choices=("auto", "spin", "yield", "blocking"), default="auto",
-                   help="the CUDA driver's wait policy (cuDevicePrimaryCtxSetFlags), set before CUDA starts")
+    p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
+                   help="the CUDA driver's wait policies to compare (fastload.set_cuda_wait), each set in turn in "
+                        "this one process")
+    p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     args = p.parse_args(argv)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
-    if args.sched != "auto":
-        set_sched(args.sched)
     rows = []
-    for d in args.decoder:
-        row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                             args.switch_interval, args.threads, args.workers, args.reserve,
-                             args.reserve_cores)
-        rows.append(row)
-        print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-              flush=True)
-        for path, text in spies:
-            print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
-    print(f"sched={args.sched}")
+    runs = [(w, d) for w in args.cuda_wait for d in args.decoder]
+    for r in range(args.rounds):
+        for wait, d in (runs if r % 2 == 0 else runs[::-1]):
+            set_cuda_wait(wait)
+            row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
+                                 args.switch_interval, args.threads, args.workers, args.reserve,
+                                 args.reserve_cores)
+            row["cuda_wait"] = wait
+            rows.append(row)
+            print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in row.items()), flush=True)
+            for path, text in spies:
+                print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
     for r in rows:
-        print(f"cores used by thread, {r['decoder']}: " + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "reserve", "reserve_cores", "threads", "workers", "images_per_s", "efficiency", "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms",
-            "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
+        print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
+              + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
+    cols = ("decoder", "cuda_wait", "reserve", "reserve_cores", "threads", "workers", "images_per_s", "efficiency",
+            "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
