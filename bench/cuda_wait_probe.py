@@ -1,4 +1,4 @@
-"""Whether this machine's driver changes a running context's wait policy (fastload.set_cuda_wait after CUDA
+"""Whether this machine's driver changes a running context's wait policy (bench.cuda_wait.set_cuda_wait after CUDA
 started), and what a synchronize costs the waiting thread's core under each policy.
 
     python -m bench.cuda_wait_probe
@@ -7,28 +7,28 @@ import time
 
 import torch
 
-import fastload as fl
+from bench import cuda_wait
 
 
 def main():
     torch.zeros(1, device="cuda")  # the primary context is running from here on
-    before = fl.cuda_wait()
+    before = cuda_wait.cuda_wait()
     try:
-        fl.set_cuda_wait("sleep")
-        verdict = f"changed: {before} -> {fl.cuda_wait()}"
+        cuda_wait.set_cuda_wait("sleep")
+        verdict = f"changed: {before} -> {cuda_wait.cuda_wait()}"
     except RuntimeError as e:
         verdict = f"refused ({e})"
     print(f"set_cuda_wait on a running context: {verdict}")
     torch.cuda._sleep(1000)
     for policy in ("spin", "sleep"):
         try:
-            fl.set_cuda_wait(policy)
+            cuda_wait.set_cuda_wait(policy)
         except RuntimeError:
             break
         torch.cuda._sleep(10 ** 9)
         wall, cpu = time.perf_counter(), time.thread_time()
         torch.cuda.synchronize()
-        print(f"{fl.cuda_wait():>6}: synchronize waited {time.perf_counter() - wall:.3f} s, "
+        print(f"{cuda_wait.cuda_wait():>6}: synchronize waited {time.perf_counter() - wall:.3f} s, "
               f"{time.thread_time() - cpu:.3f} s of CPU")
 
 

@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 
-from fastload import FastLoader, set_cuda_wait
+from bench.cuda_wait import set_cuda_wait
+from fastload import FastLoader
 from fastload.benchmark import ceiling_rate, open_dataset, training_step
 from fastload.transforms.planners import RandomResizedCrop
 
@@ -237,7 +238,7 @@ def main(argv=None):
                    help="N whole physical cores (with their hyperthread siblings) for the training loop's thread "
                         "alone, the loader on the rest")
     p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
-                   help="the CUDA driver's wait policies to compare (fastload.set_cuda_wait), each set in turn in "
+                   help="the CUDA driver's wait policies to compare (bench.cuda_wait), each set in turn in "
                         "this one process")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")

@@ -5,7 +5,6 @@
     for x, y in loader: ...
 """
 from . import ops, recipes, transforms
-from .cuda_wait import cuda_wait, set_cuda_wait
 from .errors import DecodeError
 from .datasets import FolderDataset, LMDBDataset
 from .loader import FastLoader
@@ -14,6 +13,5 @@ from .sampler import ShardedSampler
 from .transforms.planners import CenterCrop, RandomResizedCrop
 
 __version__ = "0.1.0"
-__all__ = ["ops", "recipes", "transforms", "cuda_wait", "set_cuda_wait", "DecodeError", "FolderDataset",
-           "LMDBDataset", "FastLoader", "DataPrefetcher", "ShardedSampler", "RandomResizedCrop", "CenterCrop",
-           "__version__"]
+__all__ = ["ops", "recipes", "transforms", "DecodeError", "FolderDataset", "LMDBDataset", "FastLoader",
+           "DataPrefetcher", "ShardedSampler", "RandomResizedCrop", "CenterCrop", "__version__"]

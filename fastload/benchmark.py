@@ -332,8 +332,6 @@ def describe(result):
             f"{c['cpu_cores']} CPU cores, {c['epochs']} timed epoch{'s' if c['epochs'] != 1 else ''}")
     if c.get("transform", "plain") != "plain":
         line += f", crop + flip + {c['transform']} + normalise in both loaders"
-    if c.get("cuda_wait", "auto") != "auto":
-        line += f", threads {c['cuda_wait']} while waiting for the GPU"
     return line
 
 

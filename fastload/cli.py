@@ -319,9 +319,6 @@ def add_bench(sub):
                         "torchvision_v2: torchvision's reference recipe (TrivialAugmentWide, RandomErasing(0.1), "
                         "MixUp/CutMix) (default: fastload's crop= shorthand against torchvision's classic "
                         "transforms)")
-    p.add_argument("--cuda-wait", choices=["auto", "spin", "yield", "sleep"], default=None,
-                   help="how threads wait for the GPU (fastload.set_cuda_wait), set for the whole run, both loaders "
-                        "alike (default: the driver's own choice, which spins with many cores)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, the table then "
@@ -370,12 +367,6 @@ def cmd_bench(args):
     if args.plot == "-":
         _err("--plot needs a file name")
         return EXIT_USAGE
-    if args.cuda_wait and device != "cuda":
-        _err(f"--cuda-wait {args.cuda_wait} sets how threads wait for the GPU; use it with --device cuda")
-        return EXIT_USAGE
-    if args.cuda_wait:
-        from .cuda_wait import set_cuda_wait
-        set_cuda_wait(args.cuda_wait)  # before anything below starts CUDA
 
     dataset = benchmark.open_dataset(args.data)  # DatasetError -> exit 2
     batches = len(dataset) // args.batch_size
@@ -386,7 +377,6 @@ def cmd_bench(args):
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
                            model=args.model, progress=not args.quiet, decoder=args.decoder,
                            transform=args.transform)
-    result["config"]["cuda_wait"] = args.cuda_wait or "auto"
     title = "fastload bench: " + benchmark.describe(result)
     table = benchmark.format_table(result["rows"], title)
     if args.json == "-":

@@ -108,8 +108,6 @@ def test_usage_errors(imagenet_dir, tmp_path, capsys, monkeypatch):
     _error(capsys, [str(imagenet_dir), "--device", "cpu", "--workers", "-1"], "--workers must be 0 or more")
     _error(capsys, [str(imagenet_dir), "--device", "cpu", "--json", str(tmp_path / "no" / "out.json")],
            "does not exist")
-    _error(capsys, [str(imagenet_dir), "--device", "cpu", "--cuda-wait", "sleep"], "use it with --device cuda")
-    _error(capsys, [str(imagenet_dir), "--cuda-wait", "nap"], "invalid choice")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _error(capsys, [str(imagenet_dir), "--device", "cuda"], "CUDA is not available")
     _error(capsys, [str(imagenet_dir), "--model", "resnet18"], "CUDA is not available")

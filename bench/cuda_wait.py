@@ -1,15 +1,15 @@
 """How this process' threads wait for the GPU: the CUDA driver's scheduling policy of a device's primary context
-(the one PyTorch uses), through the driver API, which PyTorch does not expose.
+(the one PyTorch uses), through the driver API, which PyTorch does not expose. A benchmarking tool
+(bench.train_profile --cuda-wait): the driver changes a running context's policy, so policies can be compared in
+turn inside one process.
 
 By default the driver picks "spin" when a process has one context and many cores: a thread waiting on the GPU (a
-launch into a full queue, a synchronize, a copy from pageable memory) keeps its core busy until the GPU answers.
-When the loader's decode threads need every core, those spinning waits take cores from them. "sleep" makes
-waiting threads block until the device signals (a few microseconds later to wake): ResNet-18 at 160 px fed by the
-cores went from 0.74 to 0.85 of its ceiling on an H100 host with 16 cores (bench/RESULTS.md, "Eleventh
-session"). FastLoader's own waits sleep whatever the policy (blocking events).
+launch into a full queue, a synchronize) keeps its core busy until the GPU answers; "sleep" blocks it until the
+device signals. Measured in one process with alternating rounds, "sleep" did not make ResNet-18 at 160 px train
+faster (bench/RESULTS.md, "Eleventh session"); FastLoader's own waits sleep whatever the policy (blocking events).
 
-    import fastload as fl
-    fl.set_cuda_wait("sleep")   # first thing in the script, before anything uses CUDA
+    from bench.cuda_wait import set_cuda_wait
+    set_cuda_wait("sleep")
 """
 import ctypes
 
@@ -54,8 +54,8 @@ def cuda_wait(device=None):
 
 def set_cuda_wait(policy, device=None):
     """Sets how threads wait for ``device`` (default: device 0, or "cuda:N"): "sleep", "spin", "yield" or "auto"
-    (the driver's default). Call it before anything uses CUDA: a driver that refuses to change a running context
-    raises RuntimeError. Affects the whole process (every thread that waits on that device)."""
+    (the driver's default), for the whole process. A driver that refuses to change a running context (before
+    CUDA 11) raises RuntimeError."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     lib = _driver()
