@@ -159,8 +159,11 @@ def test_reserved_memory_flat_over_epochs(imagenet_dir):
         for x, y in loader:
             x.sum().item()
         reserved.append(torch.cuda.memory_reserved())
-    # After the first epochs have warmed the caching allocator, nothing more is reserved.
-    assert reserved[-1] == reserved[2], reserved
+    # No growth from epoch to epoch: flat over the last five epochs, and at most one more 2 MB segment than after
+    # the first three (how many batches are alive at once varies with thread timing: call 6 of the eleventh
+    # session took one more segment at epoch 4, then stayed flat). A leak grows every epoch.
+    assert reserved[-1] == reserved[-6], reserved
+    assert reserved[-1] - reserved[2] <= 2 * 2 ** 20, reserved
 
 
 def test_data_prefetcher_over_a_dataloader():
