@@ -6,8 +6,11 @@ Trains for a few epochs and reports, per decoder:
 - the producers' summed read / decode / stage seconds (``loader.stats()``);
 - GIL pressure: the excess wake-up latency of a probe thread that sleeps 0.5 ms in a loop (the time it waits for
   the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max;
+- CPU used over the timed epochs, in cores: the whole process, the training thread, and the other threads by name;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
+``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process (bench.cuda_wait),
+each (policy, decoder) run in turn, the order reversed every round.
 
     python -m bench.train_profile DATA --model resnet18 --size 160 --decoder cpu nvjpeg hybrid [--py-spy OUT]
 """
@@ -76,31 +79,6 @@ def _summarise_spy(path, top=12):
     return "\n".join(out)
 
 
-ALLOWED = sorted(os.sched_getaffinity(0))  # before any thread narrows its own
-
-
-def physical_cores(n):
-    """The logical CPUs of the first n physical cores this process may use (each core with its hyperthread
-    siblings), and the rest."""
-    allowed = set(ALLOWED)
-    cores = []
-    for cpu in sorted(allowed):
-        group = _siblings(cpu) & allowed
-        if group not in cores:
-            cores.append(group)
-    mine = set().union(*cores[:n])
-    return mine, allowed - mine
-
-
-def _siblings(cpu):
-    text = open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read().strip()
-    out = set()
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out |= set(range(int(a), int(b or a) + 1))
-    return out
-
-
 def thread_cpu():
     """CPU seconds (user + system) of each of this process' threads, keyed (tid, name), and of the whole process
     ("process", threads that ended included) (Linux /proc)."""
@@ -147,13 +125,9 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0, reserve_cores=0):
+            workers=None, reserve=0):
     device = torch.device("cuda")
-    cpus = ALLOWED[reserve:] if reserve else None
-    if reserve_cores:  # the training thread (and autograd's, started from it) on whole cores of its own
-        mine, cpus = physical_cores(reserve_cores)
-        os.sched_setaffinity(0, mine)  # this thread only (Linux); threads it starts inherit it
-        cpus = sorted(cpus)
+    cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
@@ -210,7 +184,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if p is not None:
             p.wait(timeout=60)
     rate = images / seconds
-    row = {"decoder": decoder, "reserve": reserve, "reserve_cores": reserve_cores, "model": model, "size": size,
+    row = {"decoder": decoder, "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -234,9 +208,6 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--reserve", type=int, default=0,
                    help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
-    p.add_argument("--reserve-cores", type=int, default=0,
-                   help="N whole physical cores (with their hyperthread siblings) for the training loop's thread "
-                        "alone, the loader on the rest")
     p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
                    help="the CUDA driver's wait policies to compare (bench.cuda_wait), each set in turn in "
                         "this one process")
@@ -251,8 +222,7 @@ def main(argv=None):
         for wait, d in (runs if r % 2 == 0 else runs[::-1]):
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 args.switch_interval, args.threads, args.workers, args.reserve,
-                                 args.reserve_cores)
+                                 args.switch_interval, args.threads, args.workers, args.reserve)
             row["cuda_wait"] = wait
             rows.append(row)
             print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -262,7 +232,7 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "cuda_wait", "reserve", "reserve_cores", "threads", "workers", "images_per_s", "efficiency",
+    cols = ("decoder", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
