@@ -9,8 +9,8 @@ Trains for a few epochs and reports, per decoder:
 - CPU used over the timed epochs, in cores: the whole process, the training thread, and the other threads by name;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
-``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process (bench.cuda_wait),
-each (policy, decoder) run in turn, the order reversed every round.
+``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
+(bench.cuda_wait), each (policy, decoder) run in turn, the order reversed every round.
 
     python -m bench.train_profile DATA --model resnet18 --size 160 --decoder cpu nvjpeg hybrid [--py-spy OUT]
 """
@@ -233,7 +233,8 @@ def main(argv=None):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
-            "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s", "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
+            "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
+            "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
