@@ -108,6 +108,23 @@ def test_cpu_cast_equals_pipeline(decoded, out_dtype, channels_last):
 
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_value_map_last_folds_into_the_cast(decoded, out_dtype, channels_last):
+    """The CPU op folds a last slot that maps values through a table (brightness, contrast, posterize, solarize,
+    autocontrast, equalize, invert) into the output cast; a slot of another kind before it and identity slots after
+    it included, every map in every dtype and layout."""
+    maps = ["brightness", "contrast", "posterize", "solarize", "autocontrast", "equalize", "invert"]
+    value = {"brightness": 1.3, "contrast": 0.6, "posterize": 3, "solarize": 100, "saturation": 1.7, "hue": 0.2}
+    rows = [(["saturation", "hue"][i % 2], maps[i % len(maps)], "identity") for i in range(8)]
+    ops = torch.tensor([[OPS[name] for name in row] for row in rows], dtype=torch.int64)
+    params = torch.zeros(8, 3, 3)
+    params[..., 0] = torch.tensor([[value.get(name, 0.0) for name in row] for row in rows])
+    x = _batch(decoded, 33, 47)
+    table = PhotometricTable(ops, params)
+    _assert_equal(_run(x, table, out_dtype, channels_last), _reference(x, table, out_dtype, channels_last))
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 def test_no_slots_is_the_cast(decoded, out_dtype):
     x = _batch(decoded, 64, 80)
     table = PhotometricTable(torch.zeros(len(x), 0, dtype=torch.int64), torch.zeros(len(x), 0, 3))

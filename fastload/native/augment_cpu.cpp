@@ -219,11 +219,10 @@ FL_SAMPLE void saturation_planes(float factor, const uint8_t* __restrict__ r, co
   }
 }
 
-// One slot of one sample: src -> dst, both 3 planes of h * w.
-FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
-  const int64_t hw = static_cast<int64_t>(h) * w;
+// The value map of a slot whose op maps each channel's values through a table (computed from src's statistics
+// where the op needs them): true and the table in `lut`, or false for the other ops.
+FL_SAMPLE bool slot_lut(int op, const float* p, const uint8_t* src, int64_t hw, uint8_t (*lut)[256]) {
   const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
-  uint8_t lut[3][256];
   switch (op) {
     case kBrightness:
     case kPosterize:
@@ -236,9 +235,7 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
                     : op == kSolarize  ? solarize(u, p[0])
                                        : static_cast<uint8_t>(255 - v);
       }
-      std::memcpy(lut[1], lut[0], 256);
-      std::memcpy(lut[2], lut[0], 256);
-      return map_planes(src, dst, hw, lut);
+      break;
     case kContrast: {
       int64_t sum = 0;
       for (int64_t start = 0; start < hw; start += 1 << 16) {  // int32 partial sums (at most 255 * 2^16): they vectorise
@@ -249,9 +246,7 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
       }
       const float mean = contrast_mean(sum, hw), om = one_minus(p[0]);
       for (int v = 0; v < 256; ++v) lut[0][v] = blend(static_cast<uint8_t>(v), mean, p[0], om);
-      std::memcpy(lut[1], lut[0], 256);
-      std::memcpy(lut[2], lut[0], 256);
-      return map_planes(src, dst, hw, lut);
+      break;
     }
     case kAutocontrast:
       for (int c = 0; c < 3; ++c) {
@@ -263,15 +258,39 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
         }
         for (int v = 0; v < 256; ++v) lut[c][v] = autocontrast(static_cast<uint8_t>(v), lo, hi);
       }
-      return map_planes(src, dst, hw, lut);
+      return true;
     case kEqualize:
       for (int c = 0; c < 3; ++c) {
-        int32_t hist[256] = {};
+        // Four partial histograms: consecutive equal values would otherwise wait on each other's increment.
+        int32_t part[4][256] = {};
         const uint8_t* s = src + c * hw;
-        for (int64_t i = 0; i < hw; ++i) ++hist[s[i]];
+        int64_t i = 0;
+        for (; i + 4 <= hw; i += 4) {
+          ++part[0][s[i]];
+          ++part[1][s[i + 1]];
+          ++part[2][s[i + 2]];
+          ++part[3][s[i + 3]];
+        }
+        for (; i < hw; ++i) ++part[0][s[i]];
+        int32_t hist[256];
+        for (int v = 0; v < 256; ++v) hist[v] = part[0][v] + part[1][v] + part[2][v] + part[3][v];
         equalize_lut(hist, lut[c]);
       }
-      return map_planes(src, dst, hw, lut);
+      return true;
+    default: return false;
+  }
+  std::memcpy(lut[1], lut[0], 256);  // the same map for the three channels
+  std::memcpy(lut[2], lut[0], 256);
+  return true;
+}
+
+// One slot of one sample: src -> dst, both 3 planes of h * w.
+FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
+  const int64_t hw = static_cast<int64_t>(h) * w;
+  const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
+  uint8_t lut[3][256];
+  if (slot_lut(op, p, src, hw, lut)) return map_planes(src, dst, hw, lut);
+  switch (op) {
     case kSaturation: return saturation_planes(p[0], r, g, b, dst, hw);
     case kHue:
       return hue_planes(p[0], r, g, b, dst, hw);
@@ -292,17 +311,42 @@ __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const 
                                                       const float* a, const float* bt, bool channels_last,
                                                       out_t* dst, Scratch& scratch) {
   const int64_t hw = static_cast<int64_t>(h) * w;
+  int64_t last = -1;  // the last slot that changes anything
+  for (int64_t s = 0; s < slots; ++s)
+    if (op[s] != kIdentity) last = s;
   int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
-  for (int64_t s = 0; s < slots; ++s) {
+  for (int64_t s = 0; s < last; ++s) {
     const int code = static_cast<int>(op[s]);
     if (code == kIdentity) continue;
     uint8_t* next = scratch.image[written++ % 2].data();
     apply_slot(code, p + s * 3, src, next, h, w, scratch);
     src = next;
   }
+  // A last slot that maps values through a table folds into the output cast: one pass over the planes, not two.
+  const out_t(*table)[256] = cast;
+  out_t folded[3][256];
+  if (last >= 0) {
+    uint8_t lut[3][256];
+    if (slot_lut(static_cast<int>(op[last]), p + last * 3, src, hw, lut)) {
+      for (int c = 0; c < 3; ++c)
+        for (int v = 0; v < 256; ++v) folded[c][v] = cast[c][lut[c][v]];
+      table = folded;
+    } else {
+      uint8_t* next = scratch.image[written % 2].data();
+      apply_slot(static_cast<int>(op[last]), p + last * 3, src, next, h, w, scratch);
+      src = next;
+    }
+  }
   if (channels_last) {
     for (int64_t j = 0; j < hw; ++j)
-      for (int c = 0; c < 3; ++c) dst[j * 3 + c] = cast[c][src[c * hw + j]];
+      for (int c = 0; c < 3; ++c) dst[j * 3 + c] = table[c][src[c * hw + j]];
+  } else if (table != cast) {
+    for (int c = 0; c < 3; ++c) {
+      const out_t* t = table[c];
+      const uint8_t* sc = src + c * hw;
+      out_t* dc = dst + c * hw;
+      for (int64_t j = 0; j < hw; ++j) dc[j] = t[sc[j]];
+    }
   } else if constexpr (std::is_same_v<out_t, float>) {
     // fma_rn per value (the table's own formula): vectorised where FMA is an instruction
     for (int c = 0; c < 3; ++c) {
