@@ -37,7 +37,7 @@ _MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up
 
 def wait_for(stream):
     """Blocks until ``stream``'s work so far is done, asleep: Stream.synchronize() spins its thread on a core
-    (the driver's wait policy with one context on many cores), which slows the training thread's launches."""
+    (the driver's wait policy with one context on many cores), a core the decode threads could use."""
     done = torch.cuda.Event(blocking=True)
     done.record(stream)
     done.synchronize()
