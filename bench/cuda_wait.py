@@ -41,14 +41,18 @@ def _device(lib, device):
     return handle.value
 
 
+def _flags(lib, dev):
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    status = lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
+    if status != 0:
+        raise RuntimeError(f"cuDevicePrimaryCtxGetState returned {status}")
+    return flags.value
+
+
 def cuda_wait(device=None):
     """The wait policy of ``device``'s primary context (default: device 0, or "cuda:N"): one of POLICIES."""
     lib = _driver()
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    status = lib.cuDevicePrimaryCtxGetState(_device(lib, device), ctypes.byref(flags), ctypes.byref(active))
-    if status != 0:
-        raise RuntimeError(f"cuDevicePrimaryCtxGetState returned {status}")
-    code = flags.value & _SCHED_MASK
+    code = _flags(lib, _device(lib, device)) & _SCHED_MASK
     return next(name for name, value in POLICIES.items() if value == code)
 
 
@@ -60,14 +64,10 @@ def set_cuda_wait(policy, device=None):
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     lib = _driver()
     dev = _device(lib, device)
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    if lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
-        raise RuntimeError("cuDevicePrimaryCtxGetState failed")
     setter = getattr(lib, "cuDevicePrimaryCtxSetFlags_v2", None) or lib.cuDevicePrimaryCtxSetFlags
-    status = setter(dev, (flags.value & ~_SCHED_MASK) | POLICIES[policy])
+    status = setter(dev, (_flags(lib, dev) & ~_SCHED_MASK) | POLICIES[policy])
     if status == _PRIMARY_CONTEXT_ACTIVE:
         raise RuntimeError(f"set_cuda_wait({policy!r}): CUDA is already running on device {dev} and this driver "
                            "does not change a running context's policy; call it before anything uses CUDA")
     if status != 0:
         raise RuntimeError(f"cuDevicePrimaryCtxSetFlags returned {status}")
-

@@ -79,34 +79,33 @@ def _summarise_spy(path, top=12):
     return "\n".join(out)
 
 
+def _cpu_seconds(stat_line):
+    """utime + stime of a /proc .../stat line, in seconds."""
+    fields = stat_line[stat_line.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu():
-    """CPU seconds (user + system) of each of this process' threads, keyed (tid, name), and of the whole process
-    ("process", threads that ended included) (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
+    """CPU seconds (user + system) of the whole process (threads that ended included) and of each of its live
+    threads, keyed (tid, name) (Linux /proc)."""
+    threads = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 text = f.read()
         except OSError:  # the thread ended
             continue
-        name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text[text.rindex(")") + 2:].split()
-        out[(int(tid), name)] = (int(fields[11]) + int(fields[12])) / tick
+        threads[(int(tid), text[text.index("(") + 1:text.rindex(")")])] = _cpu_seconds(text)
     with open("/proc/self/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    out["process"] = (int(fields[11]) + int(fields[12])) / tick
-    return out
+        return _cpu_seconds(f.read()), threads
 
 
 def cpu_by_thread(before, after, main_tid, seconds):
-    """Cores' worth of CPU each kind of thread used between two thread_cpu() snapshots: the training thread
-    alone, the others summed by name (the decode threads share one)."""
-    used = collections.Counter()
-    used["whole process"] = after.pop("process") - before["process"]  # threads that ended included
-    for key, t in after.items():
-        name = "training thread" if key[0] == main_tid else key[1]
-        used[name] += t - before.get(key, 0.0)
+    """Cores' worth of CPU used between two thread_cpu() snapshots: the whole process, the training thread alone,
+    the other threads summed by name (the decode threads share one)."""
+    used = collections.Counter({"whole process": after[0] - before[0]})
+    for key, t in after[1].items():
+        used["training thread" if key[0] == main_tid else key[1]] += t - before[1].get(key, 0.0)
     return {name: round(t / seconds, 2) for name, t in used.most_common() if t / seconds >= 0.02}
 
 

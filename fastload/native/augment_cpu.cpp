@@ -314,28 +314,23 @@ __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const 
   int64_t last = -1;  // the last slot that changes anything
   for (int64_t s = 0; s < slots; ++s)
     if (op[s] != kIdentity) last = s;
-  int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
-  for (int64_t s = 0; s < last; ++s) {
-    const int code = static_cast<int>(op[s]);
-    if (code == kIdentity) continue;
-    uint8_t* next = scratch.image[written++ % 2].data();
-    apply_slot(code, p + s * 3, src, next, h, w, scratch);
-    src = next;
-  }
   // A last slot that maps values through a table folds into the output cast: one pass over the planes, not two.
   const out_t(*table)[256] = cast;
   out_t folded[3][256];
-  if (last >= 0) {
+  int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
+  for (int64_t s = 0; s <= last; ++s) {
+    const int code = static_cast<int>(op[s]);
+    if (code == kIdentity) continue;
     uint8_t lut[3][256];
-    if (slot_lut(static_cast<int>(op[last]), p + last * 3, src, hw, lut)) {
+    if (s == last && slot_lut(code, p + s * 3, src, hw, lut)) {
       for (int c = 0; c < 3; ++c)
         for (int v = 0; v < 256; ++v) folded[c][v] = cast[c][lut[c][v]];
       table = folded;
-    } else {
-      uint8_t* next = scratch.image[written % 2].data();
-      apply_slot(static_cast<int>(op[last]), p + last * 3, src, next, h, w, scratch);
-      src = next;
+      break;
     }
+    uint8_t* next = scratch.image[written++ % 2].data();
+    apply_slot(code, p + s * 3, src, next, h, w, scratch);
+    src = next;
   }
   if (channels_last) {
     for (int64_t j = 0; j < hw; ++j)
