@@ -18,7 +18,7 @@ from torch.utils import cpp_extension  # noqa: E402
 def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
     names = ("bindings.cpp", "jpeg_decoder.cpp", "jpeg_regions.cpp", "jpeg_transcode.cpp", "warp_cpu.cpp",
-             "augment_cpu.cpp", "batch_ops_cpu.cpp", "nvjpeg_decoder.cpp")  # nvJPEG: dlopen'd, in every build
+             "augment_cpu.cpp", "batch_ops_cpu.cpp", "affine_nearest_cpu.cpp", "nvjpeg_decoder.cpp")  # nvJPEG: dlopen'd, in every build
     cpp = [os.path.join(rel, f) for f in names]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
     cxx, link = ["-O3"], []
@@ -36,7 +36,8 @@ def extension():
                 "-gencode=arch=compute_90,code=sm_90",
                 "-gencode=arch=compute_90,code=compute_90"]
         return cpp_extension.CUDAExtension(
-            "fastload._C", cpp + [os.path.join(rel, f) for f in ("warp_cuda.cu", "augment_cuda.cu", "batch_ops_cuda.cu")],
+            "fastload._C", cpp + [os.path.join(rel, f) for f in ("warp_cuda.cu", "augment_cuda.cu",
+                                                                 "batch_ops_cuda.cu", "affine_nearest_cuda.cu")],
             libraries=["jpeg", "z", "dl"],
             define_macros=macros, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
     why = "FASTLOAD_NO_CUDA=1" if not want_cuda else (

@@ -30,8 +30,8 @@ def stage_bench(ds, size, batch):
     rows = []
     for spec in SPECS:
         pipeline = fl.transforms.Pipeline.build(benchmark.pipelines(spec, size)[0])
-        params = pipeline.sample_params(0, 0, idx)
-        # the policy's own geometry (rotate/shear/translate folded into each sample's matrix)
+        params = pipeline.sample_params(0, 0, idx, pin=True)  # as the loader makes them
+        # the crop's geometry (a BILINEAR policy's rotate/shear/translate would fold into each sample's matrix)
         plan = pipeline.plan(np.asarray(ds.heights)[idx % len(ds)], np.asarray(ds.widths)[idx % len(ds)], 0, 0,
                              idx % len(ds))
         with ds.reader() as r:
@@ -49,6 +49,9 @@ def stage_bench(ds, size, batch):
             x = warp()
             table = params.table
             rows.append((f"  {spec}: warp to uint8", cuda_time(warp)))
+            if params.nearest is not None:  # in place on x: each call turns the samples again, at the same cost
+                rows.append((f"  {spec}: nearest rotate/shear/translate ({len(params.nearest[0])} samples)",
+                             cuda_time(lambda: fl.ops.affine_nearest_(x, *params.nearest, pipeline.fill[0]))))
             rows.append((f"  {spec}: photometric op ({table.ops.shape[1]} slot(s)), float32 channels_last",
                          cuda_time(lambda: fl.transforms.functional.photometric(x, table, mean=MEAN, std=STD,
                                                                                 channels_last=True))))

@@ -15,8 +15,8 @@ from .errors import DecodeError
 from .native import C
 
 __all__ = ["JpegInfo", "JpegWarning", "read_header", "read_headers", "decode_crop", "decode_crops", "verify_jpegs",
-           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_from_points", "MAX_PIXELS",
-           "MAX_BYTES", "DOWNSCALES"]
+           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_nearest", "affine_nearest_",
+           "affine_from_points", "MAX_PIXELS", "MAX_BYTES", "DOWNSCALES"]
 
 #: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
 MAX_PIXELS = 178_956_970
@@ -298,6 +298,51 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
                        out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
 
 
+def affine_nearest(images, matrices, fill=0.0):
+    """torchvision's ``affine``/``rotate`` with ``interpolation=NEAREST`` (same output size), per sample: output
+    pixel (u, v) of sample i takes input pixel ``round(matrices[i] @ (u, v, 1))`` (pixel centres at integers), or
+    ``fill`` where that lies outside the image (rounded for uint8, as torchvision). Coordinates are exact to 2e-6
+    pixels (fixed point, the same on CPU and CUDA; native/affine_nearest.h), so a pixel can differ from torchvision's
+    float32 grid only at a rounding tie. Matrix entries must be finite and below 2^15 in magnitude (a matrix with
+    another entry maps every pixel to fill), sides at most 16384.
+
+    images: [B, C, H, W] uint8 or float32, contiguous or channels_last, CPU or CUDA; matrices: [B, 2, 3] (or [2, 3])
+    from output pixel index to input pixel index. Returns a new tensor in images' layout (``affine_nearest_`` works
+    in place on chosen samples).
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
+    out = images.clone(memory_format=torch.preserve_format)
+    matrices = torch.as_tensor(matrices, dtype=torch.float32)
+    if matrices.dim() == 2:
+        matrices = matrices.expand(images.shape[0], 2, 3)
+    return affine_nearest_(out, torch.arange(images.shape[0]), matrices, fill)
+
+
+def affine_nearest_(images, samples, matrices, fill=0.0):
+    """``affine_nearest`` in place on the samples ``samples`` (int [N], distinct) of images, with matrices [N, 2, 3];
+    the other samples are not touched. Returns images. The stage runs it after the warp on the samples whose policy
+    drew a rotate/shear/translate (transforms/pipeline.py). Host-side samples are checked here; a CUDA kernel skips
+    indices outside the batch."""
+    if images.dim() != 4:
+        raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
+    samples = torch.as_tensor(samples, dtype=torch.int64)
+    matrices = torch.as_tensor(matrices, dtype=torch.float32)
+    if samples.dim() != 1 or matrices.shape != (len(samples), 2, 3):
+        raise ValueError(f"samples must be [N] and matrices [N, 2, 3], got {tuple(samples.shape)} and "
+                         f"{tuple(matrices.shape)}")
+    if samples.device.type == "cpu" and len(samples):
+        b = images.shape[0]
+        if int(samples.min()) < 0 or int(samples.max()) >= b:
+            raise ValueError(f"samples must index the batch of {b}, got {samples.tolist()}")
+        if len(torch.unique(samples)) != len(samples):
+            raise ValueError(f"samples must be distinct, got {samples.tolist()}")
+    dev = images.device
+    torch.ops.fastload.affine_nearest_(images, samples.to(dev, non_blocking=True),
+                                       matrices.to(dev, non_blocking=True).contiguous(), float(fill))
+    return images
+
+
 def affine_from_points(src, dst):
     """Least-squares 2x3 affine matrices mapping ``src`` points onto ``dst`` points, batched.
 
@@ -332,3 +377,8 @@ def _warp_normalize_fake(data, offsets, shapes, matrices, alpha, beta, channels,
                          channels_last, fill):
     out = data.new_empty((offsets.shape[0], channels, out_h, out_w), dtype=out_dtype)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+
+
+@torch.library.register_fake("fastload::affine_nearest_")
+def _affine_nearest_fake(images, samples, matrices, fill):
+    return None

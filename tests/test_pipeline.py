@@ -18,8 +18,9 @@ def _policy_pipeline(size=48, extra=()):
 
 
 def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
-    """A batch is: planned windows decoded, warped to uint8 (rounded), the photometric table applied by the
-    reference ops (exact to torchvision per sample: test_functional), then normalised."""
+    """A batch is: planned windows decoded, warped to uint8 (rounded), the policy's NEAREST rotate/shear/translate
+    gathered from that (test_affine_nearest: torchvision's), the photometric table applied by the reference ops
+    (exact to torchvision per sample: test_functional), then normalised."""
     ds = fl.FolderDataset(imagenet_dir)
     loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_policy_pipeline())
     x, y = next(iter(loader))
@@ -30,6 +31,9 @@ def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
         data, offsets, shapes, status, _ = ops.decode_crops([r.get(i) for i in range(8)], plan.windows)
     assert int(status.abs().sum()) == 0
     u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8)
+    extra = pipe._policy_maps(0, 0, idx)
+    assert 0 < int((extra != np.eye(3)).any(axis=(1, 2)).sum()) < 8  # some samples rotate/shear/translate
+    u8 = ops.affine_nearest(u8, torch.from_numpy(extra[:, :2]).float(), fill=0)  # the identity copies the others
     table = pipe.table(0, 0, idx)
     assert table.ops.shape == (8, 1 + 4)  # TrivialAugmentWide's slot, then ColorJitter's four
     ref = apply_table(u8, table.ops, table.params).float() / 255

@@ -2,10 +2,13 @@
 
 A torchvision v2 pipeline is a list of transforms applied one image at a time. fastload runs the same list per
 batch, in three places (CONTRACT.md beside this file):
-- before decoding, on the host: every geometric step and the policies' rotate/shear/translate are composed into
-  one 2x3 matrix per sample, from which the decode window and DCT scale follow (``Pipeline.plan``);
-- after decoding, in the stage (GPU or CPU): one warp, then the photometric table (``functional.apply_table``) on
-  the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize, then RandomErasing
+- before decoding, on the host: every geometric step is composed into one 2x3 matrix per sample, from which the
+  decode window and DCT scale follow (``Pipeline.plan``); the policies' rotate/shear/translate too where a policy
+  asks for BILINEAR;
+- after decoding, in the stage (GPU or CPU): one warp, then the policies' NEAREST rotate/shear/translate (their
+  default) as torchvision applies them to the resized crop (``ops.affine_nearest``, on the samples that drew one),
+  then the photometric table (``functional.apply_table``) on the uint8 image, as torchvision's uint8 pipelines do,
+  then ToDtype + Normalize, then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
   fused with ToDtype + Normalize);
 - in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch, fused with the last
@@ -149,6 +152,8 @@ class SampleParams(NamedTuple):
     size: tuple  # (H, W) of the output: the epoch's size
     augmix: tuple = ()  # per AugMix, in order: (table of the photometric transforms before it or None, AugMix,
     # AugMixParams); `table` holds the transforms after the last AugMix
+    nearest: tuple = None  # the policies' geometric ops with NEAREST: (samples int64 [N], float32 [N, 2, 3] output
+    # -> input pixel index on the output canvas) for the N samples that drew one, applied to the warped batch
 
 
 class Pipeline:
@@ -165,6 +170,10 @@ class Pipeline:
         self.erasing = erasing
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
+        # Policies with NEAREST (torchvision's default) rotate/shear/translate the resized crop as torchvision does:
+        # a nearest-neighbour gather after the warp (ops.affine_nearest), which keeps every warp axis-aligned and
+        # every decode window the crop's. Otherwise (a BILINEAR policy among them) their ops compose into the warp.
+        self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
         self._memo = threading.local()  # _policy_plan's last result per policy, per planning thread
         from .geometry import GeometryPlanner
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
@@ -279,15 +288,34 @@ class Pipeline:
         composed after every geometric step."""
         size = self.size_at(epoch)
         geometry = self._geometries[size]
-        if not self._policies:
+        if not self._policies or self._nearest:
             return geometry.plan(heights, widths, seed, epoch, indices)
+        return geometry.plan(heights, widths, seed, epoch, indices, extra=self._policy_maps(seed, epoch, indices))
+
+    def _policy_maps(self, seed, epoch, indices):
+        """The policies' geometric ops composed (float64 [B, 3, 3], output -> input pixel index on the epoch's
+        canvas), or None when no policy has any."""
         extra = None
-        h, w = size
+        h, w = self.size_at(epoch)
         for p in self._policies:
             _, m = self._policy_plan(p, seed, epoch, indices, h, w)
             if m is not None:
                 extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
-        return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
+        return extra
+
+    def _nearest_maps(self, seed, epoch, indices, pin):
+        """SampleParams.nearest: the samples whose policies drew a geometric op and their maps, or None."""
+        if not self._nearest:
+            return None
+        extra = self._policy_maps(seed, epoch, indices)
+        if extra is None:
+            return None
+        moved = np.flatnonzero((extra != np.eye(3)).any(axis=(1, 2)))
+        if not len(moved):
+            return None
+        samples = torch.from_numpy(moved.astype(np.int64))
+        maps = torch.from_numpy(np.ascontiguousarray(extra[moved, :2, :], dtype=np.float32))
+        return (samples.pin_memory(), maps.pin_memory()) if pin else (samples, maps)
 
     def _policy_plan(self, policy, seed, epoch, indices, h, w):
         """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's planner,
@@ -341,7 +369,7 @@ class Pipeline:
         mixes = tuple((table(before), a, a.plan(seed, epoch, indices, *size)) for before, a in zip(segments, augmix))
         return SampleParams(table(),
                             [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size,
-                            mixes)
+                            mixes, self._nearest_maps(seed, epoch, indices, pin))
 
     # --- execution (the stage, on the batch's device) -------------------------------------------------------
     def normalise_params(self):
@@ -358,7 +386,8 @@ class Pipeline:
         layout). With batch ops the last RandomErasing is left to ``mix_images``, which fuses it with the
         mixing: pass it the same params."""
         mean, std, in_scale = self.normalise_params()
-        photometric = params is not None and (params.table is not None or bool(params.augmix))
+        photometric = params is not None and (params.table is not None or bool(params.augmix) or
+                                              params.nearest is not None)
         x = ops.warp_ragged(data, offsets, shapes, matrices, self.out_size if params is None else params.size,
                             mean=None if photometric else mean, std=None if photometric else std,
                             in_scale=1.0 if photometric else in_scale,
@@ -367,6 +396,8 @@ class Pipeline:
                             channels=channels)
         if params is None:
             return x
+        if params.nearest is not None:  # the policies' rotate/shear/translate, on the warped uint8 crop
+            ops.affine_nearest_(x, *params.nearest, self.fill[0])
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
             for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix

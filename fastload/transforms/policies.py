@@ -17,10 +17,10 @@ probabilities. Unlike torchvision on a batch, every sample draws its own ops and
   centre, evaluated on ``_affine_grid``'s centred pixel grid; ShearX/Y about the corner, ``center=[0, 0]``).
   A sample's geometric ops compose in the order drawn; no geometric op gives the identity.
 
-The loader applies ``extra`` inside its one warp, before the photometric slots (CONTRACT.md). Two differences
-from torchvision follow, both by design: the geometric ops are resampled once, with the warp's filter, rather
-than once per op with ``interpolation`` (validated and kept, as torchvision does, but the warp decides the filter);
-and a photometric op that torchvision applies before a geometric op of the same sample (e.g. AutoAugment's
+The loader applies ``extra`` before the photometric slots (CONTRACT.md). With ``interpolation=NEAREST`` (the
+default) as torchvision does: a nearest-neighbour gather from the warped (resized) crop, ``ops.affine_nearest``;
+with BILINEAR inside the one warp (one resample with the warp's filter instead of one per op). Either way a
+photometric op that torchvision applies before a geometric op of the same sample (e.g. AutoAugment's
 ("Posterize", "Rotate")) sees the fill pixels too. AugMix, whose chains cannot fold into the warp, is in augmix.py.
 """
 from enum import Enum

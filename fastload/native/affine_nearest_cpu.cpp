@@ -1,0 +1,109 @@
+// `fastload::affine_nearest_`: torchvision's affine/rotate with NEAREST (affine_nearest.h) applied in place to the
+// listed samples of a dense batch, each with its own 2x3 matrix. The stage runs it after the warp on the samples
+// whose policy drew a rotate/shear/translate; in place, so that the rest of the batch is neither read nor copied
+// (each listed sample is copied to scratch first: its pixels are read while they are overwritten). Schema, the
+// checks both backends share, and the CPU kernel (a sample per task).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "affine_nearest.h"
+#include "check.h"
+
+namespace fastload {
+
+// The checks both kernels share (sample indices themselves: the CPU kernel checks them; the CUDA kernel skips
+// those out of range, and the Python wrapper checks them on the host).
+void check_affine_nearest_args(const at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices) {
+  FL_CHECK(images.dim() == 4, "affine_nearest_: images must be a [B, C, H, W] batch, got %lld dimensions",
+           static_cast<long long>(images.dim()));
+  FL_CHECK(images.scalar_type() == at::kByte || images.scalar_type() == at::kFloat,
+           "affine_nearest_: images must be uint8 or float32, got %s", c10::toString(images.scalar_type()));
+  TORCH_CHECK(images.is_contiguous() || images.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "affine_nearest_: images must be contiguous (NCHW) or channels_last");
+  const int64_t c = images.size(1), h = images.size(2), w = images.size(3);
+  FL_CHECK(c <= 0 || h <= 0 || w <= 0 || h <= INT32_MAX / c / w,
+           "affine_nearest_: samples of %lld x %lld x %lld values are too large (C * H * W must be below 2^31)",
+           static_cast<long long>(c), static_cast<long long>(h), static_cast<long long>(w));
+  FL_CHECK(h <= nearest::kMaxSide && w <= nearest::kMaxSide,
+           "affine_nearest_: images of %lld x %lld pixels are too large (at most %d a side)", static_cast<long long>(h),
+           static_cast<long long>(w), nearest::kMaxSide);
+  TORCH_CHECK(samples.dim() == 1 && samples.scalar_type() == at::kLong && samples.is_contiguous(),
+              "affine_nearest_: samples must be a contiguous int64 [N] tensor");
+  FL_CHECK(matrices.dim() == 3 && matrices.size(0) == samples.size(0) && matrices.size(1) == 2 &&
+               matrices.size(2) == 3 && matrices.scalar_type() == at::kFloat && matrices.is_contiguous(),
+           "affine_nearest_: matrices must be a contiguous float32 [N, 2, 3] tensor with N = %lld (one per sample)",
+           static_cast<long long>(samples.size(0)));
+  TORCH_CHECK(samples.device() == images.device() && matrices.device() == images.device(),
+              "affine_nearest_: samples and matrices must be on the images' device");
+}
+
+namespace {
+
+template <typename T>
+void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+  const int64_t batch = images.size(0), n = samples.size(0);
+  const int c = static_cast<int>(images.size(1)), h = static_cast<int>(images.size(2)),
+            w = static_cast<int>(images.size(3));
+  const int64_t* index = samples.data_ptr<int64_t>();
+  std::vector<bool> seen(batch, false);
+  for (int64_t k = 0; k < n; ++k) {
+    FL_CHECK(index[k] >= 0 && index[k] < batch, "affine_nearest_: sample index %lld is out of range for a batch "
+             "of %lld", static_cast<long long>(index[k]), static_cast<long long>(batch));
+    FL_CHECK(!seen[index[k]], "affine_nearest_: sample %lld is listed twice", static_cast<long long>(index[k]));
+    seen[index[k]] = true;
+  }
+  // A sample's C * H * W values are one block, with the same inner strides in both layouts.
+  const int64_t s_b = images.stride(0), values = int64_t(c) * h * w;
+  const int s_c = static_cast<int>(images.stride(1)), s_y = static_cast<int>(images.stride(2)),
+            s_x = static_cast<int>(images.stride(3));
+  T* base = images.data_ptr<T>();
+  const float* mats = matrices.data_ptr<float>();
+  const T fill_value = nearest::fill_value<T>(fill);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> copy(values);
+    std::vector<int> source(w);  // per pixel of a row: its input pixel's offset in the sample, or -1 (fill)
+    for (int64_t k = begin; k < end; ++k) {
+      T* sample = base + index[k] * s_b;
+      std::memcpy(copy.data(), sample, values * sizeof(T));
+      int64_t f[6];
+      const bool finite = nearest::to_fixed(mats + k * 6, f);
+      for (int v = 0; v < h; ++v) {
+        int64_t x = f[1] * v + f[2], y = f[4] * v + f[5];  // at u = 0, then one step per pixel
+        for (int u = 0; u < w; ++u, x += f[0], y += f[3]) {
+          const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
+          source[u] = finite && nearest::inside(px, py, h, w) ? static_cast<int>(py * s_y + px * s_x) : -1;
+        }
+        for (int ch = 0; ch < c; ++ch) {  // a plane at a time (NCHW)
+          const T* from = copy.data() + ch * s_c;
+          T* dst = sample + v * s_y + ch * s_c;
+          for (int u = 0; u < w; ++u) dst[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
+        }
+      }
+    }
+  });
+}
+
+void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+  check_affine_nearest_args(images, samples, matrices);
+  if (samples.numel() == 0 || images.numel() == 0) return;
+  if (images.scalar_type() == at::kByte)
+    affine_nearest_samples<uint8_t>(images, samples, matrices, fill);
+  else
+    affine_nearest_samples<float>(images, samples, matrices, fill);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastload, m) {
+  m.def("affine_nearest_(Tensor(a!) images, Tensor samples, Tensor matrices, float fill) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("affine_nearest_", &affine_nearest_cpu); }
+
+}  // namespace fastload
