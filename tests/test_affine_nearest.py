@@ -142,8 +142,12 @@ def test_cuda_equals_cpu_bit_for_bit(images):
     mags = [33.3, 0.2, -0.7, 55.0, -135.0, 1 / 15, 7.0, -0.25]
     m = torch.from_numpy(np.stack([P.geometric_matrices(n, [g], 176, 176)[0][:2] for n, g in zip(names, mags)]))
     m = m.float()
-    for images in (x, x.float()):
-        assert torch.equal(ops.affine_nearest(images.cuda(), m.cuda(), 9.0).cpu(), ops.affine_nearest(images, m, 9.0))
+    m[7, 1, 2] = float("nan")  # every pixel fill
+    m[6] *= 3.0  # a zoom out: the tile's sources do not fit the CUDA kernel's staging (it reads global memory)
+    for images in (x, x.float(), x.contiguous(memory_format=torch.channels_last)):
+        got = ops.affine_nearest(images.cuda(), m.cuda(), 9.0).cpu()
+        assert torch.equal(got, ops.affine_nearest(images, m, 9.0))
+        assert (got[7] == 9).all()
 
 
 def _pipeline(interpolation, size=64):

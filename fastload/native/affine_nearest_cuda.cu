@@ -1,6 +1,6 @@
 // CUDA kernels of `fastload::affine_nearest_` (schema, checks and CPU twin in affine_nearest_cpu.cpp, maths in
 // affine_nearest.h), on the current stream: the listed samples are copied to scratch (16 bytes a thread where
-// aligned), then a thread per output pixel gathers from the copy, in blocks of 32 x 8 pixels of one sample (grid.z).
+// aligned), then the gather writes them back from the copy, a 32 x 32 tile of one sample (grid.z) per block.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 
 #include "affine_nearest.h"
 #include "check.h"
@@ -31,22 +32,70 @@ __global__ void copy_samples_kernel(const V* __restrict__ images, V* __restrict_
     scratch[k * vectors + i] = images[b * vectors + i];
 }
 
+// Output tiles of 32 x 32 pixels, a block of 32 x 8 threads (4 rows each) per tile. The tile's source pixels
+// (the bounding box of its four corners' sources: the map is affine and the rounding monotonic) are staged in
+// shared memory with coalesced loads when they fit, so that the gather's scattered reads hit shared memory, not
+// L2 (a rotated warp's lanes read as many sectors as lanes); otherwise, or for a non-RGB image, they read global.
+constexpr int kTile = 32, kRowsPerThread = kTile / kBlockY;
+
 template <typename T>
-__global__ void gather_kernel(const T* __restrict__ scratch, T* __restrict__ images,
-                              const int64_t* __restrict__ samples, const float* __restrict__ mats, int64_t batch,
-                              int64_t s_b, int s_c, int s_y, int s_x, int c, int h, int w, T fill) {
-  const int u = blockIdx.x * kBlockX + threadIdx.x, v = blockIdx.y * kBlockY + threadIdx.y;
+__global__ void __launch_bounds__(kBlockX* kBlockY) gather_kernel(
+    const T* __restrict__ scratch, T* __restrict__ images, const int64_t* __restrict__ samples,
+    const float* __restrict__ mats, int64_t batch, int64_t s_b, int s_c, int s_y, int s_x, int c, int h, int w,
+    T fill) {
+  constexpr int kStagedPixels = 4096 / sizeof(T);  // per channel: 12 KB for three uint8 channels
+  __shared__ T staged[3][kStagedPixels];
+  __shared__ int64_t f[6];
+  __shared__ int box[4];  // x0, y0, width, height of the staged source region (width 0: read global)
   const int64_t k = blockIdx.z, b = samples[k];
-  if (u >= w || v >= h || b < 0 || b >= batch) return;
-  int64_t f[6];
-  const bool finite = nearest::to_fixed(mats + k * 6, f);
-  const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
-  T* dst = images + b * s_b + v * s_y + u * s_x;
-  if (finite && nearest::inside(x, y, h, w)) {
-    const T* p = scratch + k * s_b + y * s_y + x * s_x;
-    for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = p[ch * s_c];
-  } else {
-    for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = fill;
+  if (b < 0 || b >= batch) return;  // uniform over the block
+  const int u0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile;
+  const int tid = threadIdx.y * kBlockX + threadIdx.x;
+  if (tid == 0) {
+    const bool finite = nearest::to_fixed(mats + k * 6, f);
+    const int u1 = min(u0 + kTile, w) - 1, v1 = min(v0 + kTile, h) - 1;
+    int64_t x0 = INT64_MAX, x1 = INT64_MIN, y0 = INT64_MAX, y1 = INT64_MIN;
+    for (int corner = 0; corner < 4; ++corner) {
+      const int u = corner & 1 ? u1 : u0, v = corner & 2 ? v1 : v0;
+      const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
+      x0 = min(x0, x), x1 = max(x1, x), y0 = min(y0, y), y1 = max(y1, y);
+    }
+    x0 = max(x0, int64_t(0)), y0 = max(y0, int64_t(0)), x1 = min(x1, int64_t(w - 1)), y1 = min(y1, int64_t(h - 1));
+    const int64_t bw = x1 - x0 + 1, bh = y1 - y0 + 1;
+    const bool fits = finite && c == 3 && bw > 0 && bh > 0 && bw * bh <= kStagedPixels;
+    box[0] = fits ? static_cast<int>(x0) : 0;
+    box[1] = fits ? static_cast<int>(y0) : 0;
+    box[2] = fits ? static_cast<int>(bw) : 0;
+    box[3] = fits ? static_cast<int>(bh) : 0;
+    if (!finite) f[0] = f[1] = f[3] = f[4] = 0, f[2] = f[5] = INT64_MIN / 2;  // every pixel outside: fill
+  }
+  __syncthreads();
+  const T* src = scratch + k * s_b;
+  const int bx = box[0], by = box[1], bw = box[2], bh = box[3];
+  for (int i = tid; i < bw * bh; i += kBlockX * kBlockY) {  // consecutive threads, consecutive bytes of a row
+    const T* p = src + (by + i / bw) * s_y + (bx + i % bw) * s_x;
+#pragma unroll
+    for (int ch = 0; ch < 3; ++ch) staged[ch][i] = p[ch * s_c];
+  }
+  __syncthreads();
+  const int u = u0 + threadIdx.x;
+  if (u >= w) return;
+  T* out = images + b * s_b + u * s_x;
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int v = v0 + threadIdx.y + r * kBlockY;
+    if (v >= h) break;
+    const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
+    T* dst = out + v * s_y;
+    if (!nearest::inside(x, y, h, w)) {
+      for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = fill;
+    } else if (bw > 0) {  // inside the image, so inside the box of the tile's sources
+      const int at = (static_cast<int>(y) - by) * bw + (static_cast<int>(x) - bx);
+#pragma unroll
+      for (int ch = 0; ch < 3; ++ch) dst[ch * s_c] = staged[ch][at];
+    } else {
+      const T* p = src + y * s_y + x * s_x;
+      for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = p[ch * s_c];
+    }
   }
 }
 
@@ -71,7 +120,7 @@ void run(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matric
     copy_samples_kernel<T><<<copy_grid, kCopyThreads, 0, stream>>>(data, scratch.data_ptr<T>(), index, batch, count);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 block(kBlockX, kBlockY);
-  const dim3 grid((w + kBlockX - 1) / kBlockX, (h + kBlockY - 1) / kBlockY, static_cast<unsigned>(n));
+  const dim3 grid((w + kTile - 1) / kTile, (h + kTile - 1) / kTile, static_cast<unsigned>(n));
   gather_kernel<T><<<grid, block, 0, stream>>>(
       scratch.data_ptr<T>(), data, index, matrices.data_ptr<float>(), batch, s_b, static_cast<int>(images.stride(1)),
       static_cast<int>(images.stride(2)), static_cast<int>(images.stride(3)), c, h, w, nearest::fill_value<T>(fill));
