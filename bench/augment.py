@@ -50,8 +50,9 @@ def stage_bench(ds, size, batch):
             table = params.table
             rows.append((f"  {spec}: warp to uint8", cuda_time(warp)))
             if params.nearest is not None:  # in place on x: each call turns the samples again, at the same cost
-                rows.append((f"  {spec}: nearest rotate/shear/translate ({len(params.nearest[0])} samples)",
-                             cuda_time(lambda: fl.ops.affine_nearest_(x, *params.nearest, pipeline.fill[0]))))
+                rows.append((f"  {spec}: nearest rotate/shear/translate ({len(params.nearest.samples)} samples)",
+                             cuda_time(lambda: fl.ops.affine_nearest_(x, *params.nearest.on(x.device),
+                                                                      pipeline.fill[0]))))
             rows.append((f"  {spec}: photometric op ({table.ops.shape[1]} slot(s)), float32 channels_last",
                          cuda_time(lambda: fl.transforms.functional.photometric(x, table, mean=MEAN, std=STD,
                                                                                 channels_last=True))))

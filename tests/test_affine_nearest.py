@@ -169,7 +169,7 @@ def test_nearest_policy_decodes_the_crop_and_gathers_after_the_warp(imagenet_dir
     base = crop_only.plan(hs, ws, 0, 0, idx)
     plan = nearest.plan(hs, ws, 0, 0, idx)
     assert torch.equal(plan.windows, base.windows) and torch.equal(plan.matrices, base.matrices)
-    samples, maps = nearest.sample_params(0, 0, idx).nearest
+    samples, maps, _ = nearest.sample_params(0, 0, idx).nearest
     op, magnitude, applied = nearest._policies[0].draws(0, 0, idx, 64, 64)
     names = np.array(nearest._policies[0].op_names)[op[:, 0]]
     moved = np.isin(names, ["Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY"]) & (magnitude[:, 0] != 0)

@@ -141,6 +141,34 @@ def _check_transform(t):
     return kind
 
 
+class NearestMaps(NamedTuple):
+    """The samples of a batch whose policies drew a rotate/shear/translate (NEAREST) and their maps: samples int64
+    [N] and matrices float32 [N, 2, 3] (output -> input pixel index on the output canvas), both views of one int32
+    buffer so that a GPU stage gets them with one copy (``on``)."""
+    samples: torch.Tensor
+    matrices: torch.Tensor
+    packed: torch.Tensor
+
+    @classmethod
+    def make(cls, samples, matrices, *, pin=False):
+        n = len(samples)
+        packed = torch.empty(8 * n, dtype=torch.int32, pin_memory=pin)
+        packed[:2 * n].view(torch.int64).copy_(torch.as_tensor(samples, dtype=torch.int64))
+        packed[2 * n:].view(torch.float32).copy_(torch.as_tensor(matrices, dtype=torch.float32).reshape(-1))
+        return cls._views(packed)
+
+    @classmethod
+    def _views(cls, packed):
+        n = len(packed) // 8
+        return cls(packed[:2 * n].view(torch.int64), packed[2 * n:].view(torch.float32).view(n, 2, 3), packed)
+
+    def on(self, device):
+        """(samples, matrices) on ``device`` (one non-blocking copy from pinned memory for a GPU)."""
+        if self.packed.device == torch.device(device):
+            return self.samples, self.matrices
+        return self._views(self.packed.to(device, non_blocking=True))[:2]
+
+
 class SampleParams(NamedTuple):
     """What a batch carries to the stage besides pixels and matrices: its photometric table, its erasing boxes,
     and the coordinates of its draws (for RandomErasing's value="random")."""
@@ -152,8 +180,7 @@ class SampleParams(NamedTuple):
     size: tuple  # (H, W) of the output: the epoch's size
     augmix: tuple = ()  # per AugMix, in order: (table of the photometric transforms before it or None, AugMix,
     # AugMixParams); `table` holds the transforms after the last AugMix
-    nearest: tuple = None  # the policies' geometric ops with NEAREST: (samples int64 [N], float32 [N, 2, 3] output
-    # -> input pixel index on the output canvas) for the N samples that drew one, applied to the warped batch
+    nearest: NearestMaps = None  # the policies' geometric ops with NEAREST, for the samples that drew one
 
 
 class Pipeline:
@@ -313,9 +340,7 @@ class Pipeline:
         moved = np.flatnonzero((extra != np.eye(3)).any(axis=(1, 2)))
         if not len(moved):
             return None
-        samples = torch.from_numpy(moved.astype(np.int64))
-        maps = torch.from_numpy(np.ascontiguousarray(extra[moved, :2, :], dtype=np.float32))
-        return (samples.pin_memory(), maps.pin_memory()) if pin else (samples, maps)
+        return NearestMaps.make(moved, extra[moved, :2, :], pin=pin)
 
     def _policy_plan(self, policy, seed, epoch, indices, h, w):
         """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's planner,
@@ -397,7 +422,7 @@ class Pipeline:
         if params is None:
             return x
         if params.nearest is not None:  # the policies' rotate/shear/translate, on the warped uint8 crop
-            ops.affine_nearest_(x, *params.nearest, self.fill[0])
+            ops.affine_nearest_(x, *params.nearest.on(x.device), self.fill[0])
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
             for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix
