@@ -45,37 +45,40 @@ __global__ void __launch_bounds__(kBlockX* kBlockY) gather_kernel(
     T fill) {
   constexpr int kStagedPixels = 4096 / sizeof(T);  // per channel: 12 KB for three uint8 channels
   __shared__ T staged[3][kStagedPixels];
-  __shared__ int64_t f[6];
   __shared__ int box[4];  // x0, y0, width, height of the staged source region (width 0: read global)
   const int64_t k = blockIdx.z, b = samples[k];
   if (b < 0 || b >= batch) return;  // uniform over the block
   const int u0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile;
-  const int tid = threadIdx.y * kBlockX + threadIdx.x;
-  if (tid == 0) {
-    const bool finite = nearest::to_fixed(mats + k * 6, f);
-    const int u1 = min(u0 + kTile, w) - 1, v1 = min(v0 + kTile, h) - 1;
-    int64_t x0 = INT64_MAX, x1 = INT64_MIN, y0 = INT64_MAX, y1 = INT64_MIN;
-    for (int corner = 0; corner < 4; ++corner) {
-      const int u = corner & 1 ? u1 : u0, v = corner & 2 ? v1 : v0;
-      const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
-      x0 = min(x0, x), x1 = max(x1, x), y0 = min(y0, y), y1 = max(y1, y);
+  // Every thread converts the matrix itself (no barrier on one thread's conversion); a non-finite one maps every
+  // pixel outside (fill).
+  int64_t f[6];
+  if (!nearest::to_fixed(mats + k * 6, f)) f[0] = f[1] = f[3] = f[4] = 0, f[2] = f[5] = INT64_MIN / 2;
+  if (threadIdx.y == 0) {  // warp 0: lanes 0-3 take the tile's corners, shuffles give the box
+    const int u = threadIdx.x & 1 ? min(u0 + kTile, w) - 1 : u0, v = threadIdx.x & 2 ? min(v0 + kTile, h) - 1 : v0;
+    const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
+    int64_t x0 = x, x1 = x, y0 = y, y1 = y;
+    for (int lane = 1; lane < 4; lane <<= 1) {
+      x0 = min(x0, __shfl_xor_sync(0xffffffffu, x0, lane)), x1 = max(x1, __shfl_xor_sync(0xffffffffu, x1, lane));
+      y0 = min(y0, __shfl_xor_sync(0xffffffffu, y0, lane)), y1 = max(y1, __shfl_xor_sync(0xffffffffu, y1, lane));
     }
-    x0 = max(x0, int64_t(0)), y0 = max(y0, int64_t(0)), x1 = min(x1, int64_t(w - 1)), y1 = min(y1, int64_t(h - 1));
-    const int64_t bw = x1 - x0 + 1, bh = y1 - y0 + 1;
-    const bool fits = finite && c == 3 && bw > 0 && bh > 0 && bw * bh <= kStagedPixels;
-    box[0] = fits ? static_cast<int>(x0) : 0;
-    box[1] = fits ? static_cast<int>(y0) : 0;
-    box[2] = fits ? static_cast<int>(bw) : 0;
-    box[3] = fits ? static_cast<int>(bh) : 0;
-    if (!finite) f[0] = f[1] = f[3] = f[4] = 0, f[2] = f[5] = INT64_MIN / 2;  // every pixel outside: fill
+    if (threadIdx.x == 0) {
+      x0 = max(x0, int64_t(0)), y0 = max(y0, int64_t(0)), x1 = min(x1, int64_t(w - 1)), y1 = min(y1, int64_t(h - 1));
+      const int64_t bw = x1 - x0 + 1, bh = y1 - y0 + 1;
+      const bool fits = c == 3 && bw > 0 && bh > 0 && bw * bh <= kStagedPixels;
+      box[0] = fits ? static_cast<int>(x0) : 0;
+      box[1] = fits ? static_cast<int>(y0) : 0;
+      box[2] = fits ? static_cast<int>(bw) : 0;
+      box[3] = fits ? static_cast<int>(bh) : 0;
+    }
   }
   __syncthreads();
   const T* src = scratch + k * s_b;
   const int bx = box[0], by = box[1], bw = box[2], bh = box[3];
-  for (int i = tid; i < bw * bh; i += kBlockX * kBlockY) {  // consecutive threads, consecutive bytes of a row
-    const T* p = src + (by + i / bw) * s_y + (bx + i % bw) * s_x;
+  for (int r = threadIdx.y; r < bh; r += kBlockY) {  // a warp per row, lanes on consecutive bytes
+    const T* row = src + (by + r) * s_y + bx * s_x;
+    for (int col = threadIdx.x; col < bw; col += kBlockX)
 #pragma unroll
-    for (int ch = 0; ch < 3; ++ch) staged[ch][i] = p[ch * s_c];
+      for (int ch = 0; ch < 3; ++ch) staged[ch][r * bw + col] = row[col * s_x + ch * s_c];
   }
   __syncthreads();
   const int u = u0 + threadIdx.x;
