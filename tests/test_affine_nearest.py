@@ -168,8 +168,16 @@ def test_nearest_policy_decodes_the_crop_and_gathers_after_the_warp(imagenet_dir
     bilinear = fl.FastLoader(ds, batch_size=16, transform=_pipeline("bilinear")).pipeline
     base = crop_only.plan(hs, ws, 0, 0, idx)
     plan = nearest.plan(hs, ws, 0, 0, idx)
-    assert torch.equal(plan.windows, base.windows) and torch.equal(plan.matrices, base.matrices)
     samples, maps, _ = nearest.sample_params(0, 0, idx).nearest
+    # the crop's warp; windows: the crop's, or for moved samples the part of it that the gather reads (a
+    # translation's shifted-out part is not decoded)
+    kept = np.setdiff1d(idx, samples.numpy())
+    assert torch.equal(plan.matrices[:, :, :2], base.matrices[:, :, :2]) and torch.equal(plan.windows[:, 4], base.windows[:, 4])
+    assert torch.equal(plan.windows[kept], base.windows[kept]) and torch.equal(plan.matrices[kept], base.matrices[kept])
+    t, l, hh, ww = plan.windows[:, :4].T
+    bt, bl, bh, bw = base.windows[:, :4].T
+    assert ((t >= bt) & (l >= bl) & (t + hh <= bt + bh) & (l + ww <= bl + bw)).all()
+    assert (hh * ww < bh * bw).any()
     op, magnitude, applied = nearest._policies[0].draws(0, 0, idx, 64, 64)
     names = np.array(nearest._policies[0].op_names)[op[:, 0]]
     moved = np.isin(names, ["Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY"]) & (magnitude[:, 0] != 0)
@@ -178,3 +186,24 @@ def test_nearest_policy_decodes_the_crop_and_gathers_after_the_warp(imagenet_dir
     composed = bilinear.plan(hs, ws, 0, 0, idx)
     assert bilinear.sample_params(0, 0, idx).nearest is None
     assert (composed.matrices[rotated, 0, 1] != 0).all()  # rotations inside the warp
+
+
+def test_the_gathered_part_is_decoded_exactly_as_the_whole_crop(imagenet_dir):
+    """A moved sample's window covers only what its gather reads (plus the filter's reach): the batch equals the one
+    made from the whole crop's window (GeometryPlanner.plan without ``read``), pixel for pixel."""
+    ds = fl.FolderDataset(imagenet_dir)
+    idx = np.arange(len(ds))
+    hs, ws = np.asarray(ds.heights), np.asarray(ds.widths)
+    pipe = fl.FastLoader(ds, batch_size=16, transform=T.Compose([
+        T.RandomResizedCrop(96), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)])).pipeline
+    params = pipe.sample_params(0, 0, idx)
+    narrow = pipe.plan(hs, ws, 0, 0, idx)
+    whole = pipe._geometries[(96, 96)].plan(hs, ws, 0, 0, idx)
+    assert (narrow.windows[:, 2] * narrow.windows[:, 3] < whole.windows[:, 2] * whole.windows[:, 3]).sum() >= 3
+    out = []
+    for plan in (narrow, whole):
+        with ds.reader() as r:
+            data, offsets, shapes, status, _ = ops.decode_crops([r.get(int(i)) for i in idx], plan.windows)
+        assert int(status.abs().sum()) == 0
+        out.append(pipe.run(data, offsets, shapes, plan.matrices, params))
+    assert torch.equal(out[0], out[1])

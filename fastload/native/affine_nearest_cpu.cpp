@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <vector>
@@ -73,8 +74,26 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
       std::memcpy(copy.data(), sample, values * sizeof(T));
       int64_t f[6];
       const bool finite = nearest::to_fixed(mats + k * 6, f);
+      // A row that maps to a run of one input row (translations, ShearX: a step of exactly one pixel along x and
+      // none along y) is copied as that run, with the fill around it: the same pixels as the loop below.
+      const bool runs = finite && f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0;
       for (int v = 0; v < h; ++v) {
         int64_t x = f[1] * v + f[2], y = f[4] * v + f[5];  // at u = 0, then one step per pixel
+        if (runs && s_x == 1) {
+          const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
+          const bool row_inside = py >= 0 && py < h;
+          // output u reads input px + u: inside for u in [first, last)
+          const int first = row_inside ? static_cast<int>(std::clamp<int64_t>(-px, 0, w)) : w;
+          const int last = row_inside ? static_cast<int>(std::clamp<int64_t>(w - px, first, w)) : w;
+          for (int ch = 0; ch < c; ++ch) {
+            T* dst = sample + v * s_y + ch * s_c;
+            std::fill(dst, dst + first, fill_value);
+            if (last > first) std::memcpy(dst + first, copy.data() + ch * s_c + py * s_y + px + first,
+                                          (last - first) * sizeof(T));
+            std::fill(dst + last, dst + w, fill_value);
+          }
+          continue;
+        }
         for (int u = 0; u < w; ++u, x += f[0], y += f[3]) {
           const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
           source[u] = finite && nearest::inside(px, py, h, w) ? static_cast<int>(py * s_y + px * s_x) : -1;

@@ -505,9 +505,12 @@ class GeometryPlanner:
             steps.append(t)
         return GeometryPlanner(steps, extra_fill=self.fill, dct_downscale=self.dct_downscale)
 
-    def plan(self, heights, widths, seed, epoch, indices, extra=None):
+    def plan(self, heights, widths, seed, epoch, indices, extra=None, read=None):
         """GeometryPlan for a batch: image sizes (int arrays [B]), sample indices, and optionally ``extra``
-        (float64 [B, 3, 3], output -> input in pixel-index coordinates of the final canvas) applied last.
+        (float64 [B, 3, 3], output -> input in pixel-index coordinates of the final canvas) applied last, or
+        ``read`` (float64 [B, 4]: x0, x1, y0, y1 in edge coordinates of the final canvas), the part of the output
+        that a later step reads (the policies' NEAREST gather): the window covers only its preimage; the output
+        elsewhere is fill. The matrices and DCT scale stay the steps' own either way.
 
         Window: the bounding box of the output rectangle's preimage plus the filter's reach, clipped to the image
         and to every crop that bounds what torchvision shows (RandomResizedCrop: its crop exactly, since it resizes
@@ -552,7 +555,10 @@ class GeometryPlanner:
             # pixel-index -> edge coordinates: T(.5) . extra . T(-.5)
             one = np.ones(b)
             a = a @ _scale_shift(one, 0.5, one, 0.5) @ extra @ _scale_shift(one, -0.5, one, -0.5)
-        x0, x1, y0, y1 = self._box(a, np.full(b, out_h), np.full(b, out_w))
+        if read is None:
+            read = np.zeros((b, 4))
+            read[:, 1], read[:, 3] = out_w, out_h
+        x0, x1, y0, y1 = self._box(a, np.asarray(read, np.float64).reshape(b, 4))
         rx, ry = _reach(a[:, 0, 0], a[:, 0, 1]), _reach(a[:, 1, 0], a[:, 1, 1])
         left = np.clip(np.floor(np.maximum(x0 - rx, clip[:, 0])), 0, widths - 1).astype(np.int64)
         right = np.clip(np.ceil(np.minimum(x1 + rx, clip[:, 1])), left + 1, widths).astype(np.int64)
@@ -588,11 +594,11 @@ class GeometryPlanner:
         return np.where(aligned[:, None], box, clip)
 
     @staticmethod
-    def _box(a, heights, widths):
-        """Bounding box (x0, x1, y0, y1), in original edge coordinates, of the canvas [0, w] x [0, h] under a."""
-        w = np.asarray(widths, np.float64)
-        h = np.asarray(heights, np.float64)
-        corners = [(0.0, 0.0), (w, 0.0), (0.0, h), (w, h)]
+    def _box(a, read):
+        """Bounding box (x0, x1, y0, y1), in original edge coordinates, of the canvas rectangle read [B, 4] (x0, x1,
+        y0, y1) under a."""
+        u0, u1, v0, v1 = read.T
+        corners = [(u0, v0), (u1, v0), (u0, v1), (u1, v1)]
         xs = np.stack([a[:, 0, 0] * u + a[:, 0, 1] * v + a[:, 0, 2] for u, v in corners])
         ys = np.stack([a[:, 1, 0] * u + a[:, 1, 1] * v + a[:, 1, 2] for u, v in corners])
         return xs.min(0), xs.max(0), ys.min(0), ys.max(0)

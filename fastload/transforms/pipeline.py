@@ -315,9 +315,12 @@ class Pipeline:
         composed after every geometric step."""
         size = self.size_at(epoch)
         geometry = self._geometries[size]
-        if not self._policies or self._nearest:
+        if not self._policies:
             return geometry.plan(heights, widths, seed, epoch, indices)
-        return geometry.plan(heights, widths, seed, epoch, indices, extra=self._policy_maps(seed, epoch, indices))
+        extra = self._policy_maps(seed, epoch, indices)
+        if not self._nearest or extra is None:
+            return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
+        return geometry.plan(heights, widths, seed, epoch, indices, read=_gathered_box(extra, *size))
 
     def _policy_maps(self, seed, epoch, indices):
         """The policies' geometric ops composed (float64 [B, 3, 3], output -> input pixel index on the epoch's
@@ -471,6 +474,20 @@ class Pipeline:
 
     def __repr__(self):
         return "Pipeline(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def _gathered_box(extra, h, w):
+    """float64 [B, 4] (x0, x1, y0, y1), edge coordinates of an h x w canvas: the pixels that a nearest gather with
+    the maps ``extra`` (output -> input pixel index) reads, with a pixel of margin for a rounding tie that the
+    kernel's fixed point decides the other way (affine_nearest.h); the whole canvas for samples it does not move."""
+    corners = np.array([[0, 0, 1], [w - 1, 0, 1], [0, h - 1, 1], [w - 1, h - 1, 1]], np.float64).T  # [3, 4]
+    src = extra[:, :2] @ corners  # [B, 2, 4]: the output corners' sources (x, y), pixel index
+    lo, hi = np.floor(src.min(axis=2) + 0.5) - 1, np.floor(src.max(axis=2) + 0.5) + 1
+    box = np.stack([lo[:, 0], hi[:, 0] + 1, lo[:, 1], hi[:, 1] + 1], axis=1)  # pixel index -> edge
+    box = np.clip(box, 0, [w, w, h, h])
+    box[:, 1] = np.maximum(box[:, 1], box[:, 0])  # all outside: an empty box
+    box[:, 3] = np.maximum(box[:, 3], box[:, 2])
+    return box
 
 
 def _fill_triple(fill):
