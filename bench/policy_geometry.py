@@ -1,7 +1,8 @@
 """The policies' rotate/shear/translate two ways, side by side in one process: NEAREST (torchvision's default and
 fastload's: a nearest gather from the warped crop, ops.affine_nearest_) against BILINEAR (the same draws composed
 into the one warp, the per-pixel 2-D filter for rotated samples). Feeds a training step (ResNet-50 by default) or
-runs the loader alone, alternating the two in rounds (each a warm-up epoch and a timed one), and prints images/s and efficiency against the step's ceiling.
+runs the loader alone, alternating the two in rounds (each a warm-up epoch and a timed one), and prints images/s
+and efficiency against the step's ceiling.
 
     python -m bench.policy_geometry data/imagenet-like-x4 --model resnet50 --size 176 --rounds 2
 """
@@ -17,8 +18,8 @@ from fastload import benchmark
 
 def pipeline(policy, interpolation, size):
     policy = {"trivialaugment": T.TrivialAugmentWide, "randaugment": T.RandAugment}[policy](interpolation=interpolation)
-    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), policy,
-                      T.ToDtype(torch.float32, scale=True), T.Normalize(benchmark.IMAGENET_MEAN, benchmark.IMAGENET_STD)])
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), policy, T.ToDtype(torch.float32, scale=True),
+                      T.Normalize(benchmark.IMAGENET_MEAN, benchmark.IMAGENET_STD)])
 
 
 def main(argv=None):

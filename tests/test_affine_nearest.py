@@ -1,7 +1,8 @@
-"""fastload.ops.affine_nearest / affine_nearest_ (``fastload::affine_nearest_``, CPU and CUDA): the policies' rotate/shear/translate
-as torchvision applies them (F.affine / F.rotate with NEAREST, grid_sample's nearest) to the resized crop, checked
-pixel for pixel against torchvision on real photos; its layouts, fill, errors and op registration; and the stage
-that runs it (the decode windows of a NEAREST policy are the crop's, its warp axis-aligned)."""
+"""fastload.ops.affine_nearest / affine_nearest_ (``fastload::affine_nearest_``, CPU and CUDA): the policies'
+rotate/shear/translate as torchvision applies them (F.affine / F.rotate with NEAREST, grid_sample's nearest) to the
+resized crop, checked pixel for pixel against torchvision on real photos; its layouts, fill, errors and op
+registration; and the stage that runs it (a NEAREST policy's warp is the crop's, axis-aligned; its windows cover
+what the gather reads)."""
 import numpy as np
 import pytest
 import torch
@@ -49,10 +50,11 @@ def test_equals_torchvisions_nearest_affine(images, size, fill):
     for photo in images[:3]:
         img = photo[:, :h, :w].contiguous()
         for name, magnitude in _cases():
-            expected = tv._apply_image_or_video_transform(img, name, magnitude, interpolation=v2.InterpolationMode.NEAREST,
-                                                          fill=tv._fill)
+            expected = tv._apply_image_or_video_transform(img, name, magnitude,
+                                                          interpolation=v2.InterpolationMode.NEAREST, fill=tv._fill)
             matrix = P.geometric_matrices(name, [magnitude], h, w)[0]
-            got = ops.affine_nearest(img[None], torch.from_numpy(matrix[:2]).float(), fill=0 if fill is None else fill)[0]
+            m = torch.from_numpy(matrix[:2]).float()
+            got = ops.affine_nearest(img[None], m, fill=0 if fill is None else fill)[0]
             tie = torch.from_numpy(_ties(matrix, h, w))
             differ = (got != expected).any(0)
             assert not (differ & ~tie).any(), f"{name} {magnitude}: {int((differ & ~tie).sum())} pixels differ"
@@ -157,8 +159,8 @@ def _pipeline(interpolation, size=64):
 
 def test_nearest_policy_decodes_the_crop_and_gathers_after_the_warp(imagenet_dir):
     """With NEAREST (the default) the policy's geometry is torchvision's: the decode windows and warp matrices are
-    the crop's (the pipeline without the policy: every warp axis-aligned), and the samples that drew a geometric op are gathered from the
-    warped crop. With BILINEAR the ops still compose into the one warp (rotated matrices)."""
+    the crop's (the pipeline without the policy: every warp axis-aligned), and the samples that drew a geometric op
+    are gathered from the warped crop. With BILINEAR the ops still compose into the one warp (rotated matrices)."""
     ds = fl.FolderDataset(imagenet_dir)
     idx = np.arange(len(ds))
     hs, ws = np.asarray(ds.heights), np.asarray(ds.widths)
@@ -172,7 +174,8 @@ def test_nearest_policy_decodes_the_crop_and_gathers_after_the_warp(imagenet_dir
     # the crop's warp; windows: the crop's, or for moved samples the part of it that the gather reads (a
     # translation's shifted-out part is not decoded)
     kept = np.setdiff1d(idx, samples.numpy())
-    assert torch.equal(plan.matrices[:, :, :2], base.matrices[:, :, :2]) and torch.equal(plan.windows[:, 4], base.windows[:, 4])
+    assert torch.equal(plan.matrices[:, :, :2], base.matrices[:, :, :2])
+    assert torch.equal(plan.windows[:, 4], base.windows[:, 4])
     assert torch.equal(plan.windows[kept], base.windows[kept]) and torch.equal(plan.matrices[kept], base.matrices[kept])
     t, l, hh, ww = plan.windows[:, :4].T
     bt, bl, bh, bw = base.windows[:, :4].T

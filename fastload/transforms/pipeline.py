@@ -6,7 +6,7 @@ batch, in three places (CONTRACT.md beside this file):
   decode window and DCT scale follow (``Pipeline.plan``); the policies' rotate/shear/translate too where a policy
   asks for BILINEAR;
 - after decoding, in the stage (GPU or CPU): one warp, then the policies' NEAREST rotate/shear/translate (their
-  default) as torchvision applies them to the resized crop (``ops.affine_nearest``, on the samples that drew one),
+  default) as torchvision applies them to the resized crop (``ops.affine_nearest_``, on the samples that drew one),
   then the photometric table (``functional.apply_table``) on the uint8 image, as torchvision's uint8 pipelines do,
   then ToDtype + Normalize, then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
@@ -198,8 +198,9 @@ class Pipeline:
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
         # Policies with NEAREST (torchvision's default) rotate/shear/translate the resized crop as torchvision does:
-        # a nearest-neighbour gather after the warp (ops.affine_nearest), which keeps every warp axis-aligned and
-        # every decode window the crop's. Otherwise (a BILINEAR policy among them) their ops compose into the warp.
+        # a nearest-neighbour gather after the warp (ops.affine_nearest_), which keeps every warp axis-aligned and
+        # every decode window within the crop's. Otherwise (a BILINEAR policy among them) their ops compose into
+        # the warp.
         self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
         self._memo = threading.local()  # _policy_plan's last result per policy, per planning thread
         from .geometry import GeometryPlanner
