@@ -6,7 +6,6 @@ for the whole batch, on corpus photos resized to the output size: the cost of ea
 """
 import argparse
 import glob
-import time
 
 import numpy as np
 import torch
@@ -14,6 +13,7 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
 import fastload.transforms.functional as F
+from bench.timing import best_seconds
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # one parameter per op, inside torchvision's ranges (blur: kernel 5x5, sigma 1)
@@ -36,13 +36,7 @@ def ms_per_sample(x, name, repeats, **kw):
     ops = torch.full((len(x), 1), F.OPS[name], dtype=torch.int64)
     params = torch.tensor(PARAMS[name], dtype=torch.float32).expand(len(x), 1, 3).contiguous()
     table = F.PhotometricTable(ops, params)
-    F.photometric(x, table, **kw)  # warm: output pool, scratch images
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        F.photometric(x, table, **kw)
-        best = min(best, time.perf_counter() - t)
-    return 1e3 * best / len(x)
+    return 1e3 * best_seconds(lambda: F.photometric(x, table, **kw), repeats) / len(x)
 
 
 def main():

@@ -1,8 +1,9 @@
 """The CPU warp (fastload.ops.warp_ragged) per sample, one thread, on real decoded crops: axis-aligned matrices
 (the separable path) against rotated and sheared ones (the general path), float32 normalised and uint8 output.
 
-Inputs are the loader's own: a TrivialAugmentWide batch planned and crop-decoded from the corpus as FastLoader does
-(RandomResizedCrop windows, the policy's rotate/shear folded into each matrix). Rows:
+Inputs are the loader's own: a TrivialAugmentWide(interpolation=BILINEAR) batch planned and crop-decoded from the
+corpus as FastLoader does (RandomResizedCrop windows, the policy's rotate/shear folded into each matrix, as BILINEAR
+policies, RandomAffine and RandomRotation have them). Rows:
 - "TA axis-aligned" / "TA rotate+shear": that batch's samples split by path;
 - "rot +-30, 1.5-2x": the same crops with matrices built by hand, rotating about the centre with a 1.5-2x shrink;
 - "shear x/y 0.3": the same with a pure shear (TrivialAugmentWide's ShearX/ShearY at their widest).
@@ -12,22 +13,24 @@ Inputs are the loader's own: a TrivialAugmentWide batch planned and crop-decoded
 import argparse
 import math
 import os
-import time
 
 import numpy as np
 import torch
 
 import fastload as fl
-from fastload import benchmark
+from bench import policy_geometry
+from bench.timing import best_seconds
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def decoded_batch(data_dir, size, batch):
-    """A TrivialAugmentWide batch as the loader decodes it: (data, offsets, shapes, matrices)."""
+    """A TrivialAugmentWide(interpolation=BILINEAR) batch as the loader decodes it: (data, offsets, shapes,
+    matrices). BILINEAR, because with NEAREST (the default) the loader gathers the policy's rotations after an
+    axis-aligned warp (bench.policy_geometry compares the two) and no sample would take the general path."""
     ds = fl.FolderDataset(data_dir)
     idx = np.arange(batch) % len(ds)
-    pipeline = fl.transforms.Pipeline.build(benchmark.pipelines("trivialaugment", size)[0])
+    pipeline = fl.transforms.Pipeline.build(policy_geometry.pipeline("trivialaugment", "bilinear", size))
     plan = pipeline.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, np.arange(batch))
     with ds.reader() as r:
         data, offsets, shapes, status, msgs = fl.ops.decode_crops([r.get(int(i)) for i in idx], plan.windows,
@@ -66,14 +69,8 @@ def hand_matrices(shapes, size, kind, seed=0):
 
 
 def ms_per_sample(data, offsets, shapes, matrices, size, repeats, **kw):
-    ops = fl.ops
-    ops.warp_ragged(data, offsets, shapes, matrices, size, **kw)  # warm: output pool, thread-local buffers
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        ops.warp_ragged(data, offsets, shapes, matrices, size, **kw)
-        best = min(best, time.perf_counter() - t)
-    return 1e3 * best / offsets.numel()
+    run = lambda: fl.ops.warp_ragged(data, offsets, shapes, matrices, size, **kw)  # noqa: E731
+    return 1e3 * best_seconds(run, repeats) / offsets.numel()
 
 
 def main():
