@@ -16,7 +16,7 @@ from .errors import DecodeError
 from .native import C
 
 __all__ = ["JpegInfo", "JpegWarning", "read_header", "read_headers", "decode_crop", "decode_crops", "verify_jpegs",
-           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_nearest", "affine_nearest_",
+           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_nearest", "affine_nearest_", "nearest_maps",
            "affine_from_points", "MAX_PIXELS", "MAX_BYTES", "DOWNSCALES"]
 
 #: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
@@ -327,21 +327,27 @@ def affine_nearest_(images, samples, matrices, fill=0.0):
     indices outside the batch."""
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
+    samples, matrices = nearest_maps(samples, matrices, images.shape[0], images.device)
+    torch.ops.fastload.affine_nearest_(images, samples, matrices, float(fill))
+    return images
+
+
+def nearest_maps(samples, matrices, batch, device):
+    """(samples int64 [N], matrices float32 [N, 2, 3]) on ``device`` for the ops that take nearest maps
+    (affine_nearest_, and photometric, which reads the listed samples through them). Host samples are checked here
+    (distinct indices into a batch of ``batch``); device ones are trusted (a CUDA kernel skips indices outside)."""
     samples = torch.as_tensor(samples, dtype=torch.int64)
     matrices = torch.as_tensor(matrices, dtype=torch.float32)
     if samples.dim() != 1 or matrices.shape != (len(samples), 2, 3):
         raise ValueError(f"samples must be [N] and matrices [N, 2, 3], got {tuple(samples.shape)} and "
                          f"{tuple(matrices.shape)}")
     if samples.device.type == "cpu" and len(samples):  # numpy: a few microseconds (the stage calls this per batch)
-        index, b = samples.numpy(), images.shape[0]
-        if index.min() < 0 or index.max() >= b:
-            raise ValueError(f"samples must index the batch of {b}, got {index.tolist()}")
-        if np.bincount(index, minlength=b).max() > 1:
+        index = samples.numpy()
+        if index.min() < 0 or index.max() >= batch:
+            raise ValueError(f"samples must index the batch of {batch}, got {index.tolist()}")
+        if np.bincount(index, minlength=batch).max() > 1:
             raise ValueError(f"samples must be distinct, got {index.tolist()}")
-    dev = images.device
-    torch.ops.fastload.affine_nearest_(images, samples.to(dev, non_blocking=True),
-                                       matrices.to(dev, non_blocking=True).contiguous(), float(fill))
-    return images
+    return samples.to(device, non_blocking=True), matrices.to(device, non_blocking=True).contiguous()
 
 
 def affine_from_points(src, dst):

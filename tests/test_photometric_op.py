@@ -258,3 +258,95 @@ def test_cuda_device_table_bad_slot_is_identity(decoded):
                                          torch.zeros(3, device="cuda"), torch.uint8, False)
     ops[4, 0] = OPS["identity"]
     _assert_equal(out.cpu(), _run(x, (ops, table.params), torch.uint8))
+
+
+# --- nearest maps: the listed samples read through affine_nearest_'s maps ------------------------------------
+
+def _maps(n, h, w):
+    """Maps for samples 0, 2, 3, 5, 6 of a batch of n: every policy op (rotations past 90 degrees, shears both
+    ways, a translation off the image), a zoom out and a NaN matrix (every pixel the fill)."""
+    from fastload.transforms import policies as P
+    names = ["Rotate", "ShearX", "ShearY", "TranslateX", "Rotate"]
+    mags = [33.3, -0.7, 0.25, w * 0.6, -135.0]
+    m = torch.from_numpy(np.stack([P.geometric_matrices(name, [g], h, w)[0][:2] for name, g in zip(names, mags)]))
+    m = m.float()
+    m[1] *= 2.5
+    m[3, 0, 2] = float("nan")
+    samples = torch.tensor([0, 2, 3, 5, 6][:min(5, n)])
+    return samples, m[:len(samples)]
+
+
+def _moved_first(x, samples, m, fill):
+    y = x.clone()
+    ops.affine_nearest_(y, samples, m, fill)
+    return y
+
+
+@pytest.mark.parametrize("size", SIZES + [(33, 47)], ids=str)
+def test_maps_equal_moving_the_samples_first(decoded, size):
+    """photometric(x, nearest=maps) equals affine_nearest_ on a copy followed by photometric, every op (blur too)
+    in every slot, fills rounded as affine_nearest_ rounds them; x itself is not written."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    before = x.clone()
+    samples, m = _maps(len(x), h, w)
+    for seed, slots, fill in [(0, 0, 0.0), (1, 1, 127.6), (2, 3, 300.0)]:
+        table = _table(len(x), slots, h, w, seed)
+        moved = _moved_first(x, samples, m, fill)
+        for out_dtype in (torch.float32, torch.uint8):
+            norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
+            got = F.photometric(x, table, out_dtype=out_dtype, nearest=(samples, m, fill), **norm)
+            _assert_equal(got, _run(moved, table, out_dtype))
+    assert torch.equal(x, before)
+
+
+def test_maps_are_checked(decoded):
+    x = _batch(decoded, 16, 16)
+    table = _table(len(x), 1, 16, 16, 0)
+    samples, m = _maps(len(x), 16, 16)
+    with pytest.raises(ValueError, match="distinct"):
+        F.photometric(x, table, nearest=(torch.tensor([0, 0]), m[:2], 0.0))
+    with pytest.raises(ValueError, match="index the batch"):
+        F.photometric(x, table, nearest=(torch.tensor([8]), m[:1], 0.0))
+    with pytest.raises(ValueError, match=r"\[N, 2, 3\]"):
+        F.photometric(x, table, nearest=(samples, m[:2], 0.0))
+    op = torch.ops.fastload.photometric
+    one, zero = torch.ones(3), torch.zeros(3)
+    with pytest.raises(RuntimeError, match="out of range"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([9]), m[:1], 0.0)
+    with pytest.raises(RuntimeError, match="listed twice"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([1, 1]), m[:2], 0.0)
+    with pytest.raises(RuntimeError, match="both samples and matrices"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, None, 0.0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_opcheck_with_maps(decoded, device):
+    x = _batch(decoded, 8, 12).to(device)
+    table = _table(len(x), 2, 8, 12, 4)
+    samples, m = _maps(len(x), 8, 12)
+    alpha, beta = torch.rand(3, device=device), torch.rand(3, device=device)
+    for out_dtype, channels_last in [(torch.float32, True), (torch.uint8, False)]:
+        torch.library.opcheck(torch.ops.fastload.photometric.default,
+                              (x, table.ops.to(device), table.params.to(device), alpha, beta, out_dtype,
+                               channels_last, samples.to(device), m.to(device), 5.0))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", [(7, 5), (33, 47), (64, 80), (176, 176)], ids=str)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_maps_equal_cpu(decoded, size, out_dtype, channels_last):
+    """The CUDA op reads the listed samples through their maps in its first launch (stats, and a kernel of their
+    own for the pixels, blur and sharpness neighbours included): bit for bit the CPU op, which moves them first."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    samples, m = _maps(len(x), h, w)
+    for seed, slots in [(0, 0), (1, 1), (2, 3)]:
+        table = _table(len(x), slots, h, w, seed)
+        norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
+        cpu = F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last, nearest=(samples, m, 9.0),
+                            **norm)
+        cuda = F.photometric(x.cuda(), table, out_dtype=out_dtype, channels_last=channels_last,
+                             nearest=(samples.cuda(), m.cuda(), 9.0), **norm)
+        _assert_equal(cuda.cpu(), cpu)

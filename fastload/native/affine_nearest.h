@@ -15,7 +15,13 @@
 #include <cmath>
 #include <cstdint>
 
-#include "warp.h"  // FL_HD
+#include "warp.h"
+
+#if !defined(__CUDACC__)
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+#endif  // FL_HD
 
 namespace fastload {
 namespace nearest {
@@ -54,4 +60,14 @@ FL_HD T fill_value(double fill) {
 }
 
 }  // namespace nearest
+
+#if !defined(__CUDACC__)
+// affine_nearest_cpu.cpp, for the ops that read samples through nearest maps (fastload::photometric): checks that
+// `samples` (contiguous int64 [N] on the CPU) are distinct indices into a batch of `batch` (errors name `op`) ...
+void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op);
+// ... and moves one uint8 NCHW sample of h x w pixels by `matrix` (2x3 floats) from src into dst (distinct
+// buffers); `source` is the caller's scratch.
+void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
+                       std::vector<int>& source);
+#endif
 }  // namespace fastload

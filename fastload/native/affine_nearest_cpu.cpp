@@ -46,19 +46,71 @@ void check_affine_nearest_args(const at::Tensor& images, const at::Tensor& sampl
 
 namespace {
 
+// One sample moved by one matrix from src into dst (distinct buffers of C * H * W values with strides s_c, s_y, s_x,
+// the same for both). Rows that map to a run of one input row (translations, ShearX: a step of exactly one pixel
+// along x and none along y) are copied as that run, with the fill around it: the same pixels as the general loop.
 template <typename T>
-void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
-  const int64_t batch = images.size(0), n = samples.size(0);
-  const int c = static_cast<int>(images.size(1)), h = static_cast<int>(images.size(2)),
-            w = static_cast<int>(images.size(3));
+void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, int s_x, const float* matrix,
+                   T fill_value, std::vector<int>& source) {
+  int64_t f[6];
+  const bool finite = nearest::to_fixed(matrix, f);
+  const bool runs = finite && f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0;
+  source.resize(w);  // per pixel of a row: its input pixel's offset in the sample, or -1 (fill)
+  for (int v = 0; v < h; ++v) {
+    int64_t x = f[1] * v + f[2], y = f[4] * v + f[5];  // at u = 0, then one step per pixel
+    if (runs && s_x == 1) {
+      const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
+      const bool row_inside = py >= 0 && py < h;
+      // output u reads input px + u: inside for u in [first, last)
+      const int first = row_inside ? static_cast<int>(std::clamp<int64_t>(-px, 0, w)) : w;
+      const int last = row_inside ? static_cast<int>(std::clamp<int64_t>(w - px, first, w)) : w;
+      for (int ch = 0; ch < c; ++ch) {
+        T* out = dst + v * s_y + ch * s_c;
+        std::fill(out, out + first, fill_value);
+        if (last > first) std::memcpy(out + first, src + ch * s_c + py * s_y + px + first, (last - first) * sizeof(T));
+        std::fill(out + last, out + w, fill_value);
+      }
+      continue;
+    }
+    for (int u = 0; u < w; ++u, x += f[0], y += f[3]) {
+      const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
+      source[u] = finite && nearest::inside(px, py, h, w) ? static_cast<int>(py * s_y + px * s_x) : -1;
+    }
+    for (int ch = 0; ch < c; ++ch) {  // a plane at a time (NCHW)
+      const T* from = src + ch * s_c;
+      T* out = dst + v * s_y + ch * s_c;
+      for (int u = 0; u < w; ++u) out[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
+    }
+  }
+}
+
+}  // namespace
+
+void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op) {
   const int64_t* index = samples.data_ptr<int64_t>();
   std::vector<bool> seen(batch, false);
-  for (int64_t k = 0; k < n; ++k) {
-    FL_CHECK(index[k] >= 0 && index[k] < batch, "affine_nearest_: sample index %lld is out of range for a batch "
-             "of %lld", static_cast<long long>(index[k]), static_cast<long long>(batch));
-    FL_CHECK(!seen[index[k]], "affine_nearest_: sample %lld is listed twice", static_cast<long long>(index[k]));
+  for (int64_t k = 0; k < samples.size(0); ++k) {
+    FL_CHECK(index[k] >= 0 && index[k] < batch, "%s: sample index %lld is out of range for a batch of %lld", op,
+             static_cast<long long>(index[k]), static_cast<long long>(batch));
+    FL_CHECK(!seen[index[k]], "%s: sample %lld is listed twice", op, static_cast<long long>(index[k]));
     seen[index[k]] = true;
   }
+}
+
+void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
+                       std::vector<int>& source) {
+  gather_sample<uint8_t>(src, dst, 3, h, w, h * w, w, 1, matrix, nearest::fill_value<uint8_t>(fill), source);
+}
+
+namespace {
+
+template <typename T>
+void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+  const int64_t n = samples.size(0);
+  const int c = static_cast<int>(images.size(1)), h = static_cast<int>(images.size(2)),
+            w = static_cast<int>(images.size(3));
+  check_sample_list(samples, images.size(0), "affine_nearest_");
+  const int64_t* index = samples.data_ptr<int64_t>();
   // A sample's C * H * W values are one block, with the same inner strides in both layouts.
   const int64_t s_b = images.stride(0), values = int64_t(c) * h * w;
   const int s_c = static_cast<int>(images.stride(1)), s_y = static_cast<int>(images.stride(2)),
@@ -68,42 +120,11 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
   const T fill_value = nearest::fill_value<T>(fill);
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> copy(values);
-    std::vector<int> source(w);  // per pixel of a row: its input pixel's offset in the sample, or -1 (fill)
+    std::vector<int> source;
     for (int64_t k = begin; k < end; ++k) {
       T* sample = base + index[k] * s_b;
       std::memcpy(copy.data(), sample, values * sizeof(T));
-      int64_t f[6];
-      const bool finite = nearest::to_fixed(mats + k * 6, f);
-      // A row that maps to a run of one input row (translations, ShearX: a step of exactly one pixel along x and
-      // none along y) is copied as that run, with the fill around it: the same pixels as the loop below.
-      const bool runs = finite && f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0;
-      for (int v = 0; v < h; ++v) {
-        int64_t x = f[1] * v + f[2], y = f[4] * v + f[5];  // at u = 0, then one step per pixel
-        if (runs && s_x == 1) {
-          const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
-          const bool row_inside = py >= 0 && py < h;
-          // output u reads input px + u: inside for u in [first, last)
-          const int first = row_inside ? static_cast<int>(std::clamp<int64_t>(-px, 0, w)) : w;
-          const int last = row_inside ? static_cast<int>(std::clamp<int64_t>(w - px, first, w)) : w;
-          for (int ch = 0; ch < c; ++ch) {
-            T* dst = sample + v * s_y + ch * s_c;
-            std::fill(dst, dst + first, fill_value);
-            if (last > first) std::memcpy(dst + first, copy.data() + ch * s_c + py * s_y + px + first,
-                                          (last - first) * sizeof(T));
-            std::fill(dst + last, dst + w, fill_value);
-          }
-          continue;
-        }
-        for (int u = 0; u < w; ++u, x += f[0], y += f[3]) {
-          const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
-          source[u] = finite && nearest::inside(px, py, h, w) ? static_cast<int>(py * s_y + px * s_x) : -1;
-        }
-        for (int ch = 0; ch < c; ++ch) {  // a plane at a time (NCHW)
-          const T* from = copy.data() + ch * s_c;
-          T* dst = sample + v * s_y + ch * s_c;
-          for (int u = 0; u < w; ++u) dst[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
-        }
-      }
+      gather_sample<T>(copy.data(), sample, c, h, w, s_c, s_y, s_x, mats + k * 6, fill_value, source);
     }
   });
 }

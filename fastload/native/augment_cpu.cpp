@@ -1,6 +1,8 @@
 // `fastload::photometric`: a PhotometricTable (functional.apply_table's semantics on uint8) applied to a batch,
 // then the output cast cast(v * alpha[c] + beta[c]) (the pipeline's ToDtype + Normalize). Schema, the checks
 // both backends share, and the CPU kernel: one sample per task, its slots in turn through two scratch planes.
+// Listed samples (samples/matrices) are first moved by their nearest maps (affine_nearest.h), as if
+// affine_nearest_ had run on x, without touching x: the stage's policy rotate/shear/translate, read on the way in.
 // The per-pixel maths is augment.h's, shared with the CUDA kernels (augment_cuda.cu).
 
 // torch computes each float op with one rounding; a contracted a * b + c would round once where it rounds twice.
@@ -23,9 +25,11 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "affine_nearest.h"
 #include "augment.h"
 #include "check.h"
 
@@ -84,6 +88,26 @@ at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops
   return at::empty({batch, 3, h, w}, options);
 }
 
+// The nearest maps both backends take (samples int64 [N], matrices float32 [N, 2, 3], on x's device; both or
+// neither). The indices themselves: checked by the CPU op, skipped by the CUDA kernels when out of range (the
+// Python wrapper checks host ones).
+void check_photometric_maps(const at::Tensor& x, const std::optional<at::Tensor>& samples,
+                            const std::optional<at::Tensor>& matrices) {
+  TORCH_CHECK(samples.has_value() == matrices.has_value(), "photometric: pass both samples and matrices, or neither");
+  if (!samples) return;
+  TORCH_CHECK(samples->dim() == 1 && samples->scalar_type() == at::kLong && samples->is_contiguous(),
+              "photometric: samples must be a contiguous int64 [N] tensor");
+  FL_CHECK(matrices->dim() == 3 && matrices->size(0) == samples->size(0) && matrices->size(1) == 2 &&
+               matrices->size(2) == 3 && matrices->scalar_type() == at::kFloat && matrices->is_contiguous(),
+           "photometric: matrices must be a contiguous float32 [N, 2, 3] tensor with N = %lld (one per sample)",
+           static_cast<long long>(samples->size(0)));
+  TORCH_CHECK(samples->device() == x.device() && matrices->device() == x.device(),
+              "photometric: samples and matrices must be on x's device");
+  FL_CHECK(x.size(2) <= nearest::kMaxSide && x.size(3) <= nearest::kMaxSide,
+           "photometric: images read through nearest maps must be at most %d a side, got %lld x %lld",
+           nearest::kMaxSide, static_cast<long long>(x.size(2)), static_cast<long long>(x.size(3)));
+}
+
 namespace {
 
 using namespace augment;
@@ -119,6 +143,8 @@ void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) 
 // Per-thread scratch: two uint8 images (the slots ping-pong between them) and the blur's rows and weights.
 struct Scratch {
   std::vector<uint8_t> image[2];
+  std::vector<uint8_t> moved;  // a listed sample after its nearest map (the slots' input)
+  std::vector<int> source;
   std::vector<float> rows;
   std::vector<float> wx, wy;
 };
@@ -388,7 +414,8 @@ bool cpu_has_fma() {
 
 template <typename out_t>
 void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
-                          const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out) {
+                          const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out,
+                          const std::vector<int64_t>& moved_as, const float* mats, double fill) {
   const int64_t batch = x.size(0), slots = ops.size(1);
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int64_t hw = static_cast<int64_t>(h) * w;
@@ -411,23 +438,43 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;
     for (auto& image : scratch.image) image.resize(3 * hw);
-    for (int64_t i = begin; i < end; ++i)
-      run(in + i * 3 * hw, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last,
-          o + i * 3 * hw, scratch);
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* sample = in + i * 3 * hw;
+      if (!moved_as.empty() && moved_as[i] >= 0) {  // read through its map: moved into scratch first
+        scratch.moved.resize(3 * hw);
+        nearest_gather_u8(sample, scratch.moved.data(), h, w, mats + moved_as[i] * 6, fill, scratch.source);
+        sample = scratch.moved.data();
+      }
+      run(sample, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last, o + i * 3 * hw,
+          scratch);
+    }
   });
 }
 
 at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                            const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
-                           bool channels_last) {
+                           bool channels_last, const std::optional<at::Tensor>& samples,
+                           const std::optional<at::Tensor>& matrices, double fill) {
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
+  check_photometric_maps(x, samples, matrices);
   check_table(ops, params, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)));
   if (out.numel() == 0) return out;
+  std::vector<int64_t> moved_as;  // per sample: its row in matrices, or -1
+  const float* mats = nullptr;
+  if (samples && samples->numel() > 0) {
+    check_sample_list(*samples, x.size(0), "photometric");
+    moved_as.assign(x.size(0), -1);
+    const int64_t* index = samples->data_ptr<int64_t>();
+    for (int64_t k = 0; k < samples->size(0); ++k) moved_as[index[k]] = k;
+    mats = matrices->data_ptr<float>();
+  }
   switch (out_dtype) {
-    case at::kFloat: photometric_cpu_impl<float>(x, ops, params, alpha, beta, out); break;
-    case at::kHalf: photometric_cpu_impl<c10::Half>(x, ops, params, alpha, beta, out); break;
-    case at::kBFloat16: photometric_cpu_impl<c10::BFloat16>(x, ops, params, alpha, beta, out); break;
-    default: photometric_cpu_impl<uint8_t>(x, ops, params, alpha, beta, out); break;
+    case at::kFloat: photometric_cpu_impl<float>(x, ops, params, alpha, beta, out, moved_as, mats, fill); break;
+    case at::kHalf: photometric_cpu_impl<c10::Half>(x, ops, params, alpha, beta, out, moved_as, mats, fill); break;
+    case at::kBFloat16:
+      photometric_cpu_impl<c10::BFloat16>(x, ops, params, alpha, beta, out, moved_as, mats, fill);
+      break;
+    default: photometric_cpu_impl<uint8_t>(x, ops, params, alpha, beta, out, moved_as, mats, fill); break;
   }
   return out;
 }
@@ -437,7 +484,7 @@ at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at:
 TORCH_LIBRARY_FRAGMENT(fastload, m) {
   m.def(
       "photometric(Tensor x, Tensor ops, Tensor params, Tensor alpha, Tensor beta, ScalarType out_dtype, "
-      "bool channels_last) -> Tensor");
+      "bool channels_last, Tensor? samples=None, Tensor? matrices=None, float fill=0.) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("photometric", &photometric_cpu); }

@@ -6,6 +6,9 @@
 //   apply_kernel  each block is a 32 x 32 tile of one sample and switches on that sample's op code; the last slot's
 //                 launch writes the output dtype/layout (cast(v * alpha + beta)), the others a uint8 scratch batch
 //                 (two, ping-pong, from the caching allocator).
+// Listed samples (samples/matrices: the policies' NEAREST rotate/shear/translate) are read through their maps by
+// the first launch (slot 0's stats and apply), pixel by pixel, so the moved batch is never written: the stage
+// skips affine_nearest_'s copy and gather passes.
 // The table is on the device, so its values are not checked here (that would synchronise): a sample whose slot
 // holds an unknown op code or an undefined blur is left unchanged by that slot (functional.photometric checks
 // the host table before copying it).
@@ -18,9 +21,14 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 
+#include "affine_nearest.h"
 #include "augment.h"
+#include "check.h"
 
 namespace fastload {
 
@@ -28,6 +36,8 @@ namespace fastload {
 at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                                       const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
                                       bool channels_last);
+void check_photometric_maps(const at::Tensor& x, const std::optional<at::Tensor>& samples,
+                            const std::optional<at::Tensor>& matrices);
 
 namespace {
 
@@ -58,6 +68,45 @@ __device__ __forceinline__ int slot_op(const int64_t* ops, int b, int slots, int
   if (slot < 0) return kIdentity;  // S = 0: the cast alone
   const int64_t op = ops[static_cast<int64_t>(b) * slots + slot];
   return op >= 0 && op < kNumOps ? static_cast<int>(op) : kIdentity;
+}
+
+// The nearest maps of the listed samples, for the first launch (map_of null: none, or a later slot).
+struct Moves {
+  const int32_t* map_of;   // [B]: the sample's row in mats, or -1
+  const float* mats;       // [N, 2, 3]
+  uint8_t fill;
+  const int64_t* samples;  // [N]
+  int n;
+};
+
+// A listed sample as the first slot reads it: pixel (u, v) is input pixel `source(u, v)` or the fill.
+struct Moved {
+  const uint8_t* s;
+  int h, w, hw;
+  int64_t f[6];
+  uint8_t fill;
+  __device__ Moved(const uint8_t* s_, int h_, int w_, const float* m, uint8_t fill_)
+      : s(s_), h(h_), w(w_), hw(h_ * w_), fill(fill_) {
+    // a non-finite matrix maps every pixel outside (fill), as affine_nearest_ (none: unused)
+    if (!m || !nearest::to_fixed(m, f)) f[0] = f[1] = f[3] = f[4] = 0, f[2] = f[5] = INT64_MIN / 2;
+  }
+  __device__ __forceinline__ int source(int u, int v) const {  // the input pixel's index in a plane, or -1
+    const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
+    return nearest::inside(x, y, h, w) ? static_cast<int>(y) * w + static_cast<int>(x) : -1;
+  }
+  __device__ __forceinline__ uint8_t at(int c, int u, int v) const {
+    const int i = source(u, v);
+    return i < 0 ? fill : s[c * hw + i];
+  }
+};
+
+__device__ __forceinline__ int moved_row(const Moves& moves, int b) { return moves.map_of ? moves.map_of[b] : -1; }
+
+// map_of[samples[k]] = k (map_of set to -1 before); an index outside the batch is skipped.
+__global__ void scatter_map_kernel(const int64_t* __restrict__ samples, int n, int64_t batch,
+                                   int32_t* __restrict__ map_of) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < n && samples[k] >= 0 && samples[k] < batch) map_of[samples[k]] = k;
 }
 
 // Normalised taps of one axis into w (all threads of the block): exp in parallel, their sum in order i = 0..k-1
@@ -107,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
                                                          const float* __restrict__ params, int slots, int slot,
                                                          int h, int w, Stats* __restrict__ stats,
                                                          double* __restrict__ taps, float* __restrict__ weights,
-                                                         int kcap) {
+                                                         int kcap, bool quads, Moves moves) {
   const int b = blockIdx.y;
   const int op = slot_op(ops, b, slots, slot);
   const float* p = slot_params(params, b, slots, slot);
@@ -121,31 +170,56 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
   }
   if (!needs_stats(op)) return;
   const int hw = h * w;
-  const int chunk = (hw + gridDim.x - 1) / gridDim.x;
+  int chunk = (hw + gridDim.x - 1) / gridDim.x;
+  if (quads) chunk = (chunk + 3) & ~3;  // hw is a multiple of 4: so are begin and end
   const int begin = blockIdx.x * chunk, end = min(hw, begin + chunk);
   const uint8_t* r = src + static_cast<int64_t>(b) * 3 * hw;
   const uint8_t* g = r + hw;
   const uint8_t* bl = g + hw;
+  // f(r, g, b) on every pixel of the block's chunk: with quads, 4-byte loads (three per four pixels); a listed
+  // sample through its map
+  const int row = moved_row(moves, b);
+  const auto each_pixel = [&](auto&& f) {
+    if (row >= 0) {
+      const Moved mv(r, h, w, moves.mats + static_cast<int64_t>(row) * 6, moves.fill);
+      for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const int j = mv.source(i % w, i / w);
+        if (j < 0)
+          f(mv.fill, mv.fill, mv.fill);
+        else
+          f(r[j], g[j], bl[j]);
+      }
+    } else if (quads) {
+      for (int i = begin + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
+        const uchar4 q0 = *reinterpret_cast<const uchar4*>(r + i), q1 = *reinterpret_cast<const uchar4*>(g + i),
+                     q2 = *reinterpret_cast<const uchar4*>(bl + i);
+        f(q0.x, q1.x, q2.x), f(q0.y, q1.y, q2.y), f(q0.z, q1.z, q2.z), f(q0.w, q1.w, q2.w);
+      }
+    } else {
+      for (int i = begin + threadIdx.x; i < end; i += blockDim.x) f(r[i], g[i], bl[i]);
+    }
+  };
   Stats& st = stats[b];
   const int lane = threadIdx.x % 32;
   if (op == kContrast) {
     unsigned long long sum = 0;
-    for (int i = begin + threadIdx.x; i < end; i += blockDim.x)
-      sum += static_cast<unsigned long long>(floorf(gray(r[i], g[i], bl[i])));
+    each_pixel([&](uint8_t cr, uint8_t cg, uint8_t cb) {
+      sum += static_cast<unsigned long long>(floorf(gray(cr, cg, cb)));
+    });
     for (int d = 16; d > 0; d /= 2) sum += __shfl_down_sync(0xffffffffu, sum, d);
     if (lane == 0 && sum) atomicAdd(&st.gray_sum, sum);
     return;
   }
   if (op == kAutocontrast) {
     unsigned int hi[3] = {0, 0, 0}, inv_lo[3] = {0, 0, 0};
-    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const uint8_t v[3] = {r[i], g[i], bl[i]};
+    each_pixel([&](uint8_t cr, uint8_t cg, uint8_t cb) {
+      const uint8_t v[3] = {cr, cg, cb};
 #pragma unroll
       for (int c = 0; c < 3; ++c) {
         hi[c] = max(hi[c], static_cast<unsigned int>(v[c]));
         inv_lo[c] = max(inv_lo[c], 255u - v[c]);
       }
-    }
+    });
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
       hi[c] = __reduce_max_sync(0xffffffffu, hi[c]);
@@ -162,11 +236,11 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
   __shared__ bool last;
   for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) hist[i / 256][i % 256] = 0;
   __syncthreads();
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    atomicAdd(&hist[0][r[i]], 1);
-    atomicAdd(&hist[1][g[i]], 1);
-    atomicAdd(&hist[2][bl[i]], 1);
-  }
+  each_pixel([&](uint8_t cr, uint8_t cg, uint8_t cb) {
+    atomicAdd(&hist[0][cr], 1);
+    atomicAdd(&hist[1][cg], 1);
+    atomicAdd(&hist[2][cb], 1);
+  });
   __syncthreads();
   for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x)
     if (hist[i / 256][i % 256]) atomicAdd(&st.hist[i / 256][i % 256], hist[i / 256][i % 256]);
@@ -199,20 +273,18 @@ struct Sink {
 
 // The blur of one tile: horizontal sums of the rows the tile needs in shared memory, then the vertical sums, a
 // band of output rows at a time; kernels too tall for that recompute each row sum (the same sums, slower).
-template <typename Put>
-__device__ void blur_tile(const uint8_t* s, int h, int w, int kx, int ky, const float* wx, const float* wy,
+// row_sum(c, y, x): the horizontal pass at column x of row y of plane c (blur_row's sum, in its order).
+template <typename RowSum, typename Put>
+__device__ void blur_tile(float (*rows)[kTile], int h, int w, int ky, const float* wy, const RowSum& row_sum,
                           const Put& put) {
-  __shared__ float rows[kBlurRows][kTile];
   const int x = blockIdx.x * kTile + threadIdx.x, y0 = blockIdx.y * kTile, y_end = min(y0 + kTile, h);
   const int ry = ky / 2, band = kBlurRows - 2 * ry;
   for (int c = 0; c < 3; ++c) {
-    const uint8_t* plane = s + c * h * w;
     if (band < 1) {
       if (x >= w) continue;
       for (int y = y0 + threadIdx.y; y < y_end; y += kBlockY) {
         float acc = 0.f;
-        for (int j = 0; j < ky; ++j)
-          acc = fma_rn(wy[j], blur_row(plane + reflect(y + j - ry, h) * w, w, x, wx, kx), acc);
+        for (int j = 0; j < ky; ++j) acc = fma_rn(wy[j], row_sum(c, reflect(y + j - ry, h), x), acc);
         put(c, y * w + x, blur_round(acc));
       }
       continue;
@@ -221,7 +293,7 @@ __device__ void blur_tile(const uint8_t* s, int h, int w, int kx, int ky, const 
       const int ye = min(yb + band, y_end), n = ye - yb + 2 * ry;
       __syncthreads();  // the previous band is done with rows
       for (int k = threadIdx.y; k < n; k += kBlockY)
-        if (x < w) rows[k][threadIdx.x] = blur_row(plane + reflect(yb - ry + k, h) * w, w, x, wx, kx);
+        if (x < w) rows[k][threadIdx.x] = row_sum(c, reflect(yb - ry + k, h), x);
       __syncthreads();
       if (x >= w) continue;
       for (int y = yb + threadIdx.y; y < ye; y += kBlockY) {
@@ -233,15 +305,162 @@ __device__ void blur_tile(const uint8_t* s, int h, int w, int kx, int ky, const 
   }
 }
 
+// A slot's per-sample constants, read once per block.
+struct SlotConsts {
+  int op;
+  float p0, om, mean;
+  int lo[3], hi[3];
+  const uint8_t (*lut)[256];  // equalize: the sample's tables, staged in shared memory
+};
+
+// The slot's op on N consecutive pixels of row y, starting at column x (index i = y * w + x): v[n] -> o[n]. The
+// switch is outside the pixel loop (the op is uniform over the block).
+// at(c, x, y): a pixel of the slot's input (sharpness's neighbours).
+template <int N, typename At>
+__device__ __forceinline__ void apply_op(const SlotConsts& k, const At& at, int h, int w, int x, int y,
+                                         const uint8_t (&v)[N][3], uint8_t (&o)[N][3]) {
+  switch (k.op) {
+    case kBrightness:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = brightness(v[n][c], k.p0);
+      break;
+    case kContrast:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = blend(v[n][c], k.mean, k.p0, k.om);
+      break;
+    case kSaturation:
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const float gr = floorf(gray(v[n][0], v[n][1], v[n][2]));
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = blend(v[n][c], gr, k.p0, k.om);
+      }
+      break;
+    case kHue:
+#pragma unroll
+      for (int n = 0; n < N; ++n) hue(v[n][0], v[n][1], v[n][2], k.p0, o[n]);
+      break;
+    case kSharpness:
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int xn = x + n;
+        const bool inside = h > 2 && w > 2 && xn > 0 && xn < w - 1 && y > 0 && y < h - 1;
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+          o[n][c] = v[n][c];
+          if (inside) {
+            const int sum = at(c, xn - 1, y - 1) + at(c, xn, y - 1) + at(c, xn + 1, y - 1) + at(c, xn - 1, y) +
+                            5 * v[n][c] + at(c, xn + 1, y) + at(c, xn - 1, y + 1) + at(c, xn, y + 1) +
+                            at(c, xn + 1, y + 1);
+            o[n][c] = sharpen(v[n][c], sum, k.om);
+          }
+        }
+      }
+      break;
+    case kPosterize:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = posterize(v[n][c], k.p0);
+      break;
+    case kSolarize:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = solarize(v[n][c], k.p0);
+      break;
+    case kAutocontrast:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = autocontrast(v[n][c], k.lo[c], k.hi[c]);
+      break;
+    case kEqualize:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = k.lut[c][v[n][c]];
+      break;
+    case kInvert:
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = static_cast<uint8_t>(255 - v[n][c]);
+      break;
+    case kGrayscale:
+#pragma unroll
+      for (int n = 0; n < N; ++n) o[n][0] = o[n][1] = o[n][2] = static_cast<uint8_t>(gray(v[n][0], v[n][1], v[n][2]));
+      break;
+    default:  // identity, and a blur that is not defined on this image
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) o[n][c] = v[n][c];
+      break;
+  }
+}
+
+// Four pixels' values to the sink at index i (a multiple of 4, w too): float32 output as 16-byte stores (three
+// per quad in channels-last order, one per plane otherwise), uint8 planes as 4-byte stores, other types per value.
 template <typename out_t, bool kFinal, bool kChannelsLast>
+__device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast>& sink, int i,
+                                         const uint8_t (&o)[4][3]) {
+  if constexpr (!kFinal) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c)
+      *reinterpret_cast<uchar4*>(sink.dst + c * sink.hw + i) = make_uchar4(o[0][c], o[1][c], o[2][c], o[3][c]);
+  } else if constexpr (std::is_same_v<out_t, float>) {
+    float f[4][3];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
+    if constexpr (kChannelsLast) {
+      float4* q = reinterpret_cast<float4*>(sink.out + 3 * i);
+      q[0] = make_float4(f[0][0], f[0][1], f[0][2], f[1][0]);
+      q[1] = make_float4(f[1][1], f[1][2], f[2][0], f[2][1]);
+      q[2] = make_float4(f[2][2], f[3][0], f[3][1], f[3][2]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 3; ++c)
+        *reinterpret_cast<float4*>(sink.out + c * sink.hw + i) = make_float4(f[0][c], f[1][c], f[2][c], f[3][c]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int c = 0; c < 3; ++c) sink.put(c, i + n, o[n][c]);
+  }
+}
+
+// Each block is a 32 x 32 tile of one sample. With `quads` (w a multiple of 4, buffers aligned: decided on the
+// host) each thread takes four consecutive pixels of one row (4-byte loads per plane, 16-byte float stores): the
+// memory instructions per pixel were what bound the one-pixel-per-thread loop. Blur keeps its own tiling.
+// kMoved: the launch for the listed samples (grid.z = N, block z is sample samples[z], read through its map), a
+// kernel of its own so that its fixed-point maths does not cost the other samples' kernel registers; that kernel
+// leaves the listed samples to it.
+template <typename out_t, bool kFinal, bool kChannelsLast, bool kMoved>
 __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
                                                          out_t* __restrict__ out, const int64_t* __restrict__ ops,
                                                          const float* __restrict__ params, int slots, int slot,
                                                          int h, int w, const Stats* __restrict__ stats,
                                                          const float* __restrict__ weights, int kcap,
                                                          const float* __restrict__ alpha,
-                                                         const float* __restrict__ beta) {
-  const int b = blockIdx.z;
+                                                         const float* __restrict__ beta, bool quads, Moves moves,
+                                                         const int64_t* __restrict__ samples, int64_t batch) {
+  int b;
+  if constexpr (kMoved) {
+    const int64_t listed = samples[blockIdx.z];
+    if (listed < 0 || listed >= batch) return;  // the Python wrapper checks host indices
+    b = static_cast<int>(listed);
+  } else {
+    b = blockIdx.z;
+    if (moved_row(moves, b) >= 0) return;  // the kMoved launch's
+  }
   const int op = slot_op(ops, b, slots, slot);
   const float* p = slot < 0 ? nullptr : slot_params(params, b, slots, slot);
   const int hw = h * w;
@@ -250,108 +469,109 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
   Sink<out_t, kFinal, kChannelsLast> sink{kFinal ? nullptr : dst + sample, kFinal ? out + sample : nullptr,
                                           {alpha[0], alpha[1], alpha[2]}, {beta[0], beta[1], beta[2]}, hw};
   const auto put = [&](int c, int i, uint8_t v) { sink.put(c, i, v); };
+  // The sample's pixels: as stored, or through the map.
+  const Moved mv(s, h, w, kMoved ? moves.mats + static_cast<int64_t>(blockIdx.z) * 6 : nullptr, moves.fill);
+  const auto at = [&](int c, int x, int y) -> uint8_t {
+    if constexpr (kMoved) return mv.at(c, x, y);
+    else return s[c * hw + y * w + x];
+  };
+  __shared__ float rows[kBlurRows][kTile];
   if (op == kGaussianBlur && blur_valid(p[0], p[1], p[2], h, w)) {
     const float* wx = weights + static_cast<int64_t>(b) * 2 * kcap;
-    blur_tile(s, h, w, static_cast<int>(p[0]), static_cast<int>(p[1]), wx, wx + kcap, put);
+    const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
+    const auto row_sum = [&](int c, int y, int x) {
+      if constexpr (kMoved) {  // blur_row's sum, in its order, through the map
+        float acc = 0.f;
+        for (int i = 0; i < kx; ++i) acc = fma_rn(wx[i], static_cast<float>(mv.at(c, reflect(x + i - kx / 2, w), y)), acc);
+        return acc;
+      } else {
+        return blur_row(s + c * hw + y * w, w, x, wx, kx);
+      }
+    };
+    blur_tile(rows, h, w, ky, wx + kcap, row_sum, put);
     return;
   }
   // The op's per-sample constants.
   __shared__ uint8_t lut[3][256];
-  const float p0 = p ? p[0] : 0.f;
-  float om = 0.f, mean = 0.f;
-  int lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};
-  if (op == kContrast || op == kSaturation || op == kSharpness) om = one_minus(p0);
-  if (op == kContrast) mean = contrast_mean(static_cast<int64_t>(stats[b].gray_sum), hw);
+  SlotConsts k{op, p ? p[0] : 0.f, 0.f, 0.f, {0, 0, 0}, {0, 0, 0}, lut};
+  if (op == kContrast || op == kSaturation || op == kSharpness) k.om = one_minus(k.p0);
+  if (op == kContrast) k.mean = contrast_mean(static_cast<int64_t>(stats[b].gray_sum), hw);
   if (op == kAutocontrast) {
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
-      lo[c] = 255 - stats[b].inv_min[c];
-      hi[c] = stats[b].max[c];
+      k.lo[c] = 255 - stats[b].inv_min[c];
+      k.hi[c] = stats[b].max[c];
     }
   }
   if (op == kEqualize) {
     for (int i = threadIdx.y * kTile + threadIdx.x; i < 3 * 256; i += kThreads) lut[i / 256][i % 256] = stats[b].lut[i / 256][i % 256];
     __syncthreads();
   }
+  // One pixel's three values.
+  const auto fetch = [&](int x, int y, uint8_t (&v)[3]) {
+    if constexpr (kMoved) {
+      const int j = mv.source(x, y);
+#pragma unroll
+      for (int c = 0; c < 3; ++c) v[c] = j < 0 ? mv.fill : s[c * hw + j];
+    } else {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) v[c] = s[c * hw + y * w + x];
+    }
+  };
+  if (quads) {
+    const int t = threadIdx.y * kTile + threadIdx.x;
+    const int x = blockIdx.x * kTile + 4 * (t % (kTile / 4)), y = blockIdx.y * kTile + t / (kTile / 4);
+    if (x >= w || y >= h) return;
+    const int i = y * w + x;
+    uint8_t v[4][3], o[4][3];
+    if constexpr (kMoved) {
+#pragma unroll
+      for (int n = 0; n < 4; ++n) fetch(x + n, y, v[n]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
+        const uchar4 q = *reinterpret_cast<const uchar4*>(s + c * hw + i);
+        v[0][c] = q.x, v[1][c] = q.y, v[2][c] = q.z, v[3][c] = q.w;
+      }
+    }
+    apply_op<4>(k, at, h, w, x, y, v, o);
+    put_quad(sink, i, o);
+    return;
+  }
   const int x = blockIdx.x * kTile + threadIdx.x;
   if (x >= w) return;
   for (int y = blockIdx.y * kTile + threadIdx.y; y < min(h, (blockIdx.y + 1) * kTile); y += kBlockY) {
-    const int i = y * w + x;
-    const uint8_t v[3] = {s[i], s[hw + i], s[2 * hw + i]};
-    uint8_t o[3];
-    switch (op) {
-      case kBrightness:
+    uint8_t v[1][3], o[1][3];
+    fetch(x, y, v[0]);
+    apply_op<1>(k, at, h, w, x, y, v, o);
 #pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = brightness(v[c], p0);
-        break;
-      case kContrast:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = blend(v[c], mean, p0, om);
-        break;
-      case kSaturation: {
-        const float gr = floorf(gray(v[0], v[1], v[2]));
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = blend(v[c], gr, p0, om);
-        break;
-      }
-      case kHue: hue(v[0], v[1], v[2], p0, o); break;
-      case kSharpness:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) {
-          o[c] = v[c];
-          if (h > 2 && w > 2 && x > 0 && x < w - 1 && y > 0 && y < h - 1) {
-            const uint8_t* m = s + c * hw + i;
-            const int sum = m[-w - 1] + m[-w] + m[-w + 1] + m[-1] + 5 * m[0] + m[1] + m[w - 1] + m[w] + m[w + 1];
-            o[c] = sharpen(v[c], sum, om);
-          }
-        }
-        break;
-      case kPosterize:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = posterize(v[c], p0);
-        break;
-      case kSolarize:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = solarize(v[c], p0);
-        break;
-      case kAutocontrast:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = autocontrast(v[c], lo[c], hi[c]);
-        break;
-      case kEqualize:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = lut[c][v[c]];
-        break;
-      case kInvert:
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = static_cast<uint8_t>(255 - v[c]);
-        break;
-      case kGrayscale:
-        o[0] = o[1] = o[2] = static_cast<uint8_t>(gray(v[0], v[1], v[2]));
-        break;
-      default:  // identity, and a blur that is not defined on this image
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[c] = v[c];
-        break;
-    }
-#pragma unroll
-    for (int c = 0; c < 3; ++c) put(c, i, o[c]);
+    for (int c = 0; c < 3; ++c) put(c, y * w + x, o[0][c]);
   }
 }
 
+// The slot's apply: the kernel over the batch (the listed samples' blocks return at once), then, with listed
+// samples, the kernel over them (grid.z = N).
 template <typename out_t, bool kFinal>
 void launch_apply(dim3 grid, cudaStream_t stream, bool channels_last, const uint8_t* src, uint8_t* dst, out_t* out,
                   const int64_t* ops, const float* params, int slots, int slot, int h, int w, const Stats* stats,
-                  const float* weights, int kcap, const float* alpha, const float* beta) {
-  auto kernel = channels_last ? apply_kernel<out_t, kFinal, true> : apply_kernel<out_t, kFinal, false>;
+                  const float* weights, int kcap, const float* alpha, const float* beta, bool quads,
+                  const Moves& moves) {
+  const int64_t batch = grid.z;
+  auto kernel = channels_last ? apply_kernel<out_t, kFinal, true, false> : apply_kernel<out_t, kFinal, false, false>;
   kernel<<<grid, dim3(kTile, kBlockY), 0, stream>>>(src, dst, out, ops, params, slots, slot, h, w, stats, weights,
-                                                     kcap, alpha, beta);
+                                                     kcap, alpha, beta, quads, moves, moves.samples, batch);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!moves.map_of) return;
+  auto moved = channels_last ? apply_kernel<out_t, kFinal, true, true> : apply_kernel<out_t, kFinal, false, true>;
+  const dim3 listed(grid.x, grid.y, static_cast<unsigned>(moves.n));
+  moved<<<listed, dim3(kTile, kBlockY), 0, stream>>>(src, dst, out, ops, params, slots, slot, h, w, stats, weights,
+                                                     kcap, alpha, beta, quads, moves, moves.samples, batch);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename out_t>
 void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, const at::Tensor& alpha,
-         const at::Tensor& beta, at::Tensor& out) {
+         const at::Tensor& beta, at::Tensor& out, Moves moves) {
   const int64_t batch = x.size(0), slots = ops.size(1);
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int hw = h * w;
@@ -364,9 +584,13 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   const float* p = params.data_ptr<float>();
   const float *a = alpha.data_ptr<float>(), *bt = beta.data_ptr<float>();
   const uint8_t* src = x.data_ptr<uint8_t>();
+  // Four pixels a thread where every row starts on a 4-pixel boundary and the buffers allow the wide accesses
+  // (the scratch batches come from the allocator, aligned).
+  const bool quads = w % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(out.data_ptr<out_t>()) % 16 == 0;
   if (slots == 0) {
     launch_apply<out_t, true>(grid, stream, channels_last, src, nullptr, out.data_ptr<out_t>(), op, p, 0, -1, h, w,
-                              nullptr, nullptr, 0, a, bt);
+                              nullptr, nullptr, 0, a, bt, quads, moves);
     return;
   }
   // Scratch from the caching allocator: stats (zeroed, one record per slot and sample), blur weights, two
@@ -382,17 +606,19 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   Stats* all_stats = reinterpret_cast<Stats*>(stats.data_ptr<uint8_t>());
   for (int s = 0; s < slots; ++s) {
     Stats* st = all_stats + s * batch;
+    const Moves first = s == 0 ? moves : Moves{nullptr, nullptr, 0, nullptr, 0};  // later slots read slot 0's output
     stats_kernel<<<dim3(chunks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(
-        src, op, p, static_cast<int>(slots), s, h, w, st, taps.data_ptr<double>(), weights.data_ptr<float>(), kcap);
+        src, op, p, static_cast<int>(slots), s, h, w, st, taps.data_ptr<double>(), weights.data_ptr<float>(), kcap,
+        quads, first);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const float* wt = weights.data_ptr<float>();
     if (s == slots - 1) {
       launch_apply<out_t, true>(grid, stream, channels_last, src, nullptr, out.data_ptr<out_t>(), op, p,
-                                static_cast<int>(slots), s, h, w, st, wt, kcap, a, bt);
+                                static_cast<int>(slots), s, h, w, st, wt, kcap, a, bt, quads, first);
     } else {
       uint8_t* dst = scratch[s % 2].data_ptr<uint8_t>();
       launch_apply<out_t, false>(grid, stream, channels_last, src, dst, static_cast<out_t*>(nullptr), op, p,
-                                 static_cast<int>(slots), s, h, w, st, wt, kcap, a, bt);
+                                 static_cast<int>(slots), s, h, w, st, wt, kcap, a, bt, quads, first);
       src = dst;
     }
   }
@@ -400,15 +626,34 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
 
 at::Tensor photometric_cuda(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                             const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
-                            bool channels_last) {
+                            bool channels_last, const std::optional<at::Tensor>& samples,
+                            const std::optional<at::Tensor>& matrices, double fill) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
+  check_photometric_maps(x, samples, matrices);
   if (out.numel() == 0) return out;
+  Moves moves{nullptr, nullptr, nearest::fill_value<uint8_t>(fill), nullptr, 0};
+  at::Tensor map_of;
+  if (samples && samples->numel() > 0) {
+    FL_CHECK(samples->size(0) <= x.size(0), "photometric: %lld samples listed for a batch of %lld",
+             static_cast<long long>(samples->size(0)), static_cast<long long>(x.size(0)));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    map_of = at::empty({x.size(0)}, x.options().dtype(at::kInt));
+    C10_CUDA_CHECK(cudaMemsetAsync(map_of.data_ptr<int32_t>(), 0xff, x.size(0) * sizeof(int32_t), stream));  // -1
+    const int n = static_cast<int>(samples->size(0));
+    scatter_map_kernel<<<(n + 255) / 256, 256, 0, stream>>>(samples->data_ptr<int64_t>(), n, x.size(0),
+                                                            map_of.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    moves.map_of = map_of.data_ptr<int32_t>();
+    moves.mats = matrices->data_ptr<float>();
+    moves.samples = samples->data_ptr<int64_t>();
+    moves.n = n;
+  }
   switch (out_dtype) {
-    case at::kFloat: run<float>(x, ops, params, alpha, beta, out); break;
-    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out); break;
-    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out); break;
-    default: run<uint8_t>(x, ops, params, alpha, beta, out); break;
+    case at::kFloat: run<float>(x, ops, params, alpha, beta, out, moves); break;
+    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out, moves); break;
+    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out, moves); break;
+    default: run<uint8_t>(x, ops, params, alpha, beta, out, moves); break;
   }
   return out;
 }

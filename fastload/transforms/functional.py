@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import conv2d, pad
 
+from .. import ops as _ops
 from ..ops import _norm_params
 
 __all__ = [
@@ -593,9 +594,14 @@ def _check_table_params(ops, params, x, name):
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 
 
-def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=torch.float32, channels_last=False):
+def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=torch.float32, channels_last=False,
+                nearest=None):
     """Run a PhotometricTable on a uint8 batch x [B, 3, H, W] and write ``cast((v * in_scale - mean) / std)`` in
     ``out_dtype`` (NCHW, or channels_last): apply_table then ToDtype + Normalize in one native op.
+
+    ``nearest`` (samples [N], matrices [N, 2, 3], fill): the listed samples are read through their nearest maps,
+    equal to running ``ops.affine_nearest_(x, samples, matrices, fill)`` first, without writing x (the stage's
+    policy rotate/shear/translate: no pass of its own).
 
     Equal to ``apply_table`` followed by the pipeline's normalisation bit for bit, except gaussian_blur (its
     weights and sums in another order: within 1 level on uint8). A uint8 output holds the 0-255 pixels (no
@@ -623,7 +629,12 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
         ops, params = table.ops, table.params
     ops = ops.to(device=x.device, dtype=torch.int64, non_blocking=True).contiguous()
     params = params.to(device=x.device, dtype=torch.float32, non_blocking=True).contiguous()
-    return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last)
+    maps = {}
+    if nearest is not None:
+        samples, matrices, fill = nearest
+        samples, matrices = _ops.nearest_maps(samples, matrices, x.shape[0], x.device)
+        maps = {"samples": samples, "matrices": matrices, "fill": float(fill)}
+    return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last, **maps)
 
 
 class CheckedTable(NamedTuple):
@@ -660,6 +671,6 @@ def _check_blur_sizes(table, x, name):
 
 
 @torch.library.register_fake("fastload::photometric")
-def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last):
+def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last, samples=None, matrices=None, fill=0.0):
     out = x.new_empty(x.shape, dtype=out_dtype)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out

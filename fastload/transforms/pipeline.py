@@ -6,8 +6,8 @@ batch, in three places (CONTRACT.md beside this file):
   decode window and DCT scale follow (``Pipeline.plan``); the policies' rotate/shear/translate too where a policy
   asks for BILINEAR;
 - after decoding, in the stage (GPU or CPU): one warp, then the policies' NEAREST rotate/shear/translate (their
-  default) as torchvision applies them to the resized crop (``ops.affine_nearest_``, on the samples that drew one),
-  then the photometric table (``functional.apply_table``) on the uint8 image, as torchvision's uint8 pipelines do,
+  default) as torchvision applies them to the resized crop (affine_nearest_'s maths, on the samples that drew one:
+  read through their maps by the photometric op, so they cost no pass of their own), then the photometric table (``functional.apply_table``) on the uint8 image, as torchvision's uint8 pipelines do,
   then ToDtype + Normalize, then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
   fused with ToDtype + Normalize);
@@ -198,7 +198,7 @@ class Pipeline:
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
         # Policies with NEAREST (torchvision's default) rotate/shear/translate the resized crop as torchvision does:
-        # a nearest-neighbour gather after the warp (ops.affine_nearest_), which keeps every warp axis-aligned and
+        # a nearest-neighbour gather after the warp (affine_nearest_'s), which keeps every warp axis-aligned and
         # every decode window within the crop's. Otherwise (a BILINEAR policy among them) their ops compose into
         # the warp.
         self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
@@ -425,8 +425,12 @@ class Pipeline:
                             channels=channels)
         if params is None:
             return x
-        if params.nearest is not None:  # the policies' rotate/shear/translate, on the warped uint8 crop
-            ops.affine_nearest_(x, *params.nearest.on(x.device), self.fill[0])
+        # The policies' rotate/shear/translate on the warped uint8 crop: read through their maps by the first
+        # photometric op (no pass of their own), or, before AugMix, moved in place first.
+        nearest = None if params.nearest is None else (*params.nearest.on(x.device), self.fill[0])
+        if nearest is not None and params.augmix:
+            ops.affine_nearest_(x, *nearest)
+            nearest = None
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
             for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix
@@ -436,7 +440,7 @@ class Pipeline:
             table = params.table if params.table is not None else PhotometricTable(
                 torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3))  # Normalize only
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
-                          channels_last=channels_last)
+                          channels_last=channels_last, nearest=nearest)
         erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: mix_images
         for e, boxes in zip(erasing, params.erase):
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
