@@ -3,9 +3,9 @@
 //   stats_kernel  the per-sample statistics the slot's op needs (contrast: luma sum; autocontrast: min/max;
 //                 equalize: histograms, turned into the lookup table by the sample's last block; gaussian_blur:
 //                 the sample's normalised 1-D weights), blocks of samples that need none return at once;
-//   apply_kernel  each block is a 32 x 32 tile of one sample and switches on that sample's op code; the last slot's
-//                 launch writes the output dtype/layout (cast(v * alpha + beta)), the others a uint8 scratch batch
-//                 (two, ping-pong, from the caching allocator).
+//   apply_kernel  each block is 32 columns x 128 rows of one sample and switches on that sample's op code; the
+//                 last slot's launch writes the output dtype/layout (cast(v * alpha + beta)), the others a uint8
+//                 scratch batch (two, ping-pong, from the caching allocator).
 // Listed samples (samples/matrices: the policies' NEAREST rotate/shear/translate) are read through their maps by
 // the first launch (slot 0's stats and apply), pixel by pixel, so the moved batch is never written: the stage
 // skips affine_nearest_'s copy and gather passes.
@@ -46,6 +46,8 @@ using namespace augment;
 constexpr int kTile = 32;                 // apply_kernel: a 32 x 32 tile per block
 constexpr int kBlockY = 8;                // of 32 x 8 threads, each thread 4 rows (8 apart)
 constexpr int kThreads = kTile * kBlockY;
+constexpr int kApplyRows = 128;           // apply_kernel: a block's rows (32-row tiles in turn): per-block set-up
+                                          // (op, constants, equalize's table) cost as much as a 32 x 32 tile's work
 constexpr int kBlurRows = 160;            // horizontal blur sums a block keeps (rows x 32 floats, 20 KB)
 static_assert(kThreads == 256, "equalize_luts: one thread per table entry");
 constexpr int kStatsChunk = kThreads * 8;  // pixels per stats block (at least; at most 32 blocks per sample)
@@ -93,6 +95,15 @@ struct Moved {
   __device__ __forceinline__ int source(int u, int v) const {  // the input pixel's index in a plane, or -1
     const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
     return nearest::inside(x, y, h, w) ? static_cast<int>(y) * w + static_cast<int>(x) : -1;
+  }
+  // Four pixels (u..u+3, v): the first coordinate, then a step along the row (exact integers: the same pixels).
+  __device__ __forceinline__ void sources4(int u, int v, int (&j)[4]) const {
+    int64_t x = f[0] * u + f[1] * v + f[2], y = f[3] * u + f[4] * v + f[5];
+#pragma unroll
+    for (int n = 0; n < 4; ++n, x += f[0], y += f[3]) {
+      const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
+      j[n] = nearest::inside(px, py, h, w) ? static_cast<int>(py) * w + static_cast<int>(px) : -1;
+    }
   }
   __device__ __forceinline__ uint8_t at(int c, int u, int v) const {
     const int i = source(u, v);
@@ -275,9 +286,9 @@ struct Sink {
 // band of output rows at a time; kernels too tall for that recompute each row sum (the same sums, slower).
 // row_sum(c, y, x): the horizontal pass at column x of row y of plane c (blur_row's sum, in its order).
 template <typename RowSum, typename Put>
-__device__ void blur_tile(float (*rows)[kTile], int h, int w, int ky, const float* wy, const RowSum& row_sum,
+__device__ void blur_tile(float (*rows)[kTile], int y0, int h, int w, int ky, const float* wy, const RowSum& row_sum,
                           const Put& put) {
-  const int x = blockIdx.x * kTile + threadIdx.x, y0 = blockIdx.y * kTile, y_end = min(y0 + kTile, h);
+  const int x = blockIdx.x * kTile + threadIdx.x, y_end = min(y0 + kTile, h);
   const int ry = ky / 2, band = kBlurRows - 2 * ry;
   for (int c = 0; c < 3; ++c) {
     if (band < 1) {
@@ -437,9 +448,9 @@ __device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast
   }
 }
 
-// Each block is a 32 x 32 tile of one sample. With `quads` (w a multiple of 4, buffers aligned: decided on the
-// host) each thread takes four consecutive pixels of one row (4-byte loads per plane, 16-byte float stores): the
-// memory instructions per pixel were what bound the one-pixel-per-thread loop. Blur keeps its own tiling.
+// Each block covers 32 columns x 128 rows of one sample, a 32 x 32 tile at a time. With `quads` (w a multiple of 4,
+// buffers aligned: decided on the host) each thread takes four consecutive pixels of a row per tile (4-byte loads
+// per plane, 16-byte float stores), else one pixel of four rows; blur keeps its own layout (blur_tile).
 // kMoved: the launch for the listed samples (grid.z = N, block z is sample samples[z], read through its map), a
 // kernel of its own so that its fixed-point maths does not cost the other samples' kernel registers; that kernel
 // leaves the listed samples to it.
@@ -476,6 +487,7 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
     else return s[c * hw + y * w + x];
   };
   __shared__ float rows[kBlurRows][kTile];
+  const int rows_begin = blockIdx.y * kApplyRows, rows_end = min(h, rows_begin + kApplyRows);
   if (op == kGaussianBlur && blur_valid(p[0], p[1], p[2], h, w)) {
     const float* wx = weights + static_cast<int64_t>(b) * 2 * kcap;
     const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
@@ -488,7 +500,7 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
         return blur_row(s + c * hw + y * w, w, x, wx, kx);
       }
     };
-    blur_tile(rows, h, w, ky, wx + kcap, row_sum, put);
+    for (int y0 = rows_begin; y0 < rows_end; y0 += kTile) blur_tile(rows, y0, h, w, ky, wx + kcap, row_sum, put);
     return;
   }
   // The op's per-sample constants.
@@ -518,29 +530,35 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
       for (int c = 0; c < 3; ++c) v[c] = s[c * hw + y * w + x];
     }
   };
-  if (quads) {
+  if (quads) {  // a quad per thread in each 32-row tile
     const int t = threadIdx.y * kTile + threadIdx.x;
-    const int x = blockIdx.x * kTile + 4 * (t % (kTile / 4)), y = blockIdx.y * kTile + t / (kTile / 4);
-    if (x >= w || y >= h) return;
-    const int i = y * w + x;
-    uint8_t v[4][3], o[4][3];
-    if constexpr (kMoved) {
+    const int x = blockIdx.x * kTile + 4 * (t % (kTile / 4));
+    if (x >= w) return;
+    for (int y = rows_begin + t / (kTile / 4); y < rows_end; y += kTile) {
+      const int i = y * w + x;
+      uint8_t v[4][3], o[4][3];
+      if constexpr (kMoved) {
+        int j[4];
+        mv.sources4(x, y, j);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) fetch(x + n, y, v[n]);
-    } else {
+        for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int c = 0; c < 3; ++c) {
-        const uchar4 q = *reinterpret_cast<const uchar4*>(s + c * hw + i);
-        v[0][c] = q.x, v[1][c] = q.y, v[2][c] = q.z, v[3][c] = q.w;
+          for (int c = 0; c < 3; ++c) v[n][c] = j[n] < 0 ? mv.fill : s[c * hw + j[n]];
+      } else {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+          const uchar4 q = *reinterpret_cast<const uchar4*>(s + c * hw + i);
+          v[0][c] = q.x, v[1][c] = q.y, v[2][c] = q.z, v[3][c] = q.w;
+        }
       }
+      apply_op<4>(k, at, h, w, x, y, v, o);
+      put_quad(sink, i, o);
     }
-    apply_op<4>(k, at, h, w, x, y, v, o);
-    put_quad(sink, i, o);
     return;
   }
   const int x = blockIdx.x * kTile + threadIdx.x;
   if (x >= w) return;
-  for (int y = blockIdx.y * kTile + threadIdx.y; y < min(h, (blockIdx.y + 1) * kTile); y += kBlockY) {
+  for (int y = rows_begin + threadIdx.y; y < rows_end; y += kBlockY) {
     uint8_t v[1][3], o[1][3];
     fetch(x, y, v[0]);
     apply_op<1>(k, at, h, w, x, y, v, o);
@@ -576,8 +594,7 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int hw = h * w;
   TORCH_CHECK(batch <= 65535, "photometric: at most 65535 samples per call on CUDA");
-  const dim3 grid((w + kTile - 1) / kTile, (h + kTile - 1) / kTile, static_cast<unsigned>(batch));
-  TORCH_CHECK(grid.y <= 65535, "photometric: images too tall for the CUDA kernels (at most 2,097,120 rows)");
+  const dim3 grid((w + kTile - 1) / kTile, (h + kApplyRows - 1) / kApplyRows, static_cast<unsigned>(batch));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool channels_last = out.stride(1) == 1 && out.size(1) > 1;
   const int64_t* op = ops.data_ptr<int64_t>();
