@@ -46,8 +46,8 @@ using namespace augment;
 constexpr int kTile = 32;                 // apply_kernel: a 32 x 32 tile per block
 constexpr int kBlockY = 8;                // of 32 x 8 threads, each thread 4 rows (8 apart)
 constexpr int kThreads = kTile * kBlockY;
-constexpr int kApplyRows = 128;           // apply_kernel: a block's rows (32-row tiles in turn): per-block set-up
-                                          // (op, constants, equalize's table) cost as much as a 32 x 32 tile's work
+constexpr int kApplyRows = 128;           // apply_kernel: at most a block's rows (32-row tiles in turn): per-block
+                                          // set-up (op, constants, equalize's table) cost as much as a tile's work
 constexpr int kBlurRows = 160;            // horizontal blur sums a block keeps (rows x 32 floats, 20 KB)
 static_assert(kThreads == 256, "equalize_luts: one thread per table entry");
 constexpr int kStatsChunk = kThreads * 8;  // pixels per stats block (at least; at most 32 blocks per sample)
@@ -286,9 +286,9 @@ struct Sink {
 // band of output rows at a time; kernels too tall for that recompute each row sum (the same sums, slower).
 // row_sum(c, y, x): the horizontal pass at column x of row y of plane c (blur_row's sum, in its order).
 template <typename RowSum, typename Put>
-__device__ void blur_tile(float (*rows)[kTile], int y0, int h, int w, int ky, const float* wy, const RowSum& row_sum,
-                          const Put& put) {
-  const int x = blockIdx.x * kTile + threadIdx.x, y_end = min(y0 + kTile, h);
+__device__ void blur_tile(float (*rows)[kTile], int y0, int y_end, int h, int w, int ky, const float* wy,
+                          const RowSum& row_sum, const Put& put) {
+  const int x = blockIdx.x * kTile + threadIdx.x;
   const int ry = ky / 2, band = kBlurRows - 2 * ry;
   for (int c = 0; c < 3; ++c) {
     if (band < 1) {
@@ -415,6 +415,19 @@ __device__ __forceinline__ void apply_op(const SlotConsts& k, const At& at, int 
   }
 }
 
+// A quad's 12 float32 outputs in channels-last order, as three 16-byte values into q (global or shared memory).
+template <typename Sink_t>
+__device__ __forceinline__ void quad_channels_last(const Sink_t& sink, const uint8_t (&o)[4][3], float4* q) {
+  float f[4][3];
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
+  q[0] = make_float4(f[0][0], f[0][1], f[0][2], f[1][0]);
+  q[1] = make_float4(f[1][1], f[1][2], f[2][0], f[2][1]);
+  q[2] = make_float4(f[2][2], f[3][0], f[3][1], f[3][2]);
+}
+
 // Four pixels' values to the sink at index i (a multiple of 4, w too): float32 output as 16-byte stores (three
 // per quad in channels-last order, one per plane otherwise), uint8 planes as 4-byte stores, other types per value.
 template <typename out_t, bool kFinal, bool kChannelsLast>
@@ -425,17 +438,15 @@ __device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast
     for (int c = 0; c < 3; ++c)
       *reinterpret_cast<uchar4*>(sink.dst + c * sink.hw + i) = make_uchar4(o[0][c], o[1][c], o[2][c], o[3][c]);
   } else if constexpr (std::is_same_v<out_t, float>) {
-    float f[4][3];
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
     if constexpr (kChannelsLast) {
       float4* q = reinterpret_cast<float4*>(sink.out + 3 * i);
-      q[0] = make_float4(f[0][0], f[0][1], f[0][2], f[1][0]);
-      q[1] = make_float4(f[1][1], f[1][2], f[2][0], f[2][1]);
-      q[2] = make_float4(f[2][2], f[3][0], f[3][1], f[3][2]);
+      quad_channels_last(sink, o, q);
     } else {
+      float f[4][3];
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
 #pragma unroll
       for (int c = 0; c < 3; ++c)
         *reinterpret_cast<float4*>(sink.out + c * sink.hw + i) = make_float4(f[0][c], f[1][c], f[2][c], f[3][c]);
@@ -455,14 +466,15 @@ __device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast
 // kernel of its own so that its fixed-point maths does not cost the other samples' kernel registers; that kernel
 // leaves the listed samples to it.
 template <typename out_t, bool kFinal, bool kChannelsLast, bool kMoved>
-__global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
+__global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4) apply_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
                                                          out_t* __restrict__ out, const int64_t* __restrict__ ops,
                                                          const float* __restrict__ params, int slots, int slot,
                                                          int h, int w, const Stats* __restrict__ stats,
                                                          const float* __restrict__ weights, int kcap,
                                                          const float* __restrict__ alpha,
                                                          const float* __restrict__ beta, bool quads, Moves moves,
-                                                         const int64_t* __restrict__ samples, int64_t batch) {
+                                                         const int64_t* __restrict__ samples, int64_t batch,
+                                                         int block_rows) {
   int b;
   if constexpr (kMoved) {
     const int64_t listed = samples[blockIdx.z];
@@ -487,7 +499,7 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
     else return s[c * hw + y * w + x];
   };
   __shared__ float rows[kBlurRows][kTile];
-  const int rows_begin = blockIdx.y * kApplyRows, rows_end = min(h, rows_begin + kApplyRows);
+  const int rows_begin = blockIdx.y * block_rows, rows_end = min(h, rows_begin + block_rows);
   if (op == kGaussianBlur && blur_valid(p[0], p[1], p[2], h, w)) {
     const float* wx = weights + static_cast<int64_t>(b) * 2 * kcap;
     const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
@@ -500,7 +512,8 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
         return blur_row(s + c * hw + y * w, w, x, wx, kx);
       }
     };
-    for (int y0 = rows_begin; y0 < rows_end; y0 += kTile) blur_tile(rows, y0, h, w, ky, wx + kcap, row_sum, put);
+    for (int y0 = rows_begin; y0 < rows_end; y0 += kTile)
+      blur_tile(rows, y0, min(y0 + kTile, rows_end), h, w, ky, wx + kcap, row_sum, put);
     return;
   }
   // The op's per-sample constants.
@@ -532,27 +545,52 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const uint8_t* __restri
   };
   if (quads) {  // a quad per thread in each 32-row tile
     const int t = threadIdx.y * kTile + threadIdx.x;
-    const int x = blockIdx.x * kTile + 4 * (t % (kTile / 4));
-    if (x >= w) return;
-    for (int y = rows_begin + t / (kTile / 4); y < rows_end; y += kTile) {
-      const int i = y * w + x;
-      uint8_t v[4][3], o[4][3];
-      if constexpr (kMoved) {
-        int j[4];
-        mv.sources4(x, y, j);
+    const int x0 = blockIdx.x * kTile, x = x0 + 4 * (t % (kTile / 4));
+    // float32 channels-last over a whole tile width: a warp's 4 rows x 32 pixels go through shared memory, so that
+    // each store instruction writes 512 contiguous bytes (a quad's own three 16-byte stores are 48 bytes apart
+    // across lanes: every sector written three times, partially, which bound the kernel on L2).
+    constexpr bool kStaged = kFinal && kChannelsLast && std::is_same_v<out_t, float>;
+    const bool staged = kStaged && x0 + kTile <= w;  // uniform over the block
+    if (!staged && x >= w) return;
+    const int warp = t / 32, lane = t % 32;
+    for (int ty = rows_begin; ty < rows_end; ty += kTile) {
+      const int y = ty + t / (kTile / 4);
+      const bool live = y < rows_end && x < w;
+      uint8_t o[4][3];
+      if (live) {
+        const int i = y * w + x;
+        uint8_t v[4][3];
+        if constexpr (kMoved) {
+          int j[4];
+          mv.sources4(x, y, j);
 #pragma unroll
-        for (int n = 0; n < 4; ++n)
+          for (int n = 0; n < 4; ++n)
 #pragma unroll
-          for (int c = 0; c < 3; ++c) v[n][c] = j[n] < 0 ? mv.fill : s[c * hw + j[n]];
-      } else {
+            for (int c = 0; c < 3; ++c) v[n][c] = j[n] < 0 ? mv.fill : s[c * hw + j[n]];
+        } else {
 #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-          const uchar4 q = *reinterpret_cast<const uchar4*>(s + c * hw + i);
-          v[0][c] = q.x, v[1][c] = q.y, v[2][c] = q.z, v[3][c] = q.w;
+          for (int c = 0; c < 3; ++c) {
+            const uchar4 q = *reinterpret_cast<const uchar4*>(s + c * hw + i);
+            v[0][c] = q.x, v[1][c] = q.y, v[2][c] = q.z, v[3][c] = q.w;
+          }
+        }
+        apply_op<4>(k, at, h, w, x, y, v, o);
+        if (!staged) put_quad(sink, i, o);
+      }
+      if constexpr (kStaged) {
+        if (staged) {
+          __shared__ float4 slab[kThreads / 32][4 * 3 * kTile / 4];  // per warp: 4 rows of 24 float4, 1.5 KB
+          if (live) quad_channels_last(sink, o, &slab[warp][3 * lane]);
+          __syncwarp();
+#pragma unroll
+          for (int r = 0; r < 3; ++r) {  // float4 e of the slab: row e / 24, value e % 24 of that row
+            const int e = lane + 32 * r, yy = ty + 4 * warp + e / 24;
+            if (yy < rows_end)
+              reinterpret_cast<float4*>(sink.out + 3 * (yy * w + x0))[e % 24] = slab[warp][e];
+          }
+          __syncwarp();  // the slab is rewritten by the next tile
         }
       }
-      apply_op<4>(k, at, h, w, x, y, v, o);
-      put_quad(sink, i, o);
     }
     return;
   }
@@ -575,15 +613,18 @@ void launch_apply(dim3 grid, cudaStream_t stream, bool channels_last, const uint
                   const float* weights, int kcap, const float* alpha, const float* beta, bool quads,
                   const Moves& moves) {
   const int64_t batch = grid.z;
+  const int block_rows = (h + grid.y - 1) / grid.y;  // the rows split evenly over the blocks of a column
   auto kernel = channels_last ? apply_kernel<out_t, kFinal, true, false> : apply_kernel<out_t, kFinal, false, false>;
   kernel<<<grid, dim3(kTile, kBlockY), 0, stream>>>(src, dst, out, ops, params, slots, slot, h, w, stats, weights,
-                                                     kcap, alpha, beta, quads, moves, moves.samples, batch);
+                                                     kcap, alpha, beta, quads, moves, moves.samples, batch,
+                                                     block_rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (!moves.map_of) return;
   auto moved = channels_last ? apply_kernel<out_t, kFinal, true, true> : apply_kernel<out_t, kFinal, false, true>;
   const dim3 listed(grid.x, grid.y, static_cast<unsigned>(moves.n));
   moved<<<listed, dim3(kTile, kBlockY), 0, stream>>>(src, dst, out, ops, params, slots, slot, h, w, stats, weights,
-                                                     kcap, alpha, beta, quads, moves, moves.samples, batch);
+                                                     kcap, alpha, beta, quads, moves, moves.samples, batch,
+                                                     block_rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
