@@ -16,8 +16,8 @@ from .errors import DecodeError
 from .native import C
 
 __all__ = ["JpegInfo", "JpegWarning", "read_header", "read_headers", "decode_crop", "decode_crops", "verify_jpegs",
-           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_nearest", "affine_nearest_", "nearest_maps",
-           "affine_from_points", "MAX_PIXELS", "MAX_BYTES", "DOWNSCALES"]
+           "add_restart_markers", "restart_layout", "warp_affine", "warp_ragged", "affine_nearest", "affine_nearest_",
+           "nearest_maps", "affine_from_points", "MAX_PIXELS", "MAX_BYTES", "DOWNSCALES"]
 
 #: Default pixel-count limit, Pillow's DecompressionBombError threshold. Pass ``max_pixels=`` to change it.
 MAX_PIXELS = 178_956_970
@@ -322,9 +322,10 @@ def affine_nearest(images, matrices, fill=0.0):
 
 def affine_nearest_(images, samples, matrices, fill=0.0):
     """``affine_nearest`` in place on the samples ``samples`` (int [N], distinct) of images, with matrices [N, 2, 3];
-    the other samples are not touched. Returns images. The stage runs it after the warp on the samples whose policy
-    drew a rotate/shear/translate (transforms/pipeline.py). Host-side samples are checked here; a CUDA kernel skips
-    indices outside the batch."""
+    the other samples are not touched. Returns images. The stage reads the samples whose policy drew a
+    rotate/shear/translate through the same maps inside the photometric op (``functional.photometric(...,
+    nearest=)``), and runs this only before AugMix (transforms/pipeline.py). Host-side samples are checked here; a
+    CUDA kernel skips indices outside the batch (a sample listed twice there: undefined)."""
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
     samples, matrices = nearest_maps(samples, matrices, images.shape[0], images.device)
@@ -335,7 +336,8 @@ def affine_nearest_(images, samples, matrices, fill=0.0):
 def nearest_maps(samples, matrices, batch, device):
     """(samples int64 [N], matrices float32 [N, 2, 3]) on ``device`` for the ops that take nearest maps
     (affine_nearest_, and photometric, which reads the listed samples through them). Host samples are checked here
-    (distinct indices into a batch of ``batch``); device ones are trusted (a CUDA kernel skips indices outside)."""
+    (distinct indices into a batch of ``batch``); device ones are trusted (a CUDA kernel skips indices outside, and
+    reads a sample listed twice through one of its matrices)."""
     samples = torch.as_tensor(samples, dtype=torch.int64)
     matrices = torch.as_tensor(matrices, dtype=torch.float32)
     if samples.dim() != 1 or matrices.shape != (len(samples), 2, 3):

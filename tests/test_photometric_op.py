@@ -263,17 +263,25 @@ def test_cuda_device_table_bad_slot_is_identity(decoded):
 # --- nearest maps: the listed samples read through affine_nearest_'s maps ------------------------------------
 
 def _maps(n, h, w):
-    """Maps for samples 0, 2, 3, 5, 6 of a batch of n: every policy op (rotations past 90 degrees, shears both
-    ways, a translation off the image), a zoom out and a NaN matrix (every pixel the fill)."""
+    """Maps for samples 0, 2, 3, 5, 6, 7 of a batch of 8: every policy op (rotations past 90 degrees, shears both
+    ways, a translation partly off the image: the CPU's row-copy path), a zoom out and a NaN matrix (every pixel
+    the fill)."""
     from fastload.transforms import policies as P
-    names = ["Rotate", "ShearX", "ShearY", "TranslateX", "Rotate"]
-    mags = [33.3, -0.7, 0.25, w * 0.6, -135.0]
+    names = ["Rotate", "ShearX", "ShearY", "TranslateX", "Rotate", "Rotate"]
+    mags = [33.3, -0.7, 0.25, w * 0.6, -135.0, 10.0]
     m = torch.from_numpy(np.stack([P.geometric_matrices(name, [g], h, w)[0][:2] for name, g in zip(names, mags)]))
     m = m.float()
     m[1] *= 2.5
-    m[3, 0, 2] = float("nan")
-    samples = torch.tensor([0, 2, 3, 5, 6][:min(5, n)])
+    m[5, 0, 2] = float("nan")
+    samples = torch.tensor([0, 2, 3, 5, 6, 7][:n])
     return samples, m[:len(samples)]
+
+
+def _first_slot(code, n, h, w, seed):
+    """A two-slot table whose first slot is ``code`` for every sample (the slot the listed samples are read
+    through their maps in), the second random."""
+    first, second = _table(n, 1, h, w, seed, codes=[code]), _table(n, 1, h, w, seed + 1)
+    return PhotometricTable(torch.cat([first.ops, second.ops], 1), torch.cat([first.params, second.params], 1))
 
 
 def _moved_first(x, samples, m, fill):
@@ -298,6 +306,19 @@ def test_maps_equal_moving_the_samples_first(decoded, size):
             got = F.photometric(x, table, out_dtype=out_dtype, nearest=(samples, m, fill), **norm)
             _assert_equal(got, _run(moved, table, out_dtype))
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("size", [(33, 47), (64, 80)], ids=str)
+def test_maps_every_op_in_the_first_slot(decoded, size):
+    """Each op code in the first slot of every sample (statistics and neighbourhoods of the moved image included)."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    samples, m = _maps(len(x), h, w)
+    moved = _moved_first(x, samples, m, 31.0)
+    for code in range(len(OPS)):
+        table = _first_slot(code, len(x), h, w, code)
+        got = F.photometric(x, table, out_dtype=torch.uint8, nearest=(samples, m, 31.0))
+        _assert_equal(got, _run(moved, table, torch.uint8))
 
 
 def test_maps_are_checked(decoded):
@@ -350,3 +371,34 @@ def test_cuda_maps_equal_cpu(decoded, size, out_dtype, channels_last):
         cuda = F.photometric(x.cuda(), table, out_dtype=out_dtype, channels_last=channels_last,
                              nearest=(samples.cuda(), m.cuda(), 9.0), **norm)
         _assert_equal(cuda.cpu(), cpu)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", [(33, 47), (176, 176)], ids=str)
+def test_cuda_maps_every_op_in_the_first_slot(decoded, size):
+    h, w = size
+    x = _batch(decoded, h, w)
+    samples, m = _maps(len(x), h, w)
+    for code in range(len(OPS)):
+        table = _first_slot(code, len(x), h, w, code)
+        for out_dtype, channels_last in [(torch.float32, True), (torch.uint8, False)]:
+            norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
+            cpu = F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last,
+                                nearest=(samples, m, 31.0), **norm)
+            cuda = F.photometric(x.cuda(), table, out_dtype=out_dtype, channels_last=channels_last,
+                                 nearest=(samples.cuda(), m.cuda(), 31.0), **norm)
+            _assert_equal(cuda.cpu(), cpu)
+
+
+@pytest.mark.cuda
+def test_cuda_sample_listed_twice_is_read_through_one_map(decoded):
+    """A device list is not checked: a sample listed twice takes one of its maps, stats and pixels alike."""
+    x = _batch(decoded, 64, 80)
+    samples, m = _maps(len(x), 64, 80)
+    table = _first_slot(OPS["equalize"], len(x), 64, 80, 3)
+    twice = torch.cat([samples, samples[:1]])
+    maps = torch.cat([m, m[4:5]])  # sample 0 again, with sample 6's rotation
+    out = F.photometric(x.cuda(), table, out_dtype=torch.uint8, nearest=(twice.cuda(), maps.cuda(), 0.0)).cpu()
+    either = [F.photometric(x, table, out_dtype=torch.uint8, nearest=(samples, mm, 0.0))
+              for mm in (m, maps[[6, 1, 2, 3, 4, 5]])]  # sample 0 with its own map or with the second one
+    assert not torch.equal(*either) and any(torch.equal(out, e) for e in either)

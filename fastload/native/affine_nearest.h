@@ -5,8 +5,8 @@
 // lies outside the image.
 //
 // The coordinates are fixed point with 32 fractional bits: each matrix entry is rounded to a multiple of 2^-32 once,
-// after which every coordinate is exact integer arithmetic, the same on both devices however it is computed (the
-// CPU steps along a row, CUDA multiplies). The error against the real-valued map is below 2^-33 * (1 + u + v), under
+// after which every coordinate is exact integer arithmetic, the same on both devices however it is computed (a
+// step along a row or a multiply). The error against the real-valued map is below 2^-33 * (1 + u + v), under
 // 2e-6 pixels for any allowed size, so a pixel can differ from torchvision's float32 grid only within that of a
 // rounding tie; an exact tie rounds up (grid_sample rounds ties to even, but its float32 grid rarely lands on one).
 // Bounds keep the sums inside int64: |entries| < 2^15, sides below 2^14 (checked by the op; a matrix with a larger
@@ -21,7 +21,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <vector>
-#endif  // FL_HD
+#endif
 
 namespace fastload {
 namespace nearest {

@@ -89,8 +89,8 @@ at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops
 }
 
 // The nearest maps both backends take (samples int64 [N], matrices float32 [N, 2, 3], on x's device; both or
-// neither). The indices themselves: checked by the CPU op, skipped by the CUDA kernels when out of range (the
-// Python wrapper checks host ones).
+// neither). The indices themselves: checked by the CPU op; the CUDA kernels skip one out of range and read a sample
+// listed twice through one of its matrices (the Python wrapper checks host ones).
 void check_photometric_maps(const at::Tensor& x, const std::optional<at::Tensor>& samples,
                             const std::optional<at::Tensor>& matrices) {
   TORCH_CHECK(samples.has_value() == matrices.has_value(), "photometric: pass both samples and matrices, or neither");

@@ -3,7 +3,7 @@
 //   stats_kernel  the per-sample statistics the slot's op needs (contrast: luma sum; autocontrast: min/max;
 //                 equalize: histograms, turned into the lookup table by the sample's last block; gaussian_blur:
 //                 the sample's normalised 1-D weights), blocks of samples that need none return at once;
-//   apply_kernel  each block is 32 columns x 128 rows of one sample and switches on that sample's op code; the
+//   apply_kernel  each block is 32 columns x up to 128 rows of one sample, switching on that sample's op code; the
 //                 last slot's launch writes the output dtype/layout (cast(v * alpha + beta)), the others a uint8
 //                 scratch batch (two, ping-pong, from the caching allocator).
 // Listed samples (samples/matrices: the policies' NEAREST rotate/shear/translate) are read through their maps by
@@ -43,8 +43,8 @@ namespace {
 
 using namespace augment;
 
-constexpr int kTile = 32;                 // apply_kernel: a 32 x 32 tile per block
-constexpr int kBlockY = 8;                // of 32 x 8 threads, each thread 4 rows (8 apart)
+constexpr int kTile = 32;                 // apply_kernel: 32 x 32 tiles, up to four per block (kApplyRows)
+constexpr int kBlockY = 8;                // of 32 x 8 threads: a quad of each tile row, or 4 rows (8 apart)
 constexpr int kThreads = kTile * kBlockY;
 constexpr int kApplyRows = 128;           // apply_kernel: at most a block's rows (32-row tiles in turn): per-block
                                           // set-up (op, constants, equalize's table) cost as much as a tile's work
@@ -459,26 +459,26 @@ __device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast
   }
 }
 
-// Each block covers 32 columns x 128 rows of one sample, a 32 x 32 tile at a time. With `quads` (w a multiple of 4,
+// Each block covers 32 columns x at most 128 rows of one sample (h split evenly over a column's blocks), a 32 x 32
+// tile at a time. With `quads` (w a multiple of 4,
 // buffers aligned: decided on the host) each thread takes four consecutive pixels of a row per tile (4-byte loads
 // per plane, 16-byte float stores), else one pixel of four rows; blur keeps its own layout (blur_tile).
 // kMoved: the launch for the listed samples (grid.z = N, block z is sample samples[z], read through its map), a
 // kernel of its own so that its fixed-point maths does not cost the other samples' kernel registers; that kernel
 // leaves the listed samples to it.
 template <typename out_t, bool kFinal, bool kChannelsLast, bool kMoved>
-__global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4) apply_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
-                                                         out_t* __restrict__ out, const int64_t* __restrict__ ops,
-                                                         const float* __restrict__ params, int slots, int slot,
-                                                         int h, int w, const Stats* __restrict__ stats,
-                                                         const float* __restrict__ weights, int kcap,
-                                                         const float* __restrict__ alpha,
-                                                         const float* __restrict__ beta, bool quads, Moves moves,
-                                                         const int64_t* __restrict__ samples, int64_t batch,
-                                                         int block_rows) {
+__global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
+    apply_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, out_t* __restrict__ out,
+                 const int64_t* __restrict__ ops, const float* __restrict__ params, int slots, int slot, int h, int w,
+                 const Stats* __restrict__ stats, const float* __restrict__ weights, int kcap,
+                 const float* __restrict__ alpha, const float* __restrict__ beta, bool quads, Moves moves,
+                 const int64_t* __restrict__ samples, int64_t batch, int block_rows) {
   int b;
   if constexpr (kMoved) {
     const int64_t listed = samples[blockIdx.z];
-    if (listed < 0 || listed >= batch) return;  // the Python wrapper checks host indices
+    // an index outside the batch, or a sample listed twice (the Python wrapper checks host indices): one listing
+    // writes it, the one the stats kernel used (scatter_map_kernel's)
+    if (listed < 0 || listed >= batch || moves.map_of[listed] != static_cast<int>(blockIdx.z)) return;
     b = static_cast<int>(listed);
   } else {
     b = blockIdx.z;
@@ -506,7 +506,8 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4) apply_kernel(const u
     const auto row_sum = [&](int c, int y, int x) {
       if constexpr (kMoved) {  // blur_row's sum, in its order, through the map
         float acc = 0.f;
-        for (int i = 0; i < kx; ++i) acc = fma_rn(wx[i], static_cast<float>(mv.at(c, reflect(x + i - kx / 2, w), y)), acc);
+        for (int i = 0; i < kx; ++i)
+          acc = fma_rn(wx[i], static_cast<float>(mv.at(c, reflect(x + i - kx / 2, w), y)), acc);
         return acc;
       } else {
         return blur_row(s + c * hw + y * w, w, x, wx, kx);
@@ -529,7 +530,8 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4) apply_kernel(const u
     }
   }
   if (op == kEqualize) {
-    for (int i = threadIdx.y * kTile + threadIdx.x; i < 3 * 256; i += kThreads) lut[i / 256][i % 256] = stats[b].lut[i / 256][i % 256];
+    for (int i = threadIdx.y * kTile + threadIdx.x; i < 3 * 256; i += kThreads)
+      lut[i / 256][i % 256] = stats[b].lut[i / 256][i % 256];
     __syncthreads();
   }
   // One pixel's three values.
@@ -636,6 +638,7 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   const int hw = h * w;
   TORCH_CHECK(batch <= 65535, "photometric: at most 65535 samples per call on CUDA");
   const dim3 grid((w + kTile - 1) / kTile, (h + kApplyRows - 1) / kApplyRows, static_cast<unsigned>(batch));
+  TORCH_CHECK(grid.y <= 65535, "photometric: images too tall for the CUDA kernels (at most 8,388,480 rows)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool channels_last = out.stride(1) == 1 && out.size(1) > 1;
   const int64_t* op = ops.data_ptr<int64_t>();
