@@ -113,11 +113,19 @@ struct Moved {
 
 __device__ __forceinline__ int moved_row(const Moves& moves, int b) { return moves.map_of ? moves.map_of[b] : -1; }
 
-// map_of[samples[k]] = k (map_of set to -1 before); an index outside the batch is skipped.
-__global__ void scatter_map_kernel(const int64_t* __restrict__ samples, int n, int64_t batch,
-                                   int32_t* __restrict__ map_of) {
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k < n && samples[k] >= 0 && samples[k] < batch) map_of[samples[k]] = k;
+// The first launch's set-up, one kernel: the stats records zeroed (16 bytes a thread where possible) and, with
+// listed samples, map_of[b] = the last k with samples[k] == b, or -1 (an index outside the batch matches nothing).
+__global__ void prepare_kernel(uint8_t* __restrict__ stats, int64_t stats_bytes, const int64_t* __restrict__ samples,
+                               int n, int64_t batch, int32_t* __restrict__ map_of) {
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = first; i < stats_bytes / 16; i += step) reinterpret_cast<uint4*>(stats)[i] = make_uint4(0, 0, 0, 0);
+  for (int64_t i = stats_bytes / 16 * 16 + first; i < stats_bytes; i += step) stats[i] = 0;
+  if (!map_of) return;
+  for (int64_t b = first; b < batch; b += step) {
+    int found = -1;
+    for (int k = 0; k < n; ++k) found = samples[k] == b ? k : found;
+    map_of[b] = found;
+  }
 }
 
 // Normalised taps of one axis into w (all threads of the block): exp in parallel, their sum in order i = 0..k-1
@@ -477,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
   if constexpr (kMoved) {
     const int64_t listed = samples[blockIdx.z];
     // an index outside the batch, or a sample listed twice (the Python wrapper checks host indices): one listing
-    // writes it, the one the stats kernel used (scatter_map_kernel's)
+    // writes it, the one the stats kernel used (prepare_kernel's)
     if (listed < 0 || listed >= batch || moves.map_of[listed] != static_cast<int>(blockIdx.z)) return;
     b = static_cast<int>(listed);
   } else {
@@ -632,7 +640,7 @@ void launch_apply(dim3 grid, cudaStream_t stream, bool channels_last, const uint
 
 template <typename out_t>
 void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, const at::Tensor& alpha,
-         const at::Tensor& beta, at::Tensor& out, Moves moves) {
+         const at::Tensor& beta, at::Tensor& out, Moves moves, int32_t* map_of) {
   const int64_t batch = x.size(0), slots = ops.size(1);
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int hw = h * w;
@@ -649,16 +657,22 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   // (the scratch batches come from the allocator, aligned).
   const bool quads = w % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 4 == 0 &&
                      reinterpret_cast<uintptr_t>(out.data_ptr<out_t>()) % 16 == 0;
+  // Scratch from the caching allocator: stats (zeroed by prepare_kernel, one record per slot and sample), blur
+  // weights, two uint8 batches.
+  at::Tensor stats = at::empty({slots * batch * static_cast<int64_t>(sizeof(Stats))}, x.options().dtype(at::kByte));
+  if (slots > 0 || map_of) {
+    const int64_t work = std::max<int64_t>(stats.numel() / 16, map_of ? batch : 0);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 512));
+    prepare_kernel<<<std::max(blocks, 1u), 256, 0, stream>>>(stats.data_ptr<uint8_t>(), stats.numel(), moves.samples,
+                                                             moves.n, batch, map_of);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   if (slots == 0) {
     launch_apply<out_t, true>(grid, stream, channels_last, src, nullptr, out.data_ptr<out_t>(), op, p, 0, -1, h, w,
                               nullptr, nullptr, 0, a, bt, quads, moves);
     return;
   }
-  // Scratch from the caching allocator: stats (zeroed, one record per slot and sample), blur weights, two
-  // uint8 batches.
   const int kcap = 2 * std::max(h, w) - 1;  // the largest kernel reflect padding allows
-  auto bytes = x.options().dtype(at::kByte);
-  at::Tensor stats = at::zeros({slots * batch * static_cast<int64_t>(sizeof(Stats))}, bytes);
   at::Tensor taps = at::empty({batch * 2 * kcap}, x.options().dtype(at::kDouble));
   at::Tensor weights = at::empty({batch * 2 * kcap}, x.options().dtype(at::kFloat));
   at::Tensor scratch[2];
@@ -698,23 +712,18 @@ at::Tensor photometric_cuda(const at::Tensor& x, const at::Tensor& ops, const at
   if (samples && samples->numel() > 0) {
     FL_CHECK(samples->size(0) <= x.size(0), "photometric: %lld samples listed for a batch of %lld",
              static_cast<long long>(samples->size(0)), static_cast<long long>(x.size(0)));
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    map_of = at::empty({x.size(0)}, x.options().dtype(at::kInt));
-    C10_CUDA_CHECK(cudaMemsetAsync(map_of.data_ptr<int32_t>(), 0xff, x.size(0) * sizeof(int32_t), stream));  // -1
-    const int n = static_cast<int>(samples->size(0));
-    scatter_map_kernel<<<(n + 255) / 256, 256, 0, stream>>>(samples->data_ptr<int64_t>(), n, x.size(0),
-                                                            map_of.data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    map_of = at::empty({x.size(0)}, x.options().dtype(at::kInt));  // filled by run's prepare_kernel
     moves.map_of = map_of.data_ptr<int32_t>();
     moves.mats = matrices->data_ptr<float>();
     moves.samples = samples->data_ptr<int64_t>();
-    moves.n = n;
+    moves.n = static_cast<int>(samples->size(0));
   }
+  int32_t* map_out = map_of.defined() ? map_of.data_ptr<int32_t>() : nullptr;
   switch (out_dtype) {
-    case at::kFloat: run<float>(x, ops, params, alpha, beta, out, moves); break;
-    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out, moves); break;
-    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out, moves); break;
-    default: run<uint8_t>(x, ops, params, alpha, beta, out, moves); break;
+    case at::kFloat: run<float>(x, ops, params, alpha, beta, out, moves, map_out); break;
+    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out, moves, map_out); break;
+    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out, moves, map_out); break;
+    default: run<uint8_t>(x, ops, params, alpha, beta, out, moves, map_out); break;
   }
   return out;
 }
