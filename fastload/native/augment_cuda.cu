@@ -338,18 +338,19 @@ struct SlotConsts {
 template <int N, typename At>
 __device__ __forceinline__ void apply_op(const SlotConsts& k, const At& at, int h, int w, int x, int y,
                                          const uint8_t (&v)[N][3], uint8_t (&o)[N][3]) {
+  // o[n][c] = f(v[n][c], c): the ops whose output value depends on its input value and channel alone
+  const auto each_value = [&](auto&& f) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int c = 0; c < 3; ++c) o[n][c] = f(v[n][c], c);
+  };
   switch (k.op) {
     case kBrightness:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = brightness(v[n][c], k.p0);
+      each_value([&](uint8_t val, int) -> uint8_t { return brightness(val, k.p0); });
       break;
     case kContrast:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = blend(v[n][c], k.mean, k.p0, k.om);
+      each_value([&](uint8_t val, int) -> uint8_t { return blend(val, k.mean, k.p0, k.om); });
       break;
     case kSaturation:
 #pragma unroll
@@ -381,56 +382,43 @@ __device__ __forceinline__ void apply_op(const SlotConsts& k, const At& at, int 
       }
       break;
     case kPosterize:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = posterize(v[n][c], k.p0);
+      each_value([&](uint8_t val, int) -> uint8_t { return posterize(val, k.p0); });
       break;
     case kSolarize:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = solarize(v[n][c], k.p0);
+      each_value([&](uint8_t val, int) -> uint8_t { return solarize(val, k.p0); });
       break;
     case kAutocontrast:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = autocontrast(v[n][c], k.lo[c], k.hi[c]);
+      each_value([&](uint8_t val, int c) -> uint8_t { return autocontrast(val, k.lo[c], k.hi[c]); });
       break;
     case kEqualize:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = k.lut[c][v[n][c]];
+      each_value([&](uint8_t val, int c) -> uint8_t { return k.lut[c][val]; });
       break;
     case kInvert:
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = static_cast<uint8_t>(255 - v[n][c]);
+      each_value([&](uint8_t val, int) -> uint8_t { return static_cast<uint8_t>(255 - val); });
       break;
     case kGrayscale:
 #pragma unroll
       for (int n = 0; n < N; ++n) o[n][0] = o[n][1] = o[n][2] = static_cast<uint8_t>(gray(v[n][0], v[n][1], v[n][2]));
       break;
     default:  // identity, and a blur that is not defined on this image
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) o[n][c] = v[n][c];
+      each_value([](uint8_t val, int) { return val; });
       break;
   }
 }
 
 // A quad's 12 float32 outputs in channels-last order, as three 16-byte values into q (global or shared memory).
 template <typename Sink_t>
-__device__ __forceinline__ void quad_channels_last(const Sink_t& sink, const uint8_t (&o)[4][3], float4* q) {
-  float f[4][3];
+__device__ __forceinline__ void quad_floats(const Sink_t& sink, const uint8_t (&o)[4][3], float (&f)[4][3]) {
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
+}
+
+template <typename Sink_t>
+__device__ __forceinline__ void quad_channels_last(const Sink_t& sink, const uint8_t (&o)[4][3], float4* q) {
+  float f[4][3];
+  quad_floats(sink, o, f);
   q[0] = make_float4(f[0][0], f[0][1], f[0][2], f[1][0]);
   q[1] = make_float4(f[1][1], f[1][2], f[2][0], f[2][1]);
   q[2] = make_float4(f[2][2], f[3][0], f[3][1], f[3][2]);
@@ -451,10 +439,7 @@ __device__ __forceinline__ void put_quad(const Sink<out_t, kFinal, kChannelsLast
       quad_channels_last(sink, o, q);
     } else {
       float f[4][3];
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) f[n][c] = cast_out<float>(o[n][c], sink.alpha[c], sink.beta[c]);
+      quad_floats(sink, o, f);
 #pragma unroll
       for (int c = 0; c < 3; ++c)
         *reinterpret_cast<float4*>(sink.out + c * sink.hw + i) = make_float4(f[0][c], f[1][c], f[2][c], f[3][c]);

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import conv2d, pad
 
-from .. import ops as _ops
-from ..ops import _norm_params
+from ..ops import _norm_params, nearest_maps
 
 __all__ = [
     "OPS", "PhotometricTable", "CheckedTable", "checked_table", "apply_table", "photometric",
@@ -632,7 +631,7 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
     maps = {}
     if nearest is not None:
         samples, matrices, fill = nearest
-        samples, matrices = _ops.nearest_maps(samples, matrices, x.shape[0], x.device)
+        samples, matrices = nearest_maps(samples, matrices, x.shape[0], x.device)
         maps = {"samples": samples, "matrices": matrices, "fill": float(fill)}
     return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last, **maps)
 
