@@ -35,7 +35,7 @@ for tool in cjpeg djpeg jpegtran; do
   [[ -x /tmp/tj/usr/bin/$tool ]] && printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/tj/usr/lib/x86_64-linux-gnu exec /tmp/tj/usr/bin/%s "$@"\n' \
     "$tool" > /tmp/tjbin/$tool && chmod +x /tmp/tjbin/$tool
 done
-export PATH=/tmp/tjbin:$PATH
+export PATH=/tmp/tjbin:/tmp/site/bin:$PATH  # /tmp/site/bin: py-spy (bench.train_profile --py-spy)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

@@ -7,6 +7,8 @@ Trains for a few epochs and reports, per decoder:
 - GIL pressure: the excess wake-up latency of a probe thread that sleeps 0.5 ms in a loop (the time it waits for
   the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max;
 - CPU used over the timed epochs, in cores: the whole process, the training thread, and the other threads by name;
+- the training thread's time off a core, per step, split (Linux schedstat) into waiting runnable on a run queue
+  (cores busy) and blocked (the GIL, a CUDA sync, a lock), with its voluntary / involuntary context switches;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
 ``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
@@ -100,6 +102,19 @@ def thread_cpu():
         return _cpu_seconds(f.read()), threads
 
 
+def sched(tid):
+    """(ns on a core, ns runnable on a run queue, voluntary switches, involuntary switches) of thread ``tid``."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        on_cpu, queued = (int(v) for v in f.read().split()[:2])
+    switches = {}
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if "ctxt_switches:" in line:
+                key, _, value = line.partition(":")
+                switches[key.strip()] = int(value)
+    return on_cpu, queued, switches.get("voluntary_ctxt_switches", 0), switches.get("nonvoluntary_ctxt_switches", 0)
+
+
 def cpu_by_thread(before, after, main_tid, seconds):
     """Cores' worth of CPU used between two thread_cpu() snapshots: the whole process, the training thread alone,
     the other threads summed by name (the decode threads share one)."""
@@ -153,6 +168,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                           (os.path.join(spy_dir, f"spy_{decoder}_gil.txt"), True))]
             start = time.perf_counter()
             cpu_before = thread_cpu()
+            sched_before = sched(threading.get_native_id())
         it = iter(loader)
         while True:
             t0 = time.perf_counter()
@@ -174,6 +190,12 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
+    # the training thread per step: on a core, runnable but queued, and the rest of the step (blocked)
+    on_cpu, queued, vol, invol = (b - a for a, b in zip(sched_before, sched(threading.get_native_id())))
+    steps = max(1, len(waits))
+    train = {"train_cpu_ms": on_cpu / 1e6 / steps, "train_runq_ms": queued / 1e6 / steps,
+             "train_blocked_ms": seconds * 1e3 / steps - (on_cpu + queued) / 1e6 / steps,
+             "train_vcsw": vol / steps, "train_ivcsw": invol / steps}
     probe.stop.set()
     probe.join()
     gpu_ms = [a.elapsed_time(b) for a, b in events]
@@ -190,7 +212,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
            "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary(),
-           "cpu_by_thread": cores}
+           **train, "cpu_by_thread": cores}
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
 
 
@@ -233,7 +255,8 @@ def main(argv=None):
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
-            "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms")
+            "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
+            "train_blocked_ms", "train_vcsw", "train_ivcsw")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
