@@ -6,7 +6,7 @@ turn inside one process.
 By default the driver picks "spin" when a process has one context and many cores: a thread waiting on the GPU (a
 launch into a full queue, a synchronize) keeps its core busy until the GPU answers; "sleep" blocks it until the
 device signals. Measured in one process with alternating rounds, "sleep" did not make ResNet-18 at 160 px train
-faster (bench/RESULTS.md, "Eleventh session"); FastLoader's own waits sleep whatever the policy (blocking events).
+faster (bench/RESULTS.md, "Waiting for the GPU"); FastLoader's own waits sleep whatever the policy (blocking events).
 
     from bench.cuda_wait import set_cuda_wait
     set_cuda_wait("sleep")

@@ -9,7 +9,7 @@ Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --tran
 loaders: fastload.benchmark.pipelines), workers = threads = cores. --rounds N measures every loader N times in
 alternating order (round r runs them in turn, starting one later each round) and prints each loader's median with
 its range: on a shared 2-core machine one run of torchvision's DataLoader varies by up to +-30%, so a ratio of
-single runs says little (bench/RESULTS.md, "Tenth session").
+single runs says little (bench/RESULTS.md, "Machines, corpora and `bench/device_run.sh`").
 """
 import argparse
 import json

@@ -6,8 +6,8 @@ each batch to it could lift FastLoader(device="cuda") past what the CPU cores de
 
 Uses fastload.nvjpeg's HardwareDecoder (native, over libnvjpeg's HARDWARE backend): whole images and the
 RandomResizedCrop windows, as ragged batches in one device buffer, batches queued back to back on one stream.
-(The figures in bench/RESULTS.md came from this script's first version, commit 35398c0, which had its own ctypes
-calls and decoded whole images without an ROI.)
+(bench/RESULTS.md, "The JPEG engines", gives this version's figures, and those of the script's first version,
+commit 35398c0, which had its own ctypes calls.)
 """
 import argparse
 import os

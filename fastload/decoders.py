@@ -338,7 +338,7 @@ class Engines:
     ([hardware part | CPU part]). A batch with nothing for the engines, or where nvJPEG itself fails, is made
     whole by ``cores``. (Splitting baseline JPEGs between engines and cores by their measured speeds was tried:
     nvJPEG's host-side work and the crop decoders slow each other, and no split beat the engines alone,
-    bench/RESULTS.md.)"""
+    bench/RESULTS.md, "Tried and not kept".)"""
     name = "nvjpeg"
 
     def __init__(self, maker, cores):
@@ -484,12 +484,13 @@ def _hybrid(maker):
 
 KINDS = {
     # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
-    # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "threads").
+    # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
+    # CUDA").
     "cpu": Kind("cpu", Cores, False,
                 workers=lambda cores, cuda: min(4, max(2, cores // 4)) if cuda else 2,
                 threads=lambda cores, workers, cuda: max(1, cores // max(1, workers)) if cuda else cores),
     # One producer has the engines while the other reads and plans; more contend for the GIL and the engines
-    # (bench/RESULTS.md, probe --nvjpeg-workers). The cores decode only the few samples the engines cannot take.
+    # (bench/RESULTS.md, "The JPEG engines"). The cores decode only the few samples the engines cannot take.
     "nvjpeg": Kind("nvjpeg", _engines, True, workers=lambda cores, cuda: 2,
                    threads=lambda cores, workers, cuda: cores),
     # One producer makes the cores' batches, the others the engines'; a core left to the engines' producers

@@ -89,7 +89,8 @@ class FastLoader:
             loader's life; the first epoch pays it on the cores): one that fails is decoded by the cores, and
             ``strict``/``on_error`` hold exactly as with "cpu" (same DecodeError, same skipped samples). A
             batch where nvJPEG itself fails is decoded whole by the cores. On an H200 it delivers more batches per second
-            alone than the 16 cores, but inside a training loop less (bench/RESULTS.md): measure before using it.
+            alone than the 16 cores, but inside a training loop less (bench/RESULTS.md, "The JPEG engines"): measure
+            before using it.
             "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
             (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
@@ -500,7 +501,7 @@ class _Producers:
         self.device = loader.device
         self.stage = loader._stage_cpu() if loader.device.type == "cpu" else None
         # CUDA: each producer queues its batch's copy + stage on the side stream itself, so the training
-        # thread only waits on an event (it launches the model's kernels; bench/RESULTS.md, "Eighth session").
+        # thread only waits on an event (it launches the model's kernels; bench/RESULTS.md, "Issue 18").
         self.pipe = loader._device_pipe() if loader.device.type == "cuda" else None
         self.stats = loader._stats
         self.cpus = loader.cpus
@@ -519,7 +520,7 @@ class _Producers:
         # Each producer's planner thread prepares its next batch (BatchMaker.prepare: crop plans, per-sample
         # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
         # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
-        # (bench/RESULTS.md, "Ninth session").
+        # (bench/RESULTS.md, "Loaders alone with a policy").
         self.planners = [_Planner(self.maker, batches, epoch, w, self.cpus, self.device) for w in range(n)]
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]

@@ -139,7 +139,7 @@ class BatchMaker:
         """What batch k needs before its decode, all pure functions of (seed, epoch, indices, k): the crop plan, the
         stage's per-sample parameters and the batch ops' draws. The loader's planner thread runs this one batch
         ahead of each producer, so this Python work overlaps the decode instead of idling the decode threads
-        (bench/RESULTS.md, "Ninth session")."""
+        (bench/RESULTS.md, "Loaders alone with a policy")."""
         indices = np.asarray(indices, dtype=np.int64)
         return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
                         self.pipeline.batch_plan(self.seed, epoch, k, len(indices)))

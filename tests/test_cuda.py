@@ -219,7 +219,7 @@ def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
     """A producer waits on the pipe's events (Slot.wait_reusable) and the engines' streams (decoders.wait_for)
     before it reuses a buffer. Those waits must sleep: a default CUDA event or Stream.synchronize() spins its
     thread on a core while the GPU works (the driver's policy with one context on many cores), a core the decode
-    threads could use (bench/RESULTS.md, "Eleventh session").
+    threads could use (bench/RESULTS.md, "Waiting for the GPU").
     The GPU is kept busy ~0.3 s by a sleep kernel queued ahead of the work waited for; the waiting thread's CPU
     time must stay far below that wall time (a spin would use all of it)."""
     from fastload.decoders import wait_for

@@ -241,7 +241,8 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
   // its left and `after` on its right, which land on the previous row's tail (saved and put back) and the next
   // row's head (overwritten by that row later). Only a row whose spill would leave this sample's output (the
   // first with context on the left, the last with context on the right) goes through one pooled row and a copy.
-  // Copying every row made the crop decode ~1.3x slower on the 2-core dev machine (bench/RESULTS.md, "Tenth session").
+  // Copying every row made the crop decode ~1.3x slower on the 2-core dev machine (bench/RESULTS.md, "JPEG decode
+  // per core").
   const size_t before = static_cast<size_t>(skip_cols) * nc;
   const size_t after = (static_cast<size_t>(cinfo.output_width) - skip_cols - cols) * nc;
   JSAMPARRAY scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,

@@ -282,8 +282,8 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
 // pixel's three sums in a row buffer (one 16-byte store, the same operations as horizontal_rgb), then store_row_avx2
 // finishes eight pixels at a time: store_rgb's operations in every lane (v * alpha + beta; for uint8 the clamp, + 0.5
 // and truncation), then channels regrouped in registers and written as 8-value runs per plane. Per pixel, store_rgb's
-// conversions and three scattered stores were about half of the horizontal pass's time (bench/RESULTS.md, "Tenth
-// session"). Same bits: tests/test_cpu_fastpaths.py compares it with the baseline build.
+// conversions and three scattered stores were about half of the horizontal pass's time (bench/RESULTS.md, "CPU
+// kernels, one thread"). Same bits: tests/test_cpu_fastpaths.py compares it with the baseline build.
 template <int K>
 void horizontal_sums(const float* acc, const int* lo, const float* w, int out_w, float* sums) {
   for (int u = 0; u < out_w; ++u) _mm_storeu_ps(sums + 4 * u, rgb_taps<K>(acc + lo[u] * 3, w + u * K));

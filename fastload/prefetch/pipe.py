@@ -107,8 +107,8 @@ class DevicePipe:
                 x = self.batch_ops(x, batch_plan, params)
             # Producers wait on these from the host (Slot.wait_reusable) before refilling a buffer. Blocking
             # events sleep there: a default one spins its thread on a core (the driver's policy with one
-            # context on many cores), a core the decode threads could use (bench/RESULTS.md, "Eleventh
-            # session").
+            # context on many cores), a core the decode threads could use (bench/RESULTS.md, "Waiting for the
+            # GPU").
             ready = torch.cuda.Event(blocking=True)
             ready.record(self.stream)
             return Handle(x, y, ready, copied)
