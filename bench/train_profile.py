@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
-from fastload import FastLoader
+from fastload import FastLoader, decoders
 from fastload.benchmark import ceiling_rate, open_dataset, training_step
 from fastload.transforms.planners import RandomResizedCrop
 
@@ -234,17 +234,25 @@ def main(argv=None):
                         "this one process")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
+    p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
+                   help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
+                        "in turn in this one process (default: the library's)")
     args = p.parse_args(argv)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
     rows = []
-    runs = [(w, d) for w in args.cuda_wait for d in args.decoder]
+    runs = [(w, d, h) for w in args.cuda_wait for d in args.decoder for h in (args.hybrid if d == "hybrid" else [None])]
+    default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split in (runs if r % 2 == 0 else runs[::-1]):
+            engines, period = default_split if split is None else (int(v) for v in split.split("/"))
+            decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve)
             row["cuda_wait"] = wait
+            if d == "hybrid":
+                row["decoder"] = f"hybrid {engines}/{period}"
             rows.append(row)
             print(f"--- {d}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                          for k, v in row.items()), flush=True)

@@ -31,7 +31,10 @@ from .errors import DecodeError
 from .rng import uniforms
 
 FORMAT_JPEG = 0
-HYBRID_PERIOD = 3  # decoder="hybrid": the cores decode batch k of an epoch when k % 3 == 2, the engines the rest
+# decoder="hybrid": the engines decode batch k of an epoch when k % HYBRID_PERIOD < HYBRID_ENGINE_BATCHES, the cores
+# the rest (today: k % 3 == 2 by the cores)
+HYBRID_PERIOD = 3
+HYBRID_ENGINE_BATCHES = 2
 _MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
 
 
@@ -449,14 +452,15 @@ class Engines:
 
 
 class Alternating:
-    """decoder="hybrid": batch k of an epoch by ``second`` when k % period == period - 1, else by ``first``."""
+    """decoder="hybrid": batch k of an epoch by ``first`` when k % period < first_batches, else by ``second``."""
     name = "hybrid"
 
-    def __init__(self, first, second, period=HYBRID_PERIOD):
+    def __init__(self, first, second, period=HYBRID_PERIOD, first_batches=None):
         self.first, self.second, self.period = first, second, period
+        self.first_batches = period - 1 if first_batches is None else first_batches
 
     def make(self, indices, epoch, slot, k=0, plan=None):
-        chosen = self.second if k % self.period == self.period - 1 else self.first
+        chosen = self.first if k % self.period < self.first_batches else self.second
         return chosen.make(indices, epoch, slot, k, plan)
 
 
@@ -479,7 +483,7 @@ def _engines(maker):
 
 def _hybrid(maker):
     cores = Cores(maker)
-    return Alternating(Engines(maker, cores), cores, HYBRID_PERIOD)
+    return Alternating(Engines(maker, cores), cores, HYBRID_PERIOD, HYBRID_ENGINE_BATCHES)
 
 
 KINDS = {
@@ -496,7 +500,8 @@ KINDS = {
     # One producer makes the cores' batches, the others the engines'; a core left to the engines' producers
     # and one to the training loop.
     "hybrid": Kind("hybrid", _hybrid, True, workers=lambda cores, cuda: HYBRID_PERIOD,
-                   threads=lambda cores, workers, cuda: max(1, cores - 2)),
+                   threads=lambda cores, workers, cuda: max(1, (cores - 2) // max(1, HYBRID_PERIOD -
+                                                                                HYBRID_ENGINE_BATCHES))),
 }
 
 
