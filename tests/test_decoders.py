@@ -178,6 +178,31 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
             k["hybrid"].threads(16, 3, True)) == (4, 16, 16, 14)
 
 
+def test_hybrid_split_follows_its_two_constants(monkeypatch):
+    """decoder="hybrid": the engines take batch k when k % HYBRID_PERIOD < HYBRID_ENGINE_BATCHES (by index only),
+    one producer per batch of the period, and the cores' threads shared among the producers that decode on them."""
+    made = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def make(self, indices, epoch, slot, k=0, plan=None):
+            made.append(self.name)
+    hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), 4, 1)
+    for k in range(8):
+        hybrid.make(None, 0, None, k)
+    assert made == ["engines", "cores", "cores", "cores"] * 2
+    monkeypatch.setattr(decoders, "HYBRID_PERIOD", 4)
+    monkeypatch.setattr(decoders, "HYBRID_ENGINE_BATCHES", 1)
+    kind = decoders.KINDS["hybrid"]
+    assert (kind.workers(16, True), kind.threads(16, 4, True)) == (4, 14 // 3)
+    monkeypatch.setattr(decoders, "Cores", lambda maker: "cores")
+    monkeypatch.setattr(decoders, "Engines", lambda maker, cores: f"engines beside {cores}")
+    built = decoders._hybrid(None)
+    assert (built.first, built.second, built.period, built.first_batches) == ("engines beside cores", "cores", 4, 1)
+
+
 @pytest.mark.cuda
 def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
     """On a GPU: decoder="nvjpeg" is Engines over Cores, "hybrid" alternates them, and a batch from either has
