@@ -145,7 +145,9 @@ struct Scratch {
   std::vector<uint8_t> image[2];
   std::vector<uint8_t> moved;  // a listed sample after its nearest map (the slots' input)
   std::vector<int> source;
-  std::vector<float> rows;
+  std::vector<float> rows;     // the blur's horizontal sums, a plane
+  std::vector<float> padded;   // one row as floats, reflected out by the kernel's radius
+  std::vector<float> sums;     // one row of vertical sums
   std::vector<float> wx, wy;
 };
 
@@ -167,25 +169,46 @@ void gaussian_weights(int k, float sigma, std::vector<float>& w) {
   for (int i = 0; i < k; ++i) w[i] = gaussian_weight(gaussian_tap(i, k, sigma), sum);
 }
 
+// Both passes run across a row's columns (the loops vectorise) while each pixel keeps blur_row's sums in its order,
+// i = 0..k-1 from 0.f, so the bits equal the CUDA kernels' (which sum per pixel): the horizontal pass over a row
+// padded by reflection and converted to float once, the vertical pass over whole rows of horizontal sums.
 FL_SAMPLE void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int kx = static_cast<int>(p[0]), ky = static_cast<int>(p[1]);
   gaussian_weights(kx, p[2], scratch.wx);
   gaussian_weights(ky, p[2], scratch.wy);
   const int64_t hw = static_cast<int64_t>(h) * w;
+  const int rx = kx / 2, ry = ky / 2;
   scratch.rows.resize(hw);
-  float* rows = scratch.rows.data();
+  scratch.padded.resize(w + 2 * rx);
+  scratch.sums.resize(w);
+  float* __restrict__ rows = scratch.rows.data();
+  float* __restrict__ padded = scratch.padded.data();
+  float* __restrict__ acc = scratch.sums.data();
+  const float* wx = scratch.wx.data();
+  const float* wy = scratch.wy.data();
   for (int c = 0; c < 3; ++c) {
     const uint8_t* s = src + c * hw;
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) rows[y * w + x] = blur_row(s + y * w, w, x, scratch.wx.data(), kx);
-    uint8_t* d = dst + c * hw;
-    const int ry = ky / 2;
     for (int y = 0; y < h; ++y) {
-      for (int x = 0; x < w; ++x) {
-        float acc = 0.f;
-        for (int j = 0; j < ky; ++j) acc = fma_rn(scratch.wy[j], rows[reflect(y + j - ry, h) * w + x], acc);
-        d[y * w + x] = blur_round(acc);
+      const uint8_t* row = s + static_cast<int64_t>(y) * w;
+      for (int i = 0; i < w + 2 * rx; ++i) padded[i] = static_cast<float>(row[reflect(i - rx, w)]);
+      float* __restrict__ out = rows + static_cast<int64_t>(y) * w;
+      for (int x = 0; x < w; ++x) out[x] = 0.f;
+      for (int i = 0; i < kx; ++i) {
+        const float wi = wx[i];
+        const float* __restrict__ in = padded + i;
+        for (int x = 0; x < w; ++x) out[x] = fma_rn(wi, in[x], out[x]);
       }
+    }
+    uint8_t* d = dst + c * hw;
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) acc[x] = 0.f;
+      for (int j = 0; j < ky; ++j) {
+        const float wj = wy[j];
+        const float* __restrict__ in = rows + static_cast<int64_t>(reflect(y + j - ry, h)) * w;
+        for (int x = 0; x < w; ++x) acc[x] = fma_rn(wj, in[x], acc[x]);
+      }
+      uint8_t* __restrict__ out = d + static_cast<int64_t>(y) * w;
+      for (int x = 0; x < w; ++x) out[x] = blur_round(acc[x]);
     }
   }
 }
@@ -242,6 +265,20 @@ FL_SAMPLE void saturation_planes(float factor, const uint8_t* __restrict__ r, co
     dr[i] = blend(r[i], gr, factor, om);
     dg[i] = blend(g[i], gr, factor, om);
     db[i] = blend(b[i], gr, factor, om);
+  }
+}
+
+// Grayscale on whole planes, restrict-qualified as saturation_planes (the loop vectorises).
+FL_SAMPLE void grayscale_planes(const uint8_t* __restrict__ r, const uint8_t* __restrict__ g,
+                                const uint8_t* __restrict__ b, uint8_t* __restrict__ dst, int64_t hw) {
+  uint8_t* __restrict__ dr = dst;
+  uint8_t* __restrict__ dg = dst + hw;
+  uint8_t* __restrict__ db = dst + 2 * hw;
+  for (int64_t i = 0; i < hw; ++i) {
+    const uint8_t v = static_cast<uint8_t>(gray(r[i], g[i], b[i]));
+    dr[i] = v;
+    dg[i] = v;
+    db[i] = v;
   }
 }
 
@@ -320,10 +357,7 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
     case kSaturation: return saturation_planes(p[0], r, g, b, dst, hw);
     case kHue:
       return hue_planes(p[0], r, g, b, dst, hw);
-    case kGrayscale:
-      for (int64_t i = 0; i < hw; ++i)
-        dst[i] = dst[hw + i] = dst[2 * hw + i] = static_cast<uint8_t>(gray(r[i], g[i], b[i]));
-      return;
+    case kGrayscale: return grayscale_planes(r, g, b, dst, hw);
     case kSharpness: return sharpness(p[0], src, dst, h, w);
     case kGaussianBlur: return blur(p, src, dst, h, w, scratch);
     default: std::memcpy(dst, src, 3 * hw); return;  // identity
