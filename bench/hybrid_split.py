@@ -1,0 +1,49 @@
+"""decoder="hybrid" making batches alone on the GPU, per engines/cores split (issue 18: >= 40,000 img/s at 160 px).
+
+A split E/P gives the engines batch k when k % P < E and the cores the others, one producer per batch of the period
+(decoders.HYBRID_ENGINE_BATCHES / HYBRID_PERIOD, set here for each run); "cpu" and "nvjpeg" run beside them. Every
+run in turn, the order reversed each round, all in this one process; img/s over --epochs after a warm-up epoch.
+
+    python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4] [--rounds 2] [--threads N]
+"""
+import argparse
+
+import fastload as fl
+from bench.gpu import fastload_rate
+from fastload import benchmark, decoders
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("data")
+    p.add_argument("--size", type=int, default=160)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--splits", nargs="+", default=["2/3", "4/6", "2/4"], metavar="E/P")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, help="decode threads per producer (default: the decoder's)")
+    args = p.parse_args(argv)
+    ds = benchmark.open_dataset(args.data)
+    runs = ["cpu", "nvjpeg"] + args.splits
+    default = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
+    rates = {run: [] for run in runs}
+    for r in range(args.rounds):
+        for run in (runs if r % 2 == 0 else runs[::-1]):
+            split = default if "/" not in run else tuple(int(v) for v in run.split("/"))
+            decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = split
+            decoder = "hybrid" if "/" in run else run
+            rate, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder,
+                                        crop=fl.RandomResizedCrop(args.size))
+            rates[run].append(rate)
+            print(f"{run:7s} {rate:9,.0f} img/s  "
+                  + "  ".join(f"{k} {stats[k]:.2f}" for k in ("read_s", "decode_s", "stage_s", "wait_s")), flush=True)
+    decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = default
+    print(f"| decoder | {' | '.join(f'round {i + 1}' for i in range(args.rounds))} |")
+    print("|---|" + "---:|" * args.rounds)
+    for run in runs:
+        label = run if "/" not in run else f"hybrid, engines {run}"
+        print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in rates[run]) + " |")
+
+
+if __name__ == "__main__":
+    main()
