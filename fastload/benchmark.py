@@ -32,7 +32,7 @@ __all__ = ["open_dataset", "pipelines", "TRANSFORMS", "fastload_rate", "torchvis
 #: Models --model accepts (torchvision names).
 MODELS = ("resnet18", "resnet50")
 #: --transform specs: the augmentation between the crop/flip and ToDtype/Normalize (the same for both loaders).
-TRANSFORMS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2", "colorjitter")
+TRANSFORMS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2", "colorjitter", "threeaugment")
 
 
 def pipelines(spec="plain", size=224, num_classes=1000):  # 1000: the classes of training_step's model
@@ -56,7 +56,12 @@ def pipelines(spec="plain", size=224, num_classes=1000):  # 1000: the classes of
         middle = {"plain": [], "trivialaugment": [T.TrivialAugmentWide()], "torchvision_v2": [T.TrivialAugmentWide()],
                   "randaugment": [T.RandAugment(num_ops=2, magnitude=9)], "autoaugment": [T.AutoAugment()],
                   # SimCLR / BYOL's colour distortion (their 0.8 probability left out): all four jitters a sample
-                  "colorjitter": [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2)]}[spec]
+                  "colorjitter": [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2)],
+                  # DeiT III's 3-Augment in torchvision's spelling: one of grayscale, solarize, blur per image (its
+                  # PIL blur's radius as sigma; kernel 13 covers 3 sigma), then ColorJitter(0.3, 0.3, 0.3)
+                  "threeaugment": [T.RandomChoice([T.RandomGrayscale(p=1.0), T.RandomSolarize(128, p=1.0),
+                                                   T.GaussianBlur(13, sigma=(0.1, 2.0))]),
+                                   T.ColorJitter(0.3, 0.3, 0.3)]}[spec]
         return [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *middle, T.PILToTensor(),
                 T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
                 *([T.RandomErasing(0.1)] if recipe else [])]

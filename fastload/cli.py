@@ -311,11 +311,13 @@ def add_bench(sub):
                    "(nvjpeg where the GPU has one)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
     p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2",
-                                           "colorjitter"],
+                                           "colorjitter", "threeaugment"],
                    default=None,
                    help="the same torchvision v2 pipeline in both loaders: RandomResizedCrop + RandomHorizontalFlip "
                         "+ [TrivialAugmentWide | RandAugment(2, 9) | AutoAugment | ColorJitter(0.4, 0.4, 0.4, 0.1) + "
-                        "RandomGrayscale(0.2)] + ToDtype + Normalize; "
+                        "RandomGrayscale(0.2) | threeaugment: DeiT III's RandomChoice([RandomGrayscale(p=1), "
+                        "RandomSolarize(128, p=1), GaussianBlur(13, (0.1, 2))]) + ColorJitter(0.3, 0.3, 0.3)] + "
+                        "ToDtype + Normalize; "
                         "torchvision_v2: torchvision's reference recipe (TrivialAugmentWide, RandomErasing(0.1), "
                         "MixUp/CutMix) (default: fastload's crop= shorthand against torchvision's classic "
                         "transforms)")

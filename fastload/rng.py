@@ -7,7 +7,7 @@ sequence over columns. Everything is vectorised numpy uint64 arithmetic (wrappin
 """
 import numpy as np
 
-__all__ = ["uniforms", "bits"]
+__all__ = ["uniforms", "bits", "substream"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment (2^64 / golden ratio)
@@ -28,6 +28,12 @@ def _mix(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def substream(stream, k):
+    """A stream for the k-th private use of ``stream``: a 64-bit hash of both (for streams already derived, which
+    a shift would wrap modulo 2^64)."""
+    return _mix_int(_mix_int(int(stream)) + int(k) + 1)
 
 
 def bits(seed, epoch, indices, n, stream=0):

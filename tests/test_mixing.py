@@ -9,7 +9,8 @@ import torch
 import torchvision.transforms.v2 as T2
 from PIL import Image
 
-from fastload.transforms.mixing import CutMix, MixUp, RandomChoice, beta_from_uniforms, _COLUMNS
+from fastload.transforms.containers import RandomChoice
+from fastload.transforms.mixing import CutMix, MixUp, beta_from_uniforms, _COLUMNS
 from fastload import rng
 
 from distributions import chi2_same  # tests/distributions.py
@@ -260,7 +261,7 @@ def test_apply_validation_like_torchvision(photos):
 def test_random_choice_validation_like_torchvision():
     for args in ((MixUp(num_classes=4),), ([],), ([MixUp(num_classes=4)], [1, 2])):
         raises_like_torchvision(lambda: RandomChoice(*args), lambda: T2.RandomChoice(*args))
-    with pytest.raises(TypeError, match="batch ops"):
+    with pytest.raises(TypeError, match="or batch ops .MixUp, CutMix., per batch; Identity"):
         RandomChoice([MixUp(num_classes=4), T2.Identity()])
 
 

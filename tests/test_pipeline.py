@@ -188,7 +188,7 @@ def test_a_harmless_libjpeg_warning_is_decoded_and_counted(imagenet_dir, tmp_pat
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("spec", ["trivialaugment", "randaugment", "torchvision_v2"])
+@pytest.mark.parametrize("spec", ["trivialaugment", "randaugment", "torchvision_v2", "threeaugment"])
 def test_cuda_batches_follow_the_cpu_ones(imagenet_dir, spec):
     """Same draws on both devices (the tables are made on the host), same stage maths. The warps differ by up to
     0.024 pixel values before rounding to uint8 (the CUDA fast path's integer row weights, README), so a pixel can

@@ -19,7 +19,8 @@ from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness,
 from .erasing import RandomErasing
 from .geometry import (CenterCrop, RandomAffine, RandomHorizontalFlip, RandomResizedCrop, RandomRotation,
                        RandomVerticalFlip, Resize)
-from .mixing import CutMix, MixUp, RandomChoice
+from .containers import RandomApply, RandomChoice
+from .mixing import CutMix, MixUp
 from .pipeline import Compose, Normalize, PILToTensor, Pipeline, ToDtype, ToImage
 from .policies import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 
@@ -28,5 +29,5 @@ __all__ = [
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
-    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "Pipeline",
+    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "RandomApply", "Pipeline",
 ]

@@ -1,4 +1,5 @@
-"""MixUp, CutMix and RandomChoice of them: batch ops on the finished float batch, on the batch's device.
+"""MixUp and CutMix: batch ops on the finished float batch, on the batch's device (RandomChoice of them:
+containers.py).
 
 torchvision.transforms.v2's classes and arguments, plus timm's ``mode``:
 - ``"batch"``: one lambda (and one CutMix box) for the whole batch; sample i is mixed with sample i - 1 (the batch
@@ -32,7 +33,7 @@ import torch
 from .. import rng
 from .erasing import derived_stream
 
-__all__ = ["MixUp", "CutMix", "RandomChoice", "MixParams", "beta_from_uniforms"]
+__all__ = ["MixUp", "CutMix", "MixParams", "beta_from_uniforms"]
 
 _GAMMA_ATTEMPTS = 12
 _GAMMA_COLUMNS = 3 * _GAMMA_ATTEMPTS + 1  # (normal u1, normal u2, acceptance u) per attempt, then the boost's U
@@ -253,66 +254,3 @@ class CutMix(_Mix):
         return MixParams(lam, partner, box)
 
     _op_kind = "cutmix"  # transforms.batch_ops: the partner's pixels inside the box
-
-
-class RandomChoice:
-    """torchvision.transforms.v2.RandomChoice of batch ops (MixUp, CutMix): one of ``transforms`` per batch, picked
-    with probabilities ``p`` (normalised; equal when None) by a draw keyed by (seed, epoch, batch index). Child k
-    draws from its own stream derived from this one's."""
-
-    kind = "batch"
-
-    def __init__(self, transforms, p=None):
-        if not isinstance(transforms, Sequence):
-            raise TypeError("Argument transforms should be a sequence of callables")
-        elif not transforms:
-            raise ValueError("Pass at least one transform")
-        if p is None:
-            p = [1] * len(transforms)
-        elif len(p) != len(transforms):
-            raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
-        for t in transforms:
-            if getattr(t, "kind", None) != "batch":
-                raise TypeError(f"fastload's RandomChoice picks among batch ops (MixUp, CutMix); {t!r} is not one")
-        self.transforms = list(transforms)
-        total = sum(p)
-        self.p = [prob / total for prob in p]
-        self.stream = 0  # set by Compose
-
-    @property
-    def stream(self):
-        return self._stream
-
-    @stream.setter
-    def stream(self, value):
-        self._stream = int(value)
-        for k, t in enumerate(self.transforms):
-            t.stream = derived_stream(value, k)
-
-    def __repr__(self):
-        return f"RandomChoice({self.transforms!r}, p={self.p})"
-
-    def choose(self, seed, epoch, batch_index):
-        """Index of the transform batch ``batch_index`` uses."""
-        u = rng.uniforms(seed, epoch, [batch_index], 1, stream=self.stream)[0, 0]
-        return min(int(np.searchsorted(np.cumsum(self.p), u, side="right")), len(self.transforms) - 1)
-
-    def apply(self, x, y, seed, epoch, batch_index):
-        return self.transforms[self.choose(seed, epoch, batch_index)].apply(x, y, seed, epoch, batch_index)
-
-    def plan(self, seed, epoch, batch_index, size, height, width):
-        """(the chosen transform's index, its plan)."""
-        k = self.choose(seed, epoch, batch_index)
-        return k, self.transforms[k].plan(seed, epoch, batch_index, size, height, width)
-
-    def apply_planned(self, x, y, plan, erase=None):
-        k, weights = plan
-        return self.transforms[k].apply_planned(x, y, weights, erase=erase)
-
-    def mix_images(self, x, plan, erase=None):
-        k, weights = plan
-        return self.transforms[k].mix_images(x, weights, erase)
-
-    def mix_targets(self, y, plan):
-        k, weights = plan
-        return self.transforms[k].mix_targets(y, weights)

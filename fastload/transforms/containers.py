@@ -1,0 +1,171 @@
+"""torchvision.transforms.v2's containers that choose at random: ``RandomChoice`` and ``RandomApply``.
+
+torchvision draws once per call, so in a per-image pipeline each image draws for itself; fastload does the same per
+sample, from ``fastload.rng`` on the container's stream (its children draw on streams derived from it), and folds
+the outcome into the photometric table: the chosen child's slots (padded with identity to the widest child), or the
+children's slots in order and identity where RandomApply did not apply. Among batch ops (MixUp, CutMix) RandomChoice
+picks one per batch instead, keyed by the batch's index, since they act on the whole batch.
+
+Children must all be photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ... or a
+container of them), or, for RandomChoice, all batch ops. Geometry (folded into the one warp before decode) and the
+policies (whose rotations fold into it too) cannot be chosen per sample after the fact: refused, naming the child.
+"""
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .. import rng
+from .erasing import derived_stream
+
+__all__ = ["RandomChoice", "RandomApply"]
+
+
+def _child_stream(stream, k):
+    """The k-th child's stream: erasing.derived_stream, or, for a container inside another (its stream already
+    derived, too large to shift again without wrapping modulo 2^64), a 64-bit hash of (stream, k)."""
+    return derived_stream(stream, k) if stream < 1 << 31 else rng.substream(stream, k)
+
+
+_PHOTOMETRIC = "photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ...), per sample"
+_BATCH = "batch ops (MixUp, CutMix), per batch"
+
+
+def _kind_of_children(container, transforms, kinds):
+    """The one kind of ``transforms`` among ``kinds``, or a TypeError naming the child that does not fit."""
+    offer = _PHOTOMETRIC if kinds == ("photometric",) else f"{_PHOTOMETRIC}, or {_BATCH}"
+    found = [getattr(t, "kind", None) for t in transforms]
+    for t, kind in zip(transforms, found):
+        if kind not in kinds:
+            raise TypeError(f"fastload's {container} picks among {offer}; {t!r} is not one")
+    if len(set(found)) > 1:
+        first = {k: t for t, k in reversed(list(zip(transforms, found)))}
+        raise TypeError(f"fastload's {container} picks among {offer}, not both: {first['photometric']!r} and "
+                        f"{first['batch']!r}")
+    return found[0]
+
+
+def _identity_table(batch, slots):
+    from .functional import PhotometricTable
+    return PhotometricTable(torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, 3))
+
+
+class _Container:
+    """The children's streams follow the container's (set by Compose before planning)."""
+
+    @property
+    def stream(self):
+        return self._stream
+
+    @stream.setter
+    def stream(self, value):
+        self._stream = int(value)
+        for k, t in enumerate(self.transforms):
+            t.stream = _child_stream(self._stream, k)
+
+
+class RandomChoice(_Container):
+    """torchvision's ``RandomChoice(transforms, p=None)``: one of ``transforms``, with probabilities ``p``
+    (normalised; equal when None). Photometric children: drawn per sample (``kind = "photometric"``, ``slots``: the
+    widest child's). Batch ops (MixUp, CutMix): drawn per batch, keyed by (seed, epoch, batch index)."""
+
+    def __init__(self, transforms, p=None):
+        if not isinstance(transforms, Sequence):
+            raise TypeError("Argument transforms should be a sequence of callables")
+        elif not transforms:
+            raise ValueError("Pass at least one transform")
+        if p is None:
+            p = [1] * len(transforms)
+        elif len(p) != len(transforms):
+            raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
+        self.kind = _kind_of_children("RandomChoice", transforms, ("photometric", "batch"))
+        if self.kind == "photometric":
+            self.slots = max(t.slots for t in transforms)
+        self.transforms = list(transforms)
+        total = sum(p)
+        self.p = [prob / total for prob in p]
+        self.stream = 0  # set by Compose
+
+    def __repr__(self):
+        return f"RandomChoice({self.transforms!r}, p={self.p})"
+
+    def _pick(self, u):
+        """The child each uniform picks: torchvision's multinomial draw with p, by inverting its CDF."""
+        return np.minimum(np.searchsorted(np.cumsum(self.p), u, side="right"), len(self.transforms) - 1)
+
+    # --- photometric children: per sample ---------------------------------------------------------------------
+    def choices(self, seed, epoch, indices):
+        """int64 [B]: the child each sample uses."""
+        return self._pick(rng.uniforms(seed, epoch, indices, 1, stream=self.stream)[:, 0])
+
+    def table(self, seed, epoch, indices):
+        chosen = torch.from_numpy(self.choices(seed, epoch, indices))
+        out = _identity_table(len(chosen), self.slots)
+        for k, t in enumerate(self.transforms):
+            rows = chosen == k
+            if bool(rows.any()):
+                part = t.table(seed, epoch, indices)
+                out.ops[rows, :t.slots] = part.ops[rows]
+                out.params[rows, :t.slots] = part.params[rows]
+        return out
+
+    # --- batch ops: per batch ---------------------------------------------------------------------------------
+    def choose(self, seed, epoch, batch_index):
+        """Index of the transform batch ``batch_index`` uses."""
+        return int(self._pick(rng.uniforms(seed, epoch, [batch_index], 1, stream=self.stream)[0, 0]))
+
+    def apply(self, x, y, seed, epoch, batch_index):
+        return self.transforms[self.choose(seed, epoch, batch_index)].apply(x, y, seed, epoch, batch_index)
+
+    def plan(self, seed, epoch, batch_index, size, height, width):
+        """(the chosen transform's index, its plan)."""
+        k = self.choose(seed, epoch, batch_index)
+        return k, self.transforms[k].plan(seed, epoch, batch_index, size, height, width)
+
+    def apply_planned(self, x, y, plan, erase=None):
+        k, weights = plan
+        return self.transforms[k].apply_planned(x, y, weights, erase=erase)
+
+    def mix_images(self, x, plan, erase=None):
+        k, weights = plan
+        return self.transforms[k].mix_images(x, weights, erase)
+
+    def mix_targets(self, y, plan):
+        k, weights = plan
+        return self.transforms[k].mix_targets(y, weights)
+
+
+class RandomApply(_Container):
+    """torchvision's ``RandomApply(transforms, p=0.5)``: with probability ``p`` all of ``transforms`` in order,
+    else none; drawn per sample. Photometric children only (their slots one after another)."""
+
+    kind = "photometric"
+
+    def __init__(self, transforms, p=0.5):
+        if not isinstance(transforms, Sequence):
+            raise TypeError("Argument transforms should be a sequence of callables or a `nn.ModuleList`")
+        elif not transforms:
+            raise ValueError("Pass at least one transform")
+        if not (0.0 <= p <= 1.0):
+            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+        _kind_of_children("RandomApply", transforms, ("photometric",))
+        self.transforms = list(transforms)
+        self.p = p
+        self.slots = sum(t.slots for t in transforms)
+        self.stream = 0  # set by Compose
+
+    def __repr__(self):
+        return f"RandomApply({self.transforms!r}, p={self.p})"
+
+    def applied(self, seed, epoch, indices):
+        """bool [B]: the samples the transforms apply to (torchvision: not ``torch.rand(1) >= p``)."""
+        return rng.uniforms(seed, epoch, indices, 1, stream=self.stream)[:, 0] < self.p
+
+    def table(self, seed, epoch, indices):
+        applied = torch.from_numpy(self.applied(seed, epoch, indices))
+        out = _identity_table(len(applied), self.slots)
+        if bool(applied.any()):
+            parts = [t.table(seed, epoch, indices) for t in self.transforms]
+            out.ops[applied] = torch.cat([p.ops for p in parts], 1)[applied]
+            out.params[applied] = torch.cat([p.params for p in parts], 1)[applied]
+        return out
