@@ -21,7 +21,7 @@ from bench.gpu import cuda_time, fastload_rate
 from fastload import benchmark
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2")
+SPECS = ("plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2", "threeaugment")
 
 
 def stage_bench(ds, size, batch):
