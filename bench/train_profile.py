@@ -163,9 +163,10 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             probe.start()
             if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
                 seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
+                run = f"{decoder}_{decoders.HYBRID_ENGINE_BATCHES}of{decoders.HYBRID_PERIOD}_{time.time_ns()}"
                 spies = [(p, _spy(os.getpid(), seconds, p, gil)) for p, gil in
-                         ((os.path.join(spy_dir, f"spy_{decoder}_all.txt"), False),
-                          (os.path.join(spy_dir, f"spy_{decoder}_gil.txt"), True))]
+                         ((os.path.join(spy_dir, f"spy_{run}_all.txt"), False),
+                          (os.path.join(spy_dir, f"spy_{run}_gil.txt"), True))]
             start = time.perf_counter()
             cpu_before = thread_cpu()
             sched_before = sched(threading.get_native_id())

@@ -497,8 +497,8 @@ KINDS = {
     # (bench/RESULTS.md, "The JPEG engines"). The cores decode only the few samples the engines cannot take.
     "nvjpeg": Kind("nvjpeg", _engines, True, workers=lambda cores, cuda: 2,
                    threads=lambda cores, workers, cuda: cores),
-    # One producer makes the cores' batches, the others the engines'; a core left to the engines' producers
-    # and one to the training loop.
+    # One producer per batch of the period: P - E make the cores' batches, sharing the cores but one left to the
+    # engines' producers and one to the training loop (today, 2 of 3 by the engines: one cores' producer, 14 threads).
     "hybrid": Kind("hybrid", _hybrid, True, workers=lambda cores, cuda: HYBRID_PERIOD,
                    threads=lambda cores, workers, cuda: max(1, (cores - 2) // max(1, HYBRID_PERIOD -
                                                                                 HYBRID_ENGINE_BATCHES))),

@@ -105,21 +105,45 @@ def test_random_apply_rate_and_table_match_torchvision():
 
 def test_neighbours_draw_independently_and_nested_containers_too():
     """Samples 2k and 2k+1 of a batch choose independently (3 x 3 contingency); two nested containers at two
-    positions of one pipeline draw independently of each other (their streams are hashed, not shifted twice)."""
+    positions of one pipeline draw independently of each other down to their grandchildren (whose streams are
+    hashed: shifting a derived stream again would wrap modulo 2^64 to the same stream in both)."""
     ours = _three_augment()
     ours.stream = 1003
     chosen = ours.choices(0, 0, np.arange(N))
     joint = np.zeros((3, 3))
     np.add.at(joint, (chosen[0::2], chosen[1::2]), 1)
     assert stats.chi2_contingency(joint)[1] > 0.001
-    nested = T.RandomApply([T.RandomChoice([T.RandomGrayscale(1.0), T.RandomSolarize(128, 1.0)])], p=1.0)
-    pipe = T.Pipeline.build(T.Compose([T.RandomResizedCrop(32), nested, copy.deepcopy(nested)]))
-    first, second = (t.transforms[0].choices(0, 0, np.arange(N)) for t in pipe.photometric)
-    assert pipe.photometric[0].transforms[0].stream != pipe.photometric[1].transforms[0].stream
-    joint = np.zeros((2, 2))
+    nested = T.RandomApply([T.RandomChoice([T.RandomGrayscale(0.5), T.RandomSolarize(128, 0.5)])], p=1.0)
+    pipe = T.Pipeline.build(T.Compose([T.RandomResizedCrop(32), nested, nested]))
+    grandchildren = [g for t in pipe.photometric for g in t.transforms[0].transforms]
+    assert len({g.stream % (1 << 64) for g in grandchildren}) == 4
+    idx = np.arange(N)
+    first, second = (t.table(0, 0, idx).ops[:, 0].numpy() for t in pipe.photometric)
+    codes = {OPS["identity"]: 0, OPS["grayscale"]: 1, OPS["solarize"]: 2}
+    first, second = (np.vectorize(codes.get)(v) for v in (first, second))
+    joint = np.zeros((3, 3))
     np.add.at(joint, (first, second), 1)
     assert stats.chi2_contingency(joint)[1] > 0.001
-    assert 0.45 < first.mean() < 0.55 and 0.45 < second.mean() < 0.55
+    assert (np.bincount(first, minlength=3) / N > [0.45, 0.2, 0.2]).all()
+
+
+def test_a_transform_listed_twice_draws_twice_and_compose_children_run_in_order():
+    """As torchvision calls a transform object once per listing: RandomApply([j, j]) and Compose([..., j, j]) draw
+    j's factors independently for each listing; a Compose child of RandomChoice runs all its transforms."""
+    j = T.ColorJitter(brightness=0.4)
+    twice = T.RandomApply([j, j], p=1.0)
+    twice.stream = 1006
+    table = twice.table(0, 0, np.arange(1000))
+    assert (table.params[:, 0, 0] != table.params[:, 1, 0]).all()
+    pipe = T.Pipeline.build(T.Compose([T.RandomResizedCrop(32), j, j]))
+    table = pipe.table(0, 0, np.arange(1000))
+    assert (table.params[:, 0, 0] != table.params[:, 1, 0]).all()
+    choice = T.RandomChoice([T.Compose([T.RandomGrayscale(1.0), T.RandomInvert(1.0)]), T.RandomSolarize(128, 1.0)])
+    choice.stream = 1007
+    ops = choice.table(0, 0, np.arange(1000)).ops
+    grayed = ops[:, 0] == OPS["grayscale"]
+    assert grayed.any() and (ops[grayed, 1] == OPS["invert"]).all()
+    assert (ops[~grayed] == torch.tensor([OPS["solarize"], OPS["identity"]])).all()
 
 
 def _raises_like_torchvision(ours, theirs):
@@ -133,6 +157,9 @@ def test_validation_like_torchvision_and_refused_children_named():
     gray = T.RandomGrayscale(1.0)
     for args in ((gray,), ([],), ([gray], [1, 2])):
         _raises_like_torchvision(lambda: T.RandomChoice(*args), lambda: v2.RandomChoice(*args))
+    # a negative weight: torchvision's multinomial raises at the first image, fastload when the pipeline is built
+    _raises_like_torchvision(lambda: T.RandomChoice([gray, gray], p=[-1, 2]),
+                             lambda: v2.RandomChoice([v2.RandomGrayscale(1.0)] * 2, p=[-1, 2])(torch.zeros(3, 2, 2)))
     for args, kwargs in (((gray,), {}), (([],), {}), (([gray],), dict(p=1.5)), (([gray],), dict(p=-0.1))):
         _raises_like_torchvision(lambda: T.RandomApply(*args, **kwargs), lambda: v2.RandomApply(*args, **kwargs))
     for children in ([T.RandomRotation(10), gray], [gray, T.TrivialAugmentWide()], [gray, v2.RandomGrayscale()]):

@@ -1,4 +1,4 @@
-"""MixUp, CutMix, RandomChoice (fastload.transforms.mixing) on batches of real photos: outputs against references
+"""MixUp, CutMix (fastload.transforms.mixing), RandomChoice of them (fastload.transforms.containers) on batches of real photos: outputs against references
 built sample by sample from the un-mixed batch, torchvision's own transform, Beta and box distributions."""
 import math
 
@@ -193,6 +193,7 @@ def test_random_choice_picks_with_p_per_batch(photos):
     rc = RandomChoice([mix, cut], p=[1, 3])
     assert rc.p == T2.RandomChoice([T2.Identity(), T2.Identity()], p=[1, 3]).p
     rc.stream = 1007
+    mix, cut = rc.transforms  # the container's own copies (a transform listed twice draws twice)
     streams = {rc.stream, mix.stream, cut.stream}
     assert len(streams) == 3  # each child draws from its own stream
     picks = np.array([rc.choose(0, 0, k) for k in range(2000)])

@@ -11,7 +11,8 @@ fastload's counter RNG (a pure function of seed, epoch and sample index). Where 
 
 Modules: ``geometry`` (folded into one warp before decode), ``color`` and ``policies`` (per-sample photometric
 tables), ``functional`` (the batched ops that execute them, CPU and CUDA), ``erasing``, ``mixing`` (batch ops),
-``pipeline`` (Compose and what FastLoader runs), ``planners`` (the crop= shorthand's planners).
+``containers`` (RandomChoice, RandomApply: per sample, or per batch among batch ops), ``pipeline`` (Compose and what
+FastLoader runs), ``planners`` (the crop= shorthand's planners).
 """
 from .augmix import AugMix
 from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,

@@ -10,6 +10,7 @@ Children must all be photometric transforms (ColorJitter, GaussianBlur, RandomGr
 container of them), or, for RandomChoice, all batch ops. Geometry (folded into the one warp before decode) and the
 policies (whose rotations fold into it too) cannot be chosen per sample after the fact: refused, naming the child.
 """
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,13 +18,14 @@ import torch
 
 from .. import rng
 from .erasing import derived_stream
+from .functional import PhotometricTable
 
 __all__ = ["RandomChoice", "RandomApply"]
 
 
 def _child_stream(stream, k):
     """The k-th child's stream: erasing.derived_stream, or, for a container inside another (its stream already
-    derived, too large to shift again without wrapping modulo 2^64), a 64-bit hash of (stream, k)."""
+    derived: shifting it again would wrap modulo 2^64 once stream + 1 reaches 2^32), a 64-bit hash of (stream, k)."""
     return derived_stream(stream, k) if stream < 1 << 31 else rng.substream(stream, k)
 
 
@@ -46,8 +48,15 @@ def _kind_of_children(container, transforms, kinds):
 
 
 def _identity_table(batch, slots):
-    from .functional import PhotometricTable
-    return PhotometricTable(torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, 3))
+    return PhotometricTable(torch.zeros(batch, slots, dtype=torch.int64),
+                            torch.zeros(batch, slots, 3, dtype=torch.float32))
+
+
+def _own_children(transforms):
+    """The container's own copies of its children (a transform listed twice draws twice, as torchvision calls it
+    twice); a Compose child becomes RandomApply(its transforms, p=1): all of them, in order."""
+    from .pipeline import Compose
+    return [RandomApply(t.flat(), p=1.0) if isinstance(t, Compose) else copy.deepcopy(t) for t in transforms]
 
 
 class _Container:
@@ -78,10 +87,13 @@ class RandomChoice(_Container):
             p = [1] * len(transforms)
         elif len(p) != len(transforms):
             raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
+        if not all(prob >= 0 for prob in p) or not sum(p) > 0:  # torchvision's multinomial raises at the first call
+            raise RuntimeError(f"RandomChoice: p must hold non-negative weights with a positive sum, got {list(p)}")
+        transforms = _own_children(transforms)
         self.kind = _kind_of_children("RandomChoice", transforms, ("photometric", "batch"))
         if self.kind == "photometric":
             self.slots = max(t.slots for t in transforms)
-        self.transforms = list(transforms)
+        self.transforms = transforms
         total = sum(p)
         self.p = [prob / total for prob in p]
         self.stream = 0  # set by Compose
@@ -91,7 +103,8 @@ class RandomChoice(_Container):
 
     def _pick(self, u):
         """The child each uniform picks: torchvision's multinomial draw with p, by inverting its CDF."""
-        return np.minimum(np.searchsorted(np.cumsum(self.p), u, side="right"), len(self.transforms) - 1)
+        cdf = np.cumsum(self.p)
+        return np.searchsorted(cdf / cdf[-1], u, side="right")  # u < 1 = cdf[-1] / cdf[-1]: never past the last
 
     # --- photometric children: per sample ---------------------------------------------------------------------
     def choices(self, seed, epoch, indices):
@@ -143,13 +156,14 @@ class RandomApply(_Container):
 
     def __init__(self, transforms, p=0.5):
         if not isinstance(transforms, Sequence):
-            raise TypeError("Argument transforms should be a sequence of callables or a `nn.ModuleList`")
+            raise TypeError("Argument transforms should be a sequence of transforms")
         elif not transforms:
             raise ValueError("Pass at least one transform")
         if not (0.0 <= p <= 1.0):
             raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+        transforms = _own_children(transforms)
         _kind_of_children("RandomApply", transforms, ("photometric",))
-        self.transforms = list(transforms)
+        self.transforms = transforms
         self.p = p
         self.slots = sum(t.slots for t in transforms)
         self.stream = 0  # set by Compose

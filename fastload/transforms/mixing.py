@@ -24,14 +24,12 @@ Targets come out as float [B, num_classes] soft labels (one-hot mixed with the s
 loss's job (``torch.nn.CrossEntropyLoss(label_smoothing=...)`` takes these soft targets), not the loader's.
 """
 import math
-from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from .. import rng
-from .erasing import derived_stream
 
 __all__ = ["MixUp", "CutMix", "MixParams", "beta_from_uniforms"]
 

@@ -228,7 +228,7 @@ class Pipeline:
             _check_transform(t)
         # The pipeline's own copies: each gets the random stream of its position, and a transform object shared
         # with another pipeline (at another position) must not change that pipeline's draws.
-        items = copy.deepcopy(items)
+        items = [copy.deepcopy(t) for t in items]  # one by one: a transform listed twice draws twice
         geometry, photometric, erasing, batch_ops = [], [], [], []
         dtype, scale, mean, std = None, False, None, None
         for position, t in enumerate(items):
@@ -438,8 +438,8 @@ class Pipeline:
                 if before is not None:
                     x = run_table(x, before, out_dtype=torch.uint8)
                 x = augmix.apply(x, mix)
-            table = params.table if params.table is not None else PhotometricTable(
-                torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3))  # Normalize only
+            table = params.table if params.table is not None else PhotometricTable(  # Normalize only
+                torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3, dtype=torch.float32))
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
                           channels_last=channels_last, nearest=nearest)
         erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: mix_images
