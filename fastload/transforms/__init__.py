@@ -11,7 +11,7 @@ fastload's counter RNG (a pure function of seed, epoch and sample index). Where 
 
 Modules: ``geometry`` (folded into one warp before decode), ``color`` and ``policies`` (per-sample photometric
 tables), ``functional`` (the batched ops that execute them, CPU and CUDA), ``erasing``, ``mixing`` (batch ops),
-``containers`` (RandomChoice, RandomApply: per sample, or per batch among batch ops), ``pipeline`` (Compose and what
+``containers`` (RandomChoice, RandomApply, RandomOrder: per sample, or per batch among batch ops), ``pipeline`` (Compose and what
 FastLoader runs), ``planners`` (the crop= shorthand's planners).
 """
 from .augmix import AugMix
@@ -20,7 +20,7 @@ from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness,
 from .erasing import RandomErasing
 from .geometry import (CenterCrop, RandomAffine, RandomHorizontalFlip, RandomResizedCrop, RandomRotation,
                        RandomVerticalFlip, Resize)
-from .containers import RandomApply, RandomChoice
+from .containers import RandomApply, RandomChoice, RandomOrder
 from .mixing import CutMix, MixUp
 from .pipeline import Compose, Normalize, PILToTensor, Pipeline, ToDtype, ToImage
 from .policies import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
@@ -30,5 +30,5 @@ __all__ = [
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
-    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "RandomApply", "Pipeline",
+    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "RandomApply", "RandomOrder", "Pipeline",
 ]

@@ -1,9 +1,10 @@
-"""torchvision.transforms.v2's containers that choose at random: ``RandomChoice`` and ``RandomApply``.
+"""torchvision.transforms.v2's containers that draw: ``RandomChoice``, ``RandomApply`` and ``RandomOrder``.
 
 torchvision draws once per call, so in a per-image pipeline each image draws for itself; fastload does the same per
 sample, from ``fastload.rng`` on the container's stream (its children draw on streams derived from it), and folds
-the outcome into the photometric table: the chosen child's slots (padded with identity to the widest child), or the
-children's slots in order and identity where RandomApply did not apply. Among batch ops (MixUp, CutMix) RandomChoice
+the outcome into the photometric table: the chosen child's slots (padded with identity to the widest child), the
+children's slots in order and identity where RandomApply did not apply, or the children's slots in the sample's
+RandomOrder. Among batch ops (MixUp, CutMix) RandomChoice
 picks one per batch instead, keyed by the batch's index, since they act on the whole batch.
 
 Children must all be photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ... or a
@@ -20,7 +21,7 @@ from .. import rng
 from .erasing import derived_stream
 from .functional import PhotometricTable
 
-__all__ = ["RandomChoice", "RandomApply"]
+__all__ = ["RandomChoice", "RandomApply", "RandomOrder"]
 
 
 def _child_stream(stream, k):
@@ -183,3 +184,44 @@ class RandomApply(_Container):
             out.ops[applied] = torch.cat([p.ops for p in parts], 1)[applied]
             out.params[applied] = torch.cat([p.params for p in parts], 1)[applied]
         return out
+
+
+class RandomOrder(_Container):
+    """torchvision's ``RandomOrder(transforms)``: all of ``transforms``, in an order drawn per sample (uniform over
+    the permutations, as torchvision's randperm). Photometric children only (slots: all of theirs)."""
+
+    kind = "photometric"
+
+    def __init__(self, transforms):
+        if not isinstance(transforms, Sequence):
+            raise TypeError("Argument transforms should be a sequence of callables")
+        elif not transforms:
+            raise ValueError("Pass at least one transform")
+        transforms = _own_children(transforms)
+        _kind_of_children("RandomOrder", transforms, ("photometric",))
+        self.transforms = transforms
+        self.slots = sum(t.slots for t in transforms)
+        self.stream = 0  # set by Compose
+
+    def __repr__(self):
+        return f"RandomOrder({self.transforms!r})"
+
+    def orders(self, seed, epoch, indices):
+        """int64 [B, n]: per sample, the children in the order they run (the argsort of n uniforms)."""
+        u = rng.uniforms(seed, epoch, indices, len(self.transforms), stream=self.stream)
+        return np.argsort(u, axis=1, kind="stable")
+
+    def table(self, seed, epoch, indices):
+        order = torch.from_numpy(self.orders(seed, epoch, indices))
+        parts = [t.table(seed, epoch, indices) for t in self.transforms]
+        slots = torch.tensor([t.slots for t in self.transforms])
+        start = torch.cumsum(slots[order], 1) - slots[order]  # [B, n]: where the j-th child of each sample begins
+        out = _identity_table(len(order), self.slots)
+        for j in range(order.shape[1]):
+            for k, (t, part) in enumerate(zip(self.transforms, parts)):
+                for first in torch.unique(start[order[:, j] == k, j]).tolist():  # rows where child k is j-th
+                    rows = (order[:, j] == k) & (start[:, j] == first)
+                    out.ops[rows, first:first + t.slots] = part.ops[rows]
+                    out.params[rows, first:first + t.slots] = part.params[rows]
+        return out
+
