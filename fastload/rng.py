@@ -7,7 +7,7 @@ sequence over columns. Everything is vectorised numpy uint64 arithmetic (wrappin
 """
 import numpy as np
 
-__all__ = ["uniforms", "bits", "substream"]
+__all__ = ["uniforms", "bits", "derived_stream"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment (2^64 / golden ratio)
@@ -30,10 +30,15 @@ def _mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-def substream(stream, k):
-    """A stream for the k-th private use of ``stream``: a 64-bit hash of both (for streams already derived, which
-    a shift would wrap modulo 2^64)."""
-    return _mix_int(_mix_int(int(stream)) + int(k) + 1)
+def derived_stream(stream, k):
+    """A stream for the k-th private use of a transform's stream (its noise, a container's children): far above
+    the small stream numbers Compose hands out, so it meets no other transform's draws. A stream already derived
+    (a container inside another) gets a 64-bit hash of (stream, k) instead: shifting it again would wrap modulo
+    2^64 once stream + 1 reaches 2^32, to the same stream for every outer one."""
+    stream, k = int(stream), int(k)
+    if stream < 1 << 31:
+        return ((stream + 1) << 32) + k
+    return _mix_int(_mix_int(stream) + k + 1)
 
 
 def bits(seed, epoch, indices, n, stream=0):

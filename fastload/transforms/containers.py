@@ -1,15 +1,16 @@
 """torchvision.transforms.v2's containers that draw: ``RandomChoice``, ``RandomApply`` and ``RandomOrder``.
 
 torchvision draws once per call, so in a per-image pipeline each image draws for itself; fastload does the same per
-sample, from ``fastload.rng`` on the container's stream (its children draw on streams derived from it), and folds
+sample, from ``fastload.rng`` on the container's stream (its children on ``rng.derived_stream``s of it), and folds
 the outcome into the photometric table: the chosen child's slots (padded with identity to the widest child), the
 children's slots in order and identity where RandomApply did not apply, or the children's slots in the sample's
-RandomOrder. Among batch ops (MixUp, CutMix) RandomChoice
-picks one per batch instead, keyed by the batch's index, since they act on the whole batch.
+RandomOrder. Among batch ops (MixUp, CutMix) RandomChoice picks one per batch instead, keyed by the batch's index,
+since they act on the whole batch.
 
-Children must all be photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ... or a
-container of them), or, for RandomChoice, all batch ops. Geometry (folded into the one warp before decode) and the
-policies (whose rotations fold into it too) cannot be chosen per sample after the fact: refused, naming the child.
+Children must all be photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ..., a
+container of them, or a Compose of them, run in order), or, for RandomChoice, all batch ops. Geometry (folded into
+the one warp before decode) and the policies (whose rotations fold into it too) cannot be chosen per sample after
+the fact: refused, naming the child.
 """
 import copy
 from collections.abc import Sequence
@@ -18,16 +19,9 @@ import numpy as np
 import torch
 
 from .. import rng
-from .erasing import derived_stream
 from .functional import PhotometricTable
 
 __all__ = ["RandomChoice", "RandomApply", "RandomOrder"]
-
-
-def _child_stream(stream, k):
-    """The k-th child's stream: erasing.derived_stream, or, for a container inside another (its stream already
-    derived: shifting it again would wrap modulo 2^64 once stream + 1 reaches 2^32), a 64-bit hash of (stream, k)."""
-    return derived_stream(stream, k) if stream < 1 << 31 else rng.substream(stream, k)
 
 
 _PHOTOMETRIC = "photometric transforms (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize, ...), per sample"
@@ -71,7 +65,7 @@ class _Container:
     def stream(self, value):
         self._stream = int(value)
         for k, t in enumerate(self.transforms):
-            t.stream = _child_stream(self._stream, k)
+            t.stream = rng.derived_stream(self._stream, k)
 
 
 class RandomChoice(_Container):

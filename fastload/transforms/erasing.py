@@ -32,12 +32,6 @@ _NOISE_ROW = 64  # noise values per rng row (32 Box-Muller pairs)
 _CHUNK_BITS = 24  # noise rows of a sample are keyed (index << 24) | row: up to 2^30 values per sample
 
 
-def derived_stream(stream, k):
-    """A stream for the k-th private use of a transform's stream (its noise, a RandomChoice's children): far
-    above the small stream numbers Compose hands out, so it meets no other transform's draws."""
-    return ((int(stream) + 1) << 32) + int(k)
-
-
 class RandomErasing:
     """torchvision.transforms.v2.RandomErasing: erase a random rectangle of each image with ``value`` (a number,
     one number per channel, or ``"random"``: standard normal noise per pixel and channel).
@@ -123,7 +117,7 @@ class RandomErasing:
         owner = np.repeat(np.arange(len(counts)), nrows)  # sample of each noise row
         row = np.arange(total) - np.repeat(np.cumsum(nrows) - nrows, nrows)  # row number within its sample
         keys = (indices[owner] << _CHUNK_BITS) | row
-        u = rng.uniforms(seed, epoch, keys, _NOISE_ROW, stream=derived_stream(self.stream, 0))
+        u = rng.uniforms(seed, epoch, keys, _NOISE_ROW, stream=rng.derived_stream(self.stream, 0))
         half = _NOISE_ROW // 2
         radius = np.sqrt(-2.0 * np.log1p(-u[:, :half]))  # 1 - u in (0, 1]: finite
         cos = np.cos(2.0 * math.pi * u[:, half:])
