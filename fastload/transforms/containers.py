@@ -54,8 +54,29 @@ def _own_children(transforms):
     return [RandomApply(t.flat(), p=1.0) if isinstance(t, Compose) else copy.deepcopy(t) for t in transforms]
 
 
+def _check_list(transforms, not_a_sequence="Argument transforms should be a sequence of callables"):
+    """torchvision's checks of a container's ``transforms`` argument (same exception types and messages)."""
+    if not isinstance(transforms, Sequence):
+        raise TypeError(not_a_sequence)
+    elif not transforms:
+        raise ValueError("Pass at least one transform")
+
+
 class _Container:
     """The children's streams follow the container's (set by Compose before planning)."""
+
+    @staticmethod
+    def _slots(transforms):
+        return sum(t.slots for t in transforms)  # all the children's, one after another
+
+    def _adopt(self, transforms, kinds=("photometric",)):
+        """Takes the container's own copies of ``transforms`` (their kinds checked): their one kind."""
+        transforms = _own_children(transforms)
+        kind = _kind_of_children(type(self).__name__, transforms, kinds)
+        self.transforms = transforms
+        if kind == "photometric":
+            self.slots = self._slots(transforms)
+        return kind
 
     @property
     def stream(self):
@@ -74,27 +95,24 @@ class RandomChoice(_Container):
     widest child's). Batch ops (MixUp, CutMix): drawn per batch, keyed by (seed, epoch, batch index)."""
 
     def __init__(self, transforms, p=None):
-        if not isinstance(transforms, Sequence):
-            raise TypeError("Argument transforms should be a sequence of callables")
-        elif not transforms:
-            raise ValueError("Pass at least one transform")
+        _check_list(transforms)
         if p is None:
             p = [1] * len(transforms)
         elif len(p) != len(transforms):
             raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
         if not all(prob >= 0 for prob in p) or not sum(p) > 0:  # torchvision's multinomial raises at the first call
             raise RuntimeError(f"RandomChoice: p must hold non-negative weights with a positive sum, got {list(p)}")
-        transforms = _own_children(transforms)
-        self.kind = _kind_of_children("RandomChoice", transforms, ("photometric", "batch"))
-        if self.kind == "photometric":
-            self.slots = max(t.slots for t in transforms)
-        self.transforms = transforms
+        self.kind = self._adopt(transforms, ("photometric", "batch"))
         total = sum(p)
         self.p = [prob / total for prob in p]
         self.stream = 0  # set by Compose
 
     def __repr__(self):
         return f"RandomChoice({self.transforms!r}, p={self.p})"
+
+    @staticmethod
+    def _slots(transforms):
+        return max(t.slots for t in transforms)  # the chosen child's, padded with identity to the widest
 
     def _pick(self, u):
         """The child each uniform picks: torchvision's multinomial draw with p, by inverting its CDF."""
@@ -150,17 +168,11 @@ class RandomApply(_Container):
     kind = "photometric"
 
     def __init__(self, transforms, p=0.5):
-        if not isinstance(transforms, Sequence):
-            raise TypeError("Argument transforms should be a sequence of transforms")
-        elif not transforms:
-            raise ValueError("Pass at least one transform")
+        _check_list(transforms, "Argument transforms should be a sequence of transforms")
         if not (0.0 <= p <= 1.0):
             raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
-        transforms = _own_children(transforms)
-        _kind_of_children("RandomApply", transforms, ("photometric",))
-        self.transforms = transforms
+        self._adopt(transforms)
         self.p = p
-        self.slots = sum(t.slots for t in transforms)
         self.stream = 0  # set by Compose
 
     def __repr__(self):
@@ -187,14 +199,8 @@ class RandomOrder(_Container):
     kind = "photometric"
 
     def __init__(self, transforms):
-        if not isinstance(transforms, Sequence):
-            raise TypeError("Argument transforms should be a sequence of callables")
-        elif not transforms:
-            raise ValueError("Pass at least one transform")
-        transforms = _own_children(transforms)
-        _kind_of_children("RandomOrder", transforms, ("photometric",))
-        self.transforms = transforms
-        self.slots = sum(t.slots for t in transforms)
+        _check_list(transforms)
+        self._adopt(transforms)
         self.stream = 0  # set by Compose
 
     def __repr__(self):
