@@ -147,6 +147,70 @@ def test_blur_within_one_level(decoded):
         assert (out != F.apply_table(x, *before).int()).any()  # the blur did something
 
 
+def _blur_weights(k, sigma):
+    """augment.h's normalised float32 weights, step by step: exp_nonpositive from correctly rounded float64 steps
+    (each fused multiply-add exact in Fractions, rounded once), the taps summed in order, each divided and rounded
+    to float32, subnormals flushed."""
+    from fractions import Fraction
+
+    def dfma(a, b, c):
+        return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+    def exp_nonpositive(x):
+        if x < -104.0:
+            return 0.0
+        n = float(np.rint(x * 1.4426950408889634))
+        r = dfma(-n, 6.93147180369123816490e-01, x)
+        r = dfma(-n, 1.90821492927058770002e-10, r)
+        p = 1.0 / 6227020800.0
+        for f in (479001600.0, 39916800.0, 3628800.0, 362880.0, 40320.0, 5040.0, 720.0, 120.0, 24.0, 6.0, 2.0):
+            p = dfma(p, r, 1.0 / f)
+        return dfma(dfma(p, r, 1.0), r, 1.0) * 2.0 ** n
+
+    s = float(np.float32(sigma))
+    taps = [exp_nonpositive(-((float(i - k // 2) * float(i - k // 2)) / (2.0 * (s * s)))) for i in range(k)]
+    total = 0.0
+    for t in taps:
+        total += t
+    return [0.0 if w < 1.17549435e-38 else w for w in (float(np.float32(t / total)) for t in taps)]
+
+
+def _defined_blur(x, kx, ky, sigma):
+    """augment.h's blur by its definition, uint8 [B, C, H, W]: each pixel's taps summed i = 0..k-1 from 0 with
+    float32 fused multiply-adds (blur_row's order; the product and sum exact in 64-bit long doubles, then rounded
+    once to float32), reflected borders, rounded half to even."""
+    def reflect(i, n):
+        i = -i if i < 0 else i
+        return 2 * (n - 1) - i if i >= n else i
+
+    def fma_pass(planes, w, axis):
+        n, r = planes.shape[axis], len(w) // 2
+        padded = np.take(planes, [reflect(i - r, n) for i in range(n + 2 * r)], axis=axis)
+        acc = np.zeros(planes.shape, np.longdouble)
+        for i, wi in enumerate(w):
+            acc = (np.longdouble(wi) * np.take(padded, range(i, i + n), axis=axis) + acc).astype(np.float32)
+            acc = acc.astype(np.longdouble)
+        return acc
+
+    rows = fma_pass(x.numpy().astype(np.longdouble), _blur_weights(kx, sigma), 3)
+    sums = fma_pass(rows, _blur_weights(ky, sigma), 2).astype(np.float64)
+    return torch.from_numpy(np.clip(np.rint(sums), 0, 255).astype(np.uint8))
+
+
+def test_cpu_blur_is_its_defined_sums_exactly(decoded):
+    """The CPU blur equals its definition (_defined_blur) bit for bit: its passes may run across rows, but each
+    pixel's sums must keep blur_row's order, which the CUDA kernels share (on a GPU test_cuda_equals_cpu checks the
+    two against each other; this holds it on any machine). ~1.3M values: a change of summation order flips a few."""
+    if np.finfo(np.longdouble).nmant < 63:
+        pytest.skip("the definition needs long doubles of 64 bits or more (exact float32 products and sums)")
+    for (h, w), (kx, ky, sigma) in [((176, 176), (5, 5, 1.1)), ((160, 224), (9, 3, 2.0)), ((224, 96), (3, 7, 0.6)),
+                                    ((6, 4), (7, 3, 0.37)), ((11, 7), (1, 9, 2.0))]:
+        x = _batch(decoded, h, w)
+        table = PhotometricTable(torch.full((len(x), 1), BLUR),
+                                 torch.tensor([[[kx, ky, sigma]]] * len(x), dtype=torch.float32))
+        assert torch.equal(_run(x, table, torch.uint8), _defined_blur(x, kx, ky, sigma)), (h, w, kx, ky, sigma)
+
+
 def test_sharpness_keeps_borders_and_small_images(decoded):
     for h, w in [(2, 9), (9, 2), (3, 3)]:
         x = _batch(decoded, h, w)
