@@ -16,6 +16,7 @@ import fastload.transforms as T
 from fastload import ops
 from fastload.transforms.functional import OPS
 from test_functional import _tv_table  # tests/test_functional.py: a table's slots through torchvision, in order
+from like_torchvision import raises_like_torchvision  # tests/like_torchvision.py
 
 N = 100_000  # fastload's draws (cheap)
 N_TV = 20_000  # calls of torchvision's own forward
@@ -174,27 +175,20 @@ def test_random_order_is_uniform_like_torchvisions_and_keeps_each_childs_slots()
         expect_params = torch.cat([parts[k].params[i] for k in order[i]])
         assert torch.equal(table.ops[i], expect_ops) and torch.equal(table.params[i], expect_params)
     for args in ((children[1],), ([],)):
-        _raises_like_torchvision(lambda: T.RandomOrder(*args), lambda: v2.RandomOrder(*args))
+        raises_like_torchvision(lambda: T.RandomOrder(*args), lambda: v2.RandomOrder(*args))
     with pytest.raises(TypeError, match="RandomOrder picks among photometric.*; RandomRotation.* is not one"):
         T.RandomOrder([T.RandomRotation(5)])
-
-
-def _raises_like_torchvision(ours, theirs):
-    with pytest.raises(Exception) as tv_err:
-        theirs()
-    with pytest.raises(tv_err.type):
-        ours()
 
 
 def test_validation_like_torchvision_and_refused_children_named():
     gray = T.RandomGrayscale(1.0)
     for args in ((gray,), ([],), ([gray], [1, 2])):
-        _raises_like_torchvision(lambda: T.RandomChoice(*args), lambda: v2.RandomChoice(*args))
+        raises_like_torchvision(lambda: T.RandomChoice(*args), lambda: v2.RandomChoice(*args))
     # a negative weight: torchvision's multinomial raises at the first image, fastload when the pipeline is built
-    _raises_like_torchvision(lambda: T.RandomChoice([gray, gray], p=[-1, 2]),
+    raises_like_torchvision(lambda: T.RandomChoice([gray, gray], p=[-1, 2]),
                              lambda: v2.RandomChoice([v2.RandomGrayscale(1.0)] * 2, p=[-1, 2])(torch.zeros(3, 2, 2)))
     for args, kwargs in (((gray,), {}), (([],), {}), (([gray],), dict(p=1.5)), (([gray],), dict(p=-0.1))):
-        _raises_like_torchvision(lambda: T.RandomApply(*args, **kwargs), lambda: v2.RandomApply(*args, **kwargs))
+        raises_like_torchvision(lambda: T.RandomApply(*args, **kwargs), lambda: v2.RandomApply(*args, **kwargs))
     for children in ([T.RandomRotation(10), gray], [gray, T.TrivialAugmentWide()], [gray, v2.RandomGrayscale()]):
         name = type(children[0] if children[0] is not gray else children[1]).__name__
         with pytest.raises(TypeError, match=f"RandomChoice picks among photometric.*or batch ops.*; {name}.* is not one"):

@@ -12,6 +12,7 @@ from PIL import Image
 from fastload.transforms.erasing import RandomErasing
 
 from distributions import chi2_same  # tests/distributions.py
+from like_torchvision import raises_like_torchvision  # tests/like_torchvision.py
 
 H, W = 24, 40  # small, non-square: rows and columns cannot be swapped unnoticed
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -131,13 +132,6 @@ def test_random_value_is_deterministic_standard_normal_noise(photos, device):
 
 
 # ---------------------------------------------------------------- validation like torchvision
-
-def raises_like_torchvision(ours, theirs):
-    with pytest.raises(Exception) as tv_err:
-        theirs()
-    with pytest.raises(tv_err.type):
-        ours()
-
 
 @pytest.mark.parametrize("kwargs", [dict(p=1.5), dict(p=-0.1), dict(value="noise"), dict(value={1: 2}),
                                     dict(value=None), dict(scale=0.5), dict(ratio=3), dict(scale=(0.5, 1.5)),

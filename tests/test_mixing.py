@@ -14,6 +14,7 @@ from fastload.transforms.mixing import CutMix, MixUp, beta_from_uniforms, _COLUM
 from fastload import rng
 
 from distributions import chi2_same  # tests/distributions.py
+from like_torchvision import raises_like_torchvision  # tests/like_torchvision.py
 
 H, W = 24, 40  # small, non-square: rows and columns cannot be swapped unnoticed
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -217,13 +218,6 @@ def _distribution_checks_on():
     torch.distributions.Distribution.set_default_validate_args(True)
     yield
     torch.distributions.Distribution.set_default_validate_args(before)
-
-
-def raises_like_torchvision(ours, theirs):
-    with pytest.raises(Exception) as tv_err:
-        theirs()
-    with pytest.raises(tv_err.type):
-        ours()
 
 
 @pytest.mark.parametrize("kwargs", [dict(alpha=0.0), dict(alpha=-1.0), dict(alpha=math.nan), dict(alpha="x"),

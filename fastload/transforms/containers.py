@@ -42,11 +42,6 @@ def _kind_of_children(container, transforms, kinds):
     return found[0]
 
 
-def _identity_table(batch, slots):
-    return PhotometricTable(torch.zeros(batch, slots, dtype=torch.int64),
-                            torch.zeros(batch, slots, 3, dtype=torch.float32))
-
-
 def _own_children(transforms):
     """The container's own copies of its children (a transform listed twice draws twice, as torchvision calls it
     twice); a Compose child becomes RandomApply(its transforms, p=1): all of them, in order."""
@@ -126,7 +121,7 @@ class RandomChoice(_Container):
 
     def table(self, seed, epoch, indices):
         chosen = torch.from_numpy(self.choices(seed, epoch, indices))
-        out = _identity_table(len(chosen), self.slots)
+        out = PhotometricTable.identity(len(chosen), self.slots)
         for k, t in enumerate(self.transforms):
             rows = chosen == k
             if bool(rows.any()):
@@ -184,7 +179,7 @@ class RandomApply(_Container):
 
     def table(self, seed, epoch, indices):
         applied = torch.from_numpy(self.applied(seed, epoch, indices))
-        out = _identity_table(len(applied), self.slots)
+        out = PhotometricTable.identity(len(applied), self.slots)
         if bool(applied.any()):
             parts = [t.table(seed, epoch, indices) for t in self.transforms]
             out.ops[applied] = torch.cat([p.ops for p in parts], 1)[applied]
@@ -216,7 +211,7 @@ class RandomOrder(_Container):
         parts = [t.table(seed, epoch, indices) for t in self.transforms]
         slots = torch.tensor([t.slots for t in self.transforms])
         start = torch.cumsum(slots[order], 1) - slots[order]  # [B, n]: where the j-th child of each sample begins
-        out = _identity_table(len(order), self.slots)
+        out = PhotometricTable.identity(len(order), self.slots)
         for j in range(order.shape[1]):
             for k, (t, part) in enumerate(zip(self.transforms, parts)):
                 for first in torch.unique(start[order[:, j] == k, j]).tolist():  # rows where child k is j-th

@@ -45,6 +45,11 @@ class PhotometricTable(NamedTuple):
     ops: Tensor  # int64 [B, S], host: op code of slot s for each sample (OPS)
     params: Tensor  # float32 [B, S, 3], host: the op's parameters p0, p1, p2
 
+    @classmethod
+    def identity(cls, batch, slots=0):
+        """``slots`` identity slots for ``batch`` samples (none: the output cast alone)."""
+        return cls(torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, 3, dtype=torch.float32))
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers shared by the kernels

@@ -438,8 +438,7 @@ class Pipeline:
                 if before is not None:
                     x = run_table(x, before, out_dtype=torch.uint8)
                 x = augmix.apply(x, mix)
-            table = params.table if params.table is not None else PhotometricTable(  # Normalize only
-                torch.zeros(x.shape[0], 0, dtype=torch.int64), torch.zeros(x.shape[0], 0, 3, dtype=torch.float32))
+            table = params.table if params.table is not None else PhotometricTable.identity(x.shape[0])  # the cast
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
                           channels_last=channels_last, nearest=nearest)
         erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: mix_images
