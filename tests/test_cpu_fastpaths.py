@@ -6,6 +6,8 @@
   builds are tested: FASTLOAD_WARP_BASELINE=1 makes an AVX2 machine take the baseline one.
 - hue: the CPU op computes hue on whole planes without branches (vectorised); every one of the 2^24 colours must
   equal torchvision's adjust_hue exactly, at the ends of the factor range too.
+- the policies' nearest gather (eight pixels a step with AVX2) and the photometric op's sharpness (16 pixels a step):
+  same bits in both builds, and equal to the scalar float32 path / torchvision.
 """
 import math
 
@@ -16,6 +18,7 @@ import torchvision.transforms.v2.functional as TF
 
 import fastload.transforms.functional as F
 from fastload import ops
+from fastload.transforms import policies as P
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -179,3 +182,57 @@ def test_separable_rows_agree_between_builds(monkeypatch, photos):
         for a, b in zip(outs["dispatched"], outs["baseline"]):
             assert torch.equal(a, b), out
         assert outs["dispatched"][4].float().std() > 20  # uint8, planar: real content
+
+
+def _both_builds(monkeypatch, run):
+    """run() with the AVX2 code dispatched, then with FASTLOAD_WARP_BASELINE=1 (the baseline build)."""
+    outs = []
+    for baseline in ("0", "1"):
+        monkeypatch.setenv("FASTLOAD_WARP_BASELINE", baseline)
+        outs.append(run())
+    return outs
+
+
+@pytest.mark.parametrize("size", [(224, 224), (57, 171), (9, 7), (40, 5), (2, 2)])
+def test_nearest_gather_rows_agree_between_builds(monkeypatch, photos, size):
+    """The policies' nearest gather (uint8 NCHW, rotations and shears: no row is one run): the AVX2 build gathers
+    eight pixels a step, the baseline build one; same bits, for the in-place op and inside the photometric op, on
+    every output width's tail of 0-7 pixels, with pixels outside (fill) and matrices that map everything outside."""
+    h, w = size
+    x = torch.stack([full.to(torch.uint8)[:, :h, :w] for _, full in photos][:4]).contiguous()
+    angles = (17.0, -30.0, 135.0, 3.0)
+    m = [P.geometric_matrices("Rotate", [a], h, w)[0][:2] for a in angles[:2]]
+    m.append(P.geometric_matrices("ShearY", [0.45], h, w)[0][:2])
+    m.append(np.array([[0.5, 1.0, 4e4], [-1.0, 0.5, 0.0]]))  # every pixel far outside: fill
+    m = torch.from_numpy(np.stack(m[:len(x)])).float()
+    table = F.PhotometricTable(torch.zeros(len(x), 1, dtype=torch.int64), torch.zeros(len(x), 1, 3))
+
+    def run():
+        return [ops.affine_nearest(x, m, fill=fill) for fill in (0.0, 127.5)] + [
+            F.photometric(x, table, out_dtype=torch.uint8, nearest=(torch.arange(len(x)), m, 200.0))]
+    fast, base = _both_builds(monkeypatch, run)
+    for a, b in zip(fast, base):
+        assert torch.equal(a, b)
+    assert torch.equal(fast[0], ops.affine_nearest(x.float(), m).to(torch.uint8))  # the float32 (scalar) path
+    if h * w >= 64:
+        assert (fast[0][:3] != 0).float().mean() > 0.5 and bool((fast[0][3] == 0).all())
+
+
+@pytest.mark.parametrize("size", [(224, 224), (57, 171), (9, 18), (5, 33), (3, 3), (40, 2)])
+def test_sharpness_rows_agree_between_builds_and_torchvision(monkeypatch, photos, size):
+    """The photometric op's sharpness slot: the AVX2 build computes 16 pixels of a row a step (3x3 sums in 16-bit
+    lanes), the baseline build one; both equal torchvision's adjust_sharpness sample by sample, factors from 0
+    through 2 to an extreme one that saturates, on widths that leave 0-15 pixels of a row to the scalar tail."""
+    h, w = size
+    x = torch.stack([full.to(torch.uint8)[:, :h, :w] for _, full in photos][:4]).contiguous()
+    factors = torch.tensor([0.0, 0.37, 1.8, 3e4])
+    params = torch.zeros(len(x), 1, 3)
+    params[:, 0, 0] = factors
+    table = F.PhotometricTable(torch.full((len(x), 1), F.OPS["sharpness"], dtype=torch.int64), params)
+
+    def run():
+        return F.photometric(x, table, out_dtype=torch.uint8)
+    fast, base = _both_builds(monkeypatch, run)
+    assert torch.equal(fast, base)
+    for i, f in enumerate(factors.tolist()):
+        assert torch.equal(fast[i], TF.adjust_sharpness(x[i], f)), f

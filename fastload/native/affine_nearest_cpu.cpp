@@ -10,8 +10,15 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define FL_GATHER_AVX2 1
+#endif
 
 #include "affine_nearest.h"
 #include "check.h"
@@ -46,6 +53,66 @@ void check_affine_nearest_args(const at::Tensor& images, const at::Tensor& sampl
 
 namespace {
 
+#if FL_GATHER_AVX2
+// Row v of a planar uint8 sample (c >= 2 planes of h * w >= 4 pixels, s_c = h * w) moved by the fixed-point matrix
+// f, eight output pixels a step: each lane's coordinates are the scalar loop's int64 sums (start + u * step, one
+// half added up front), its pixel their high 32 bits (the same floor), read with one masked gather per plane (fill
+// outside). A gather reads 4 bytes: plane 0 at its pixel (plane 1 follows), the others ending at it (the plane before
+// precedes), so no read leaves the sample. Returns the first pixel left to the scalar loop (w rounded down to 8).
+__attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8_t* dst, int c, int h, int w,
+                                                         int64_t s_c, const int64_t* f, int v, uint8_t fill) {
+  const int64_t half = int64_t(1) << (nearest::kFractionBits - 1);
+  const int64_t x0 = f[1] * v + f[2] + half, y0 = f[4] * v + f[5] + half;
+  __m256i xa = _mm256_set_epi64x(x0 + 3 * f[0], x0 + 2 * f[0], x0 + f[0], x0);
+  __m256i xb = _mm256_add_epi64(xa, _mm256_set1_epi64x(4 * f[0]));
+  __m256i ya = _mm256_set_epi64x(y0 + 3 * f[3], y0 + 2 * f[3], y0 + f[3], y0);
+  __m256i yb = _mm256_add_epi64(ya, _mm256_set1_epi64x(4 * f[3]));
+  const __m256i dx = _mm256_set1_epi64x(8 * f[0]), dy = _mm256_set1_epi64x(8 * f[3]);
+  const __m256i wv = _mm256_set1_epi32(w), hv = _mm256_set1_epi32(h), minus1 = _mm256_set1_epi32(-1);
+  const __m256i low = _mm256_set1_epi32(0xFF), fill0 = _mm256_set1_epi32(fill),
+                fill3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(fill) << 24));
+  const __m256i bytes = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  const int n = w & ~7;
+  for (int u = 0; u < n; u += 8) {
+    // high dwords of (a0..a3, b0..b3) in lane order: shuffle_ps gives a0 a1 b0 b1 | a2 a3 b2 b3
+    const __m256i px = _mm256_permute4x64_epi64(
+        _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(xa), _mm256_castsi256_ps(xb), 0xDD)), 0xD8);
+    const __m256i py = _mm256_permute4x64_epi64(
+        _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(ya), _mm256_castsi256_ps(yb), 0xDD)), 0xD8);
+    const __m256i inside =
+        _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(px, minus1), _mm256_cmpgt_epi32(wv, px)),
+                         _mm256_and_si256(_mm256_cmpgt_epi32(py, minus1), _mm256_cmpgt_epi32(hv, py)));
+    const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(py, wv), px);
+    for (int ch = 0; ch < c; ++ch) {
+      __m256i g;
+      if (ch == 0) {
+        g = _mm256_and_si256(
+            _mm256_mask_i32gather_epi32(fill0, reinterpret_cast<const int*>(src), at, inside, 1), low);
+      } else {
+        g = _mm256_srli_epi32(_mm256_mask_i32gather_epi32(
+                                  fill3, reinterpret_cast<const int*>(src + ch * s_c - 3), at, inside, 1), 24);
+      }
+      const __m256i words = _mm256_packus_epi32(g, g);
+      const __m256i packed = _mm256_packus_epi16(words, words);  // pixels in bytes 0-3 of each 128-bit half
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + ch * s_c + static_cast<int64_t>(v) * w + u),
+                       _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(packed, bytes)));
+    }
+    xa = _mm256_add_epi64(xa, dx);
+    xb = _mm256_add_epi64(xb, dx);
+    ya = _mm256_add_epi64(ya, dy);
+    yb = _mm256_add_epi64(yb, dy);
+  }
+  return n;
+}
+
+bool gather_avx2() {
+  // FASTLOAD_WARP_BASELINE=1 keeps the baseline code on an AVX2 machine, as for the warp (tests compare both).
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
+  return avx2 && !(baseline && std::strcmp(baseline, "1") == 0);
+}
+#endif
+
 // One sample moved by one matrix from src into dst (distinct buffers of C * H * W values with strides s_c, s_y, s_x,
 // the same for both). Rows that map to a run of one input row (translations, ShearX: a step of exactly one pixel
 // along x and none along y) are copied as that run, with the fill around it: the same pixels as the general loop.
@@ -56,6 +123,10 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
   const bool finite = nearest::to_fixed(matrix, f);
   const bool runs = finite && f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0;
   source.resize(w);  // per pixel of a row: its input pixel's offset in the sample, or -1 (fill)
+#if FL_GATHER_AVX2
+  const bool avx2 = std::is_same_v<T, uint8_t> && finite && !runs && s_x == 1 && c >= 2 && s_c == h * w &&
+                    s_y == w && h * w >= 4 && gather_avx2();
+#endif
   for (int v = 0; v < h; ++v) {
     int64_t x = f[1] * v + f[2], y = f[4] * v + f[5];  // at u = 0, then one step per pixel
     if (runs && s_x == 1) {
@@ -72,14 +143,24 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
       }
       continue;
     }
-    for (int u = 0; u < w; ++u, x += f[0], y += f[3]) {
+    int done = 0;
+#if FL_GATHER_AVX2
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      if (avx2) {
+        done = gather_row_u8_avx2(src, dst, c, h, w, s_c, f, v, fill_value);
+        x += f[0] * done;
+        y += f[3] * done;
+      }
+    }
+#endif
+    for (int u = done; u < w; ++u, x += f[0], y += f[3]) {
       const int64_t px = nearest::pixel(x), py = nearest::pixel(y);
       source[u] = finite && nearest::inside(px, py, h, w) ? static_cast<int>(py * s_y + px * s_x) : -1;
     }
     for (int ch = 0; ch < c; ++ch) {  // a plane at a time (NCHW)
       const T* from = src + ch * s_c;
       T* out = dst + v * s_y + ch * s_c;
-      for (int u = 0; u < w; ++u) out[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
+      for (int u = done; u < w; ++u) out[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
     }
   }
 }

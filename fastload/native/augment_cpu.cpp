@@ -24,10 +24,15 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#endif
 
 #include "affine_nearest.h"
 #include "augment.h"
@@ -213,6 +218,57 @@ FL_SAMPLE void blur(const float* p, const uint8_t* src, uint8_t* dst, int h, int
   }
 }
 
+// sharpen() over x in [x0, x1) of one row (up, mid, down: the rows around it).
+FL_SAMPLE void sharpen_row(const uint8_t* __restrict__ up, const uint8_t* __restrict__ mid,
+                           const uint8_t* __restrict__ down, uint8_t* __restrict__ out, int x0, int x1, float om) {
+  for (int x = x0; x < x1; ++x) {
+    const int sum = up[x - 1] + up[x] + up[x + 1] + mid[x - 1] + 5 * mid[x] + mid[x + 1] + down[x - 1] + down[x] +
+                    down[x + 1];
+    // sharpen()'s (sum + 6) / 13 as a multiply and shift, which vectorise (equal for sum <= 13 * 255)
+    const int smooth = ((sum + 6) * 5042) >> 16;
+    out[x] = clamp_trunc_u8(fma_rn(static_cast<float>(smooth - mid[x]), om, static_cast<float>(mid[x])));
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_FMA_BUILD 1
+// The row's interior 16 pixels a step: the 3x3 sums in 16-bit lanes (at most 13 * 255), (sum + 6) * 5042 >> 16 as
+// mulhi, then per pixel sharpen()'s one fma, clamp and truncation in float lanes: the scalar code's bits.
+__attribute__((target("avx2"), always_inline)) inline __m256i load16_u8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+__attribute__((target("avx2,fma"))) void sharpen_row_avx2(const uint8_t* up, const uint8_t* mid, const uint8_t* down,
+                                                           uint8_t* out, int w, float om) {
+  const __m256 omv = _mm256_set1_ps(om), zero = _mm256_setzero_ps(), top = _mm256_set1_ps(255.f);
+  const __m256i six = _mm256_set1_epi16(6), magic = _mm256_set1_epi16(5042);
+  int x = 1;
+  for (; x + 16 <= w - 1; x += 16) {
+    const __m256i centre = load16_u8(mid + x);
+    __m256i sum = _mm256_add_epi16(_mm256_add_epi16(load16_u8(up + x - 1), load16_u8(up + x)), load16_u8(up + x + 1));
+    sum = _mm256_add_epi16(sum, _mm256_add_epi16(load16_u8(mid + x - 1), load16_u8(mid + x + 1)));
+    sum = _mm256_add_epi16(sum, _mm256_add_epi16(_mm256_add_epi16(load16_u8(down + x - 1), load16_u8(down + x)),
+                                                 load16_u8(down + x + 1)));
+    sum = _mm256_add_epi16(sum, _mm256_add_epi16(centre, _mm256_slli_epi16(centre, 2)));
+    const __m256i diff = _mm256_sub_epi16(_mm256_mulhi_epu16(_mm256_add_epi16(sum, six), magic), centre);
+    __m256i half[2];
+    for (int k = 0; k < 2; ++k) {
+      const __m128i d = k ? _mm256_extracti128_si256(diff, 1) : _mm256_castsi256_si128(diff);
+      const __m128i c = k ? _mm256_extracti128_si256(centre, 1) : _mm256_castsi256_si128(centre);
+      const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(d)), omv,
+                                       _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(c)));
+      // clamp_trunc_u8: max/min return the bound for a NaN, as its comparisons do (then 0)
+      half[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, zero), top));
+    }
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(half[0], half[1]), 0xD8);
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(words, words), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + x), _mm256_castsi256_si128(bytes));
+  }
+  sharpen_row(up, mid, down, out, x, w - 1, om);
+}
+#endif
+
+template <bool avx2>
 FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   std::memcpy(dst, src, 3 * hw);  // borders (and images of side <= 2) stay as they are
@@ -222,17 +278,14 @@ FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, 
     const uint8_t* s = src + c * hw;
     uint8_t* d = dst + c * hw;
     for (int y = 1; y < h - 1; ++y) {
-      const uint8_t* __restrict__ up = s + (y - 1) * w;
-      const uint8_t* __restrict__ mid = s + y * w;
-      const uint8_t* __restrict__ down = s + (y + 1) * w;
-      uint8_t* __restrict__ out = d + y * w;
-      for (int x = 1; x < w - 1; ++x) {
-        const int sum = up[x - 1] + up[x] + up[x + 1] + mid[x - 1] + 5 * mid[x] + mid[x + 1] + down[x - 1] +
-                        down[x] + down[x + 1];
-        // sharpen()'s (sum + 6) / 13 as a multiply and shift, which vectorise (equal for sum <= 13 * 255)
-        const int smooth = ((sum + 6) * 5042) >> 16;
-        out[x] = clamp_trunc_u8(fma_rn(static_cast<float>(smooth - mid[x]), om, static_cast<float>(mid[x])));
+      const uint8_t *up = s + (y - 1) * w, *mid = s + y * w, *down = s + (y + 1) * w;
+#if FL_FMA_BUILD
+      if constexpr (avx2) {
+        sharpen_row_avx2(up, mid, down, d + y * w, w, om);
+        continue;
       }
+#endif
+      sharpen_row(up, mid, down, d + y * w, 1, w - 1, om);
     }
   }
 }
@@ -348,6 +401,7 @@ FL_SAMPLE bool slot_lut(int op, const float* p, const uint8_t* src, int64_t hw, 
 }
 
 // One slot of one sample: src -> dst, both 3 planes of h * w.
+template <bool avx2>
 FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* dst, int h, int w, Scratch& scratch) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   const uint8_t *r = src, *g = src + hw, *b = src + 2 * hw;
@@ -358,14 +412,14 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
     case kHue:
       return hue_planes(p[0], r, g, b, dst, hw);
     case kGrayscale: return grayscale_planes(r, g, b, dst, hw);
-    case kSharpness: return sharpness(p[0], src, dst, h, w);
+    case kSharpness: return sharpness<avx2>(p[0], src, dst, h, w);
     case kGaussianBlur: return blur(p, src, dst, h, w, scratch);
     default: std::memcpy(dst, src, 3 * hw); return;  // identity
   }
 }
 
 // One sample: its slots in turn through the two scratch images, then the output cast into dst.
-template <typename out_t>
+template <bool avx2, typename out_t>
 __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const int64_t* op, const float* p,
                                                       int64_t slots, int h, int w, const out_t (*cast)[256],
                                                       const float* a, const float* bt, bool channels_last,
@@ -389,7 +443,7 @@ __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const 
       break;
     }
     uint8_t* next = scratch.image[written++ % 2].data();
-    apply_slot(code, p + s * 3, src, next, h, w, scratch);
+    apply_slot<avx2>(code, p + s * 3, src, next, h, w, scratch);
     src = next;
   }
   if (channels_last) {
@@ -419,14 +473,13 @@ __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const 
 // The same code built twice: for any x86-64, and for AVX2 + FMA, where std::fma is one instruction instead of a
 // libm call and the pixel loops vectorise. Both compute each value with the same correctly rounded operations
 // (contraction stays off in both), so the output bits do not depend on which one runs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FL_FMA_BUILD 1
+#if FL_FMA_BUILD
 template <typename out_t>
 __attribute__((target("avx2,fma"))) void run_sample_fma(const uint8_t* src, const int64_t* op, const float* p,
                                                          int64_t slots, int h, int w, const out_t (*cast)[256],
                                                          const float* a, const float* bt, bool channels_last,
                                                          out_t* dst, Scratch& scratch) {
-  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+  run_sample<true>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
 }
 #endif
 
@@ -434,13 +487,15 @@ template <typename out_t>
 void run_sample_base(const uint8_t* src, const int64_t* op, const float* p, int64_t slots, int h, int w,
                      const out_t (*cast)[256], const float* a, const float* bt, bool channels_last, out_t* dst,
                      Scratch& scratch) {
-  run_sample(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+  run_sample<false>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
 }
 
 bool cpu_has_fma() {
 #if FL_FMA_BUILD
+  // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine, as for the warp (tests compare both).
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
+  return yes && !(baseline && std::strcmp(baseline, "1") == 0);
 #else
   return false;
 #endif
