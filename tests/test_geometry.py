@@ -228,6 +228,119 @@ def test_pixels_without_dct_downscale(photos, kind):
     assert np.median(ours) >= np.median(tv) + 5.0, (np.median(ours), np.median(tv))
 
 
+# ---------------------------------------------------------------- RandomCrop and Pad
+
+CROP_PAD_CASES = {
+    "resize+crop": lambda: [G.Resize(64), streamed(G.RandomCrop(56), 1)],
+    "resize+crop padded": lambda: [G.Resize(64), streamed(G.RandomCrop(56, padding=(5, 9), fill=FILL), 1)],
+    "pad_if_needed": lambda: [G.Resize(64), streamed(G.RandomCrop(72, pad_if_needed=True, fill=FILL), 1)],
+    "pad, crop (CIFAR)": lambda: [G.Resize((64, 64)), G.Pad(4, fill=FILL), streamed(G.RandomCrop(64), 1)],
+    "crop, pad 4 sides": lambda: [G.Resize(64), G.CenterCrop(50), G.Pad([3, 4, 7, 2], fill=FILL)],
+    "negative pad": lambda: [G.Resize((60, 70)), G.Pad([-5, 2], fill=FILL), streamed(G.RandomCrop((60, 60)), 1)],
+}
+
+
+def torchvision_crop_pad(img, steps, params):
+    """torchvision's functional ops for the steps, with fastload's draws (params: per step, for this sample)."""
+    for t, p in zip(steps, params):
+        if isinstance(t, G.Resize):
+            img = F.resize(img, t.size, antialias=True)
+        elif isinstance(t, G.CenterCrop):
+            img = F.center_crop(img, list(t.size))
+        elif isinstance(t, G.Pad):
+            img = F.pad(img, t.padding, fill=FILL)
+        else:  # RandomCrop: fastload's corner is in the unpadded canvas; pad what the crop reaches outside it
+            top, left = int(p["top"]), int(p["left"])
+            pad = [max(0, -left), max(0, -top), max(0, left + t.size[1] - img.shape[2]),
+                   max(0, top + t.size[0] - img.shape[1])]
+            img = F.crop(F.pad(img, pad, fill=FILL), top + pad[1], left + pad[0], *t.size)
+    return img
+
+
+@pytest.mark.parametrize("case", list(CROP_PAD_CASES))
+def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
+    """Resize then RandomCrop / Pad / CenterCrop, one resample: the image pixels within 0.3 of torchvision's resize,
+    pad and crop with the same draws (measured: 0.001), the padding exactly the fill (its edges lie on pixel edges:
+    no blend). 0.3 levels: the two float resizes' rounding (the loader's Resize + CenterCrop test allows 0.26).
+    One exception, by design (GeometryPlanner): a crop that a later Pad borders filters its edge pixels from inside
+    the crop, where torchvision filtered them from the whole resized image: that one-pixel ring differs by up to
+    ~13 levels here (a 512 px photo resized to 64, 8 source pixels a tap)."""
+    steps = CROP_PAD_CASES[case]()
+    planner = G.GeometryPlanner(steps, dct_downscale=False)
+    worst, ring_worst, filled = 0.0, 0.0, 0
+    for k, (data, full) in enumerate(photos[:3]):
+        n, (_, H, W) = 6, full.shape
+        hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
+        plan = planner.plan(hs, ws, 3, 1, idx)
+        draws, ch, cw = [], hs, ws
+        for t in steps:  # each step's draws on the canvas it sees, as the planner makes them
+            p = t.draw(ch, cw, 3, 1, idx)
+            draws.append(p)
+            step = t._step(p, ch, cw)
+            ch, cw = step.heights, step.widths
+        for i in range(n):
+            top, left, h, w, d = plan.windows[i].tolist()
+            crop = ops.decode_crop(data, top, left, h, w, d)
+            ours = ops.warp_affine(crop[None].float(), plan.matrices[i][None], planner.out_size, layout="NHWC",
+                                   fill=FILL)[0]
+            mine = [{key: v[i] for key, v in p.items()} for p in draws]
+            theirs = torchvision_crop_pad(full, steps, mine)
+            assert ours.shape == theirs.shape
+            is_fill = torchvision_crop_pad(torch.zeros(1, H, W), steps, mine) == FILL
+            ring = (tF.max_pool2d(is_fill.float()[None], 3, 1, 1)[0] > 0) & ~is_fill
+            assert torch.equal(ours[is_fill.expand_as(ours)], theirs[is_fill.expand_as(ours)])
+            diff = (ours - theirs).abs()
+            worst = max(worst, diff[(~is_fill & ~ring).expand_as(diff)].max().item())
+            ring_worst = max(ring_worst, diff[ring.expand_as(diff)].max().item() if ring.any() else 0.0)
+            filled += int(is_fill.sum())
+    assert worst <= 0.3, worst
+    assert ring_worst <= (20.0 if case == "crop, pad 4 sides" else 0.3), ring_worst
+    assert filled > 0 or case == "resize+crop"
+
+
+def test_random_crop_distribution_matches_torchvision():
+    """The crop's corner (in torchvision's padded canvas): chi-square on each value's count against its
+    make_params, with padding, pad_if_needed, and an axis the crop fills exactly (offset 0)."""
+    n_ours, n_tv, h, w = 100_000, 10_000, 30, 21
+    for kw in (dict(size=(24, 21), padding=[2, 3]), dict(size=(36, 17), pad_if_needed=True), dict(size=20)):
+        ours = G.RandomCrop(**kw).draw(np.full(n_ours, h), np.full(n_ours, w), 0, 0, np.arange(n_ours))
+        tv = torchvision_params(T2.RandomCrop(**kw), n_tv, h, w)
+        pad_left, pad_top = tv[0]["padding"][:2]
+        for name, shift in (("top", pad_top), ("left", pad_left)):
+            values = np.unique(ours[name] + shift)
+            theirs = np.array([q[name] for q in tv])
+            assert set(np.unique(theirs)) == set(values), (kw, name)
+            if len(values) > 1:
+                table = np.array([[np.sum(ours[name] + shift == v) for v in values],
+                                  [np.sum(theirs == v) for v in values]])
+                assert stats.chi2_contingency(table).pvalue > 0.001, (kw, name)
+
+
+def test_random_crop_and_pad_sizes_errors_and_refusals():
+    assert G.GeometryPlanner([G.Resize(256), G.RandomCrop(224)]).out_size == (224, 224)
+    assert G.GeometryPlanner([G.CenterCrop(224), G.Pad([1, 2, 3, 4])]).out_size == (230, 228)
+    assert G.GeometryPlanner([G.Pad(4), G.RandomCrop(32)]).out_size == (32, 32)
+    # a resolution schedule: trailing pads keep their width, the crop takes the rest
+    scaled = G.GeometryPlanner([G.Resize(256), G.RandomCrop(224, padding=4), G.Pad(8)]).with_size(200)
+    assert scaled.out_size == (200, 200) and scaled.steps[1].size == (184, 184) and scaled.steps[0].size == [210]
+    with pytest.raises(ValueError, match="leaves nothing"):
+        G.GeometryPlanner([G.CenterCrop(32), G.Pad(8)]).with_size(16)
+    with pytest.raises(ValueError, match=r"sample 7: Required crop size \(300, 300\) is larger than input image"):
+        G.GeometryPlanner([G.RandomCrop(300)]).plan([400, 200], [400, 400], 0, 0, [6, 7])
+    with pytest.raises(ValueError, match="sample 3: padding"):
+        G.GeometryPlanner([G.Pad(-60), G.CenterCrop(8)]).plan([100], [130], 0, 0, [3])
+    # torchvision's other padding modes need the image outside its edge, which the warp reads as fill: refused
+    with pytest.raises(ValueError, match="constant fill only"):
+        G.RandomCrop(8, padding=1, padding_mode="reflect")
+    with pytest.raises(ValueError, match="constant fill only"):
+        G.Pad(2, padding_mode="edge")
+    G.RandomCrop(8, padding_mode="reflect")  # never pads: the mode is unused, as in torchvision
+    # only a crop that can pad joins the pipeline's one fill
+    assert G.GeometryPlanner([G.RandomCrop(8), streamed(G.RandomRotation(5, fill=9), 1)]).fill == (9.0,) * 3
+    with pytest.raises(ValueError, match="one fill"):
+        G.GeometryPlanner([streamed(G.RandomCrop(8, padding=2), 1), streamed(G.RandomRotation(5, fill=9), 2)])
+
+
 # ---------------------------------------------------------------- randomness
 
 def test_per_sample_draws_and_determinism():
@@ -288,6 +401,11 @@ def test_affine_and_rotation_distributions_match_torchvision():
     lambda m: m.RandomAffine(10, translate=(0.1, 1.5)), lambda m: m.RandomAffine(10, translate=0.1),
     lambda m: m.RandomAffine(10, scale=(0, 1)), lambda m: m.RandomAffine(10, shear=(1, 2, 3)),
     lambda m: m.RandomAffine(10, shear=-3), lambda m: m.RandomAffine(10, fill=object()),
+    lambda m: m.RandomCrop((1, 2, 3)), lambda m: m.RandomCrop(10, padding=(1, 2, 3)),
+    lambda m: m.RandomCrop(10, padding="x"), lambda m: m.RandomCrop(10, padding=[1.5]),
+    lambda m: m.RandomCrop(10, padding=2, padding_mode="wrap"), lambda m: m.RandomCrop(10, fill="red"),
+    lambda m: m.Pad((1, 2, 3)), lambda m: m.Pad(2.0), lambda m: m.Pad(2, padding_mode="wrap"),
+    lambda m: m.Pad(2, fill=object()),
 ])
 def test_bad_arguments_raise_like_torchvision(make):
     with pytest.raises(Exception) as theirs:

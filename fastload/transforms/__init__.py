@@ -18,15 +18,16 @@ from .augmix import AugMix
 from .color import (ColorJitter, GaussianBlur, Grayscale, RandomAdjustSharpness, RandomAutocontrast, RandomEqualize,
                     RandomGrayscale, RandomInvert, RandomPosterize, RandomSolarize)
 from .erasing import RandomErasing
-from .geometry import (CenterCrop, RandomAffine, RandomHorizontalFlip, RandomResizedCrop, RandomRotation,
-                       RandomVerticalFlip, Resize)
+from .geometry import (CenterCrop, Pad, RandomAffine, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
+                       RandomRotation, RandomVerticalFlip, Resize)
 from .containers import RandomApply, RandomChoice, RandomOrder
 from .mixing import CutMix, MixUp
 from .pipeline import Compose, Normalize, PILToTensor, Pipeline, ToDtype, ToImage
 from .policies import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 
 __all__ = [
-    "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
+    "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop", "Pad", "RandomHorizontalFlip",
+    "RandomVerticalFlip",
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",

@@ -34,8 +34,8 @@ import torch
 from .. import rng
 from . import planners
 
-__all__ = ["GeometryPlan", "GeometryPlanner", "RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip",
-           "RandomVerticalFlip", "RandomAffine", "RandomRotation"]
+__all__ = ["GeometryPlan", "GeometryPlanner", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop", "Pad",
+           "RandomHorizontalFlip", "RandomVerticalFlip", "RandomAffine", "RandomRotation"]
 
 
 class GeometryPlan(NamedTuple):
@@ -319,6 +319,121 @@ class CenterCrop(_Geometry):
         return _Step(m, np.full_like(heights, out_h), np.full_like(widths, out_w), crop, reach=True)
 
 
+def _check_padding(padding):
+    """torchvision's _check_padding_arg (ValueError) and _parse_pad_padding: [left, right, top, bottom]."""
+    err = f"Padding must be an int or a 1, 2, or 4 element of tuple or list, got {padding}."
+    if isinstance(padding, (tuple, list)):
+        if len(padding) not in (1, 2, 4) or not all(isinstance(p, int) for p in padding):
+            raise ValueError(err)
+    elif not isinstance(padding, int):
+        raise ValueError(err)
+    if isinstance(padding, int):
+        return [padding] * 4
+    if len(padding) == 1:
+        return [padding[0]] * 4
+    if len(padding) == 2:
+        return [padding[0], padding[0], padding[1], padding[1]]
+    return [padding[0], padding[2], padding[1], padding[3]]
+
+
+def _check_padding_mode(t, padding_mode):
+    """torchvision's _check_padding_mode_arg (ValueError), then fastload's refusal of the modes it cannot run."""
+    if padding_mode not in ("constant", "edge", "reflect", "symmetric"):
+        raise ValueError("Padding mode should be either constant, edge, reflect or symmetric")
+    if padding_mode != "constant":
+        raise ValueError(f"{type(t).__name__}(padding_mode={padding_mode!r}): fastload pads with a constant fill only "
+                         f"(the warp reads outside the image as the pipeline's fill); use padding_mode='constant'")
+
+
+class RandomCrop(_Geometry):
+    """torchvision's ``RandomCrop(size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant")``: the
+    canvas padded by ``padding`` (and, with pad_if_needed, by what it lacks of ``size`` on both sides), then a
+    uniform integer offset per sample (torchvision's two randints: columns 0 and 1). The padding is read as the
+    pipeline's fill; padding_mode other than "constant" is refused. A crop larger than the padded canvas raises
+    torchvision's ValueError, naming the sample."""
+
+    columns = 2
+    sets_size = True
+
+    def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
+        self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
+        _check_fill(fill)
+        self._pads = [0, 0, 0, 0]
+        if pad_if_needed or padding is not None:
+            if padding is not None:
+                self._pads = _check_padding(padding) if padding else self._pads
+            _check_padding_mode(self, padding_mode)
+            self.fill = fill  # only a crop that can pad shows fill (and so joins the pipeline's one fill value)
+        else:
+            self._fill = fill  # torchvision's argument, kept for repr; never shown
+        self.padding = padding
+        self.pad_if_needed = pad_if_needed
+        self.padding_mode = padding_mode
+
+    def draw(self, heights, widths, seed, epoch, indices):
+        p = super().draw(heights, widths, seed, epoch, indices)
+        bad = np.flatnonzero(p.pop("bad"))
+        if len(bad):
+            i = bad[0]
+            raise ValueError(f"sample {np.asarray(indices).reshape(-1)[i]}: Required crop size {self.size} is larger "
+                             f"than {'padded ' if self.padding is not None else ''}input image size "
+                             f"({p['padded_h'][i]}, {p['padded_w'][i]}).")
+        return p
+
+    def _draw(self, heights, widths, u):
+        left_pad, right_pad, top_pad, bottom_pad = (np.full(len(heights), v, np.int64) for v in self._pads)
+        ph, pw = heights + top_pad + bottom_pad, widths + left_pad + right_pad
+        ch, cw = self.size
+        if self.pad_if_needed:
+            dh, dw = np.maximum(ch - ph, 0), np.maximum(cw - pw, 0)
+            top_pad, ph = top_pad + dh, ph + 2 * dh
+            left_pad, pw = left_pad + dw, pw + 2 * dw
+        # torch.randint(0, n + 1) where the padded canvas is larger, else 0
+        top = np.minimum(np.floor(u[:, 0] * (ph - ch + 1)), np.maximum(ph - ch, 0)).astype(np.int64)
+        left = np.minimum(np.floor(u[:, 1] * (pw - cw + 1)), np.maximum(pw - cw, 0)).astype(np.int64)
+        # the crop's corner in the unpadded canvas
+        return dict(top=top - top_pad, left=left - left_pad, bad=(ph < ch) | (pw < cw), padded_h=ph, padded_w=pw)
+
+    def _step(self, p, heights, widths):
+        out_h, out_w = self.size
+        left, top = p["left"], p["top"]
+        m = _scale_shift(np.ones(len(left)), left, 1.0, top)
+        # a crop of the canvas as a whole (torchvision resized all of it): clip with the filter's reach
+        crop = (left, left + out_w, top, top + out_h)
+        return _Step(m, np.full_like(heights, out_h), np.full_like(widths, out_w), crop, reach=True)
+
+
+class Pad(_Geometry):
+    """torchvision's ``Pad(padding, fill=0, padding_mode="constant")``: the canvas grows by ``padding`` (left,
+    right, top, bottom as torchvision parses it; negative values crop), the new border is the pipeline's fill.
+    padding_mode other than "constant" is refused."""
+
+    def __init__(self, padding, fill=0, padding_mode="constant"):
+        self._pads = _check_padding(padding)
+        _check_padding_mode(self, padding_mode)
+        _check_fill(fill)
+        self.padding = padding if isinstance(padding, int) else list(padding)
+        self.fill = fill
+        self.padding_mode = padding_mode
+
+    def draw(self, heights, widths, seed, epoch, indices):
+        left, right, top, bottom = self._pads
+        bad = np.flatnonzero((np.asarray(heights) + top + bottom <= 0) | (np.asarray(widths) + left + right <= 0))
+        if len(bad):
+            i = bad[0]
+            raise ValueError(f"sample {np.asarray(indices).reshape(-1)[i]}: padding {self._pads} (left, right, top, "
+                             f"bottom) leaves nothing of a {heights[i]}x{widths[i]} canvas")
+        return {}
+
+    def _step(self, p, heights, widths):
+        left, right, top, bottom = self._pads
+        one = np.ones(len(heights))
+        m = _scale_shift(one, -float(left), one, -float(top))
+        # the new canvas' extent on the old one: bounds what is visible where a negative padding crops
+        crop = (np.full(len(heights), -left), widths + right, np.full(len(heights), -top), heights + bottom)
+        return _Step(m, heights + top + bottom, widths + left + right, crop, reach=True)
+
+
 class RandomHorizontalFlip(_Geometry):
     """torchvision's ``RandomHorizontalFlip(p)``: one Bernoulli draw per sample (column 0)."""
 
@@ -450,7 +565,7 @@ class GeometryPlanner:
         self.steps = list(steps)
         if not self.steps:
             raise ValueError("GeometryPlanner needs at least one geometric transform (one that fixes the output "
-                             "size: RandomResizedCrop, CenterCrop or Resize((h, w)))")
+                             "size: RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w)))")
         for t in self.steps:
             if not isinstance(t, _Geometry):
                 raise TypeError(f"{t!r} is not a fastload geometric transform")
@@ -468,9 +583,12 @@ class GeometryPlanner:
                 size = tuple(t.size) if t.sets_size else None
             elif t.sets_size:
                 size = tuple(t.size)
+            elif isinstance(t, Pad) and size is not None:
+                left, right, top, bottom = t._pads
+                size = (size[0] + top + bottom, size[1] + left + right)
         if size is None:
             raise ValueError(f"the output size of {self.steps} is not fixed (it follows each image's size or aspect "
-                             f"ratio): end the geometry with RandomResizedCrop, CenterCrop or Resize((h, w))")
+                             f"ratio): end the geometry with RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w))")
         self.out_size = size
         fills = {fill_triple(t.fill) for t in self.steps if hasattr(t, "fill")}
         if extra_fill is not None:
@@ -479,6 +597,11 @@ class GeometryPlanner:
             raise ValueError(f"fastload applies one fill value per pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
         self.dct_downscale = bool(dct_downscale)
+        # A crop of a canvas resized whole clips with the filter's reach, except where a later step pads: that
+        # padding must be fill up to the crop's edge, so the crop's edge pixels are filtered from inside it.
+        pads = [isinstance(t, Pad) and max(t._pads) > 0 or isinstance(t, RandomCrop) and hasattr(t, "fill")
+                for t in self.steps]
+        self._reach = [not any(pads[i + 1:]) for i in range(len(self.steps))]
 
     def with_size(self, size):
         """A planner with output ``size`` (int or (h, w)): a resolution schedule's step. The step that fixes the
@@ -486,14 +609,22 @@ class GeometryPlanner:
         factor, rounded, so the crop keeps its share of the image (Resize(256) + CenterCrop(224) at 192: Resize(219)
         + CenterCrop(192)). The steps are copies with the same streams: the same draws at any size."""
         size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
-        fh, fw = size[0] / self.out_size[0], size[1] / self.out_size[1]
-        last = max(i for i, t in enumerate(self.steps) if isinstance(t, (RandomResizedCrop, Resize, CenterCrop)))
+        sized = (RandomResizedCrop, Resize, CenterCrop, RandomCrop)
+        last = max(i for i, t in enumerate(self.steps) if isinstance(t, sized))
+        # Pads after it add their borders to the output: the step gets what is left of ``size``
+        left, right, top, bottom = np.sum([t._pads for t in self.steps[last + 1:] if isinstance(t, Pad)] or
+                                          [[0, 0, 0, 0]], 0).tolist()
+        inner = (size[0] - top - bottom, size[1] - left - right)
+        if min(inner) <= 0:
+            raise ValueError(f"size {size} leaves nothing inside the padding that follows the last crop or resize")
+        fh = inner[0] / (self.out_size[0] - top - bottom)
+        fw = inner[1] / (self.out_size[1] - left - right)
         steps = []
         for i, t in enumerate(self.steps):
-            if i <= last and isinstance(t, (RandomResizedCrop, Resize, CenterCrop)):
+            if i <= last and isinstance(t, sized):
                 t = copy.copy(t)
                 if i == last:  # the constructor's rule: the last size-carrying step fixes the size
-                    t.size = list(size) if isinstance(t, Resize) else size
+                    t.size = list(inner) if isinstance(t, Resize) else inner
                 elif isinstance(t, Resize):
                     t.size = None if t.size is None else (
                         [round(t.size[0] * fh)] if len(t.size) == 1 else [round(t.size[0] * fh), round(t.size[1] * fw)])
@@ -523,6 +654,9 @@ class GeometryPlanner:
         - a CenterCrop's clip includes the filter's reach (so its inner pixels match torchvision's resize of the
           whole image), which a later rotation reveals as up to ~2 output pixels of image beyond the crop's edge;
           and with DCT downscaling, the decoded crop extends the window by less than one output pixel;
+        - a crop that a later step pads around (Pad, a RandomCrop with padding) clips without that reach, so the
+          padding is fill up to the crop's edge, and the crop's edge pixels are filtered from inside the crop where
+          torchvision filtered them from the whole resized image (a one-pixel ring; tests/test_geometry.py);
         - CenterCrop pads with the pipeline's fill where torchvision pads with 0.
         """
         heights = np.asarray(heights, dtype=np.int64).reshape(-1)
@@ -540,11 +674,11 @@ class GeometryPlanner:
         clip[:, 1], clip[:, 3] = widths, heights
         ch, cw = heights, widths
         flips = np.zeros(b, np.int64)
-        for t in self.steps:
+        for t, reach in zip(self.steps, self._reach):
             params = t.draw(ch, cw, seed, epoch, indices)
             step = t._step(params, ch, cw)
             if step.crop is not None:
-                clip = self._clip(clip, a, step)
+                clip = self._clip(clip, a, step._replace(reach=step.reach and reach))
             a = a @ step.map
             ch, cw = step.heights, step.widths
             if isinstance(t, RandomHorizontalFlip) and t.axis == 0:

@@ -273,7 +273,7 @@ class Pipeline:
             raise ValueError("MixUp/CutMix/RandomChoice of them must come last: they act on the finished batch")
         if not geometry:
             raise ValueError("the pipeline must fix the output size: start it with RandomResizedCrop, "
-                             "Resize + CenterCrop or CenterCrop")
+                             "Resize + CenterCrop (or RandomCrop), or CenterCrop")
         if dtype is None:
             dtype = torch.uint8  # torchvision's output without ToDtype: the uint8 image
         if dtype in _FLOAT_DTYPES and not scale:
