@@ -236,3 +236,27 @@ def test_sharpness_rows_agree_between_builds_and_torchvision(monkeypatch, photos
     assert torch.equal(fast, base)
     for i, f in enumerate(factors.tolist()):
         assert torch.equal(fast[i], TF.adjust_sharpness(x[i], f)), f
+
+
+@pytest.mark.parametrize("build", ["dispatched", "baseline"], indirect=True)
+def test_separable_rows_with_fill_columns_equal_the_per_pixel_loop(build, photos):
+    """Axis-aligned samples whose output runs past the window's left or right edge (a NEAREST policy's moved sample
+    decodes only what its gather reads): the fixed-tap row path covers the columns that read the image and fills
+    the rest; the same bits as the per-pixel loop that planar (CHW) input takes, for every output type and fill."""
+    crops = [full.to(torch.uint8)[:, :120, :150] for _, full in photos][:3]
+    hwc = [c.permute(1, 2, 0).contiguous() for c in crops]
+    chw = [c.contiguous() for c in crops]
+    # shifted left, right, both (a shrink), and flipped: x_in = sx * u + ox
+    mats = torch.tensor([[[1.3, 0, -40.0], [0, 1.1, 3.0]], [[0.9, 0, 90.0], [0, 0.8, 9.0]],
+                         [[-2.1, 0, 190.0], [0, 1.7, 0.0]]], dtype=torch.float32)
+    for dtype, mean, std, in_scale in ((torch.uint8, None, None, 1.0), (torch.float32, MEAN, STD, 1 / 255)):
+        for fill in (0.0, 127.0):
+            kw = dict(mean=mean, std=std, in_scale=in_scale, out_dtype=dtype, fill=fill)
+            fast = ops.warp_ragged(*_ragged(hwc), mats, (60, 80), **kw)
+            flat = [c.reshape(-1) for c in chw]
+            offsets = torch.tensor(np.cumsum([0] + [f.numel() for f in flat[:-1]]), dtype=torch.int64)
+            shapes = torch.tensor([[120, 150, 3]] * 3, dtype=torch.int64)
+            loop = ops.warp_ragged(torch.cat(flat), offsets, shapes, mats, (60, 80), hwc=False, **kw)
+            assert torch.equal(fast, loop), (dtype, fill)
+            edge = fast[:, 0] if dtype == torch.uint8 else fast[:, 0] * STD[0] + MEAN[0]
+            assert bool((edge[0, :, 0] == edge[0, 0, 0]).all()) and bool((edge[1, :, -1] == edge[1, 0, -1]).all())

@@ -347,20 +347,24 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
   const int64_t ax = hwc ? C : 1, ac = hwc ? 1 : W;
   float fill_value[kMaxChannels];
   for (int c = 0; c < C; ++c) fill_value[c] = fill * alpha[c] + beta[c];
-  // The loader's case (RGB, HWC, no column outside the image): a fixed tap count per row, zero-padded.
+  // The loader's case (RGB, HWC): a fixed tap count per row, zero-padded, over the columns [u0, u1) that read the
+  // image; the columns outside the window lie at the row's ends (the map is monotone along x) and are fill (a
+  // NEAREST policy's moved sample decodes only what its gather reads, so its warp has such columns).
   thread_local std::vector<int> fixed_lo;
   thread_local std::vector<float> fixed_w;
-  int K = 0;
-  bool fixed = C == 3 && hwc;
-  for (const AxisSample& sx : xs) {
-    fixed = fixed && sx.hi > sx.lo;
-    K = std::max(K, sx.hi - sx.lo);
+  int K = 0, u0 = 0, u1 = out_w;
+  while (u0 < out_w && xs[u0].hi == xs[u0].lo) ++u0;
+  while (u1 > u0 && xs[u1 - 1].hi == xs[u1 - 1].lo) --u1;
+  bool fixed = C == 3 && hwc && u1 > u0;
+  for (int u = u0; u < u1; ++u) {
+    fixed = fixed && xs[u].hi > xs[u].lo;
+    K = std::max(K, xs[u].hi - xs[u].lo);
   }
   fixed = fixed && K >= 1 && K <= 6 && K <= W;
   if (fixed) {
     fixed_lo.resize(out_w);
     fixed_w.assign(static_cast<size_t>(out_w) * K, 0.f);
-    for (int u = 0; u < out_w; ++u) {
+    for (int u = u0; u < u1; ++u) {
       const AxisSample& sx = xs[u];
       const int lo = std::min(sx.lo, W - K);  // K taps from lo stay inside the row; weights shift to match
       fixed_lo[u] = lo;
@@ -385,22 +389,27 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
       }
     }
     if (fixed) {
-      const int* lo = fixed_lo.data();
-      const float* fw = fixed_w.data();
+      for (const auto& [from, to] : {std::pair<int, int>{0, u0}, std::pair<int, int>{u1, out_w}})  // fill columns
+        for (int u = from; u < to; ++u)
+          for (int c = 0; c < C; ++c) row_out[u * os.x + c * os.c] = OutCast<out_t>::apply(fill_value[c]);
+      const int* lo = fixed_lo.data() + u0;
+      const float* fw = fixed_w.data() + static_cast<size_t>(u0) * K;
+      const int n = u1 - u0;
+      out_t* run = row_out + u0 * os.x;
 #if FL_AVX2_ROWS
       if constexpr (std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>) {
         if (avx2_rows && os.x == 1) {
           thread_local std::vector<float> sums;
-          sums.resize(static_cast<size_t>(out_w) * 4);
+          sums.resize(static_cast<size_t>(n) * 4);
           switch (K) {
-            case 1: horizontal_sums<1>(acc.data(), lo, fw, out_w, sums.data()); break;
-            case 2: horizontal_sums<2>(acc.data(), lo, fw, out_w, sums.data()); break;
-            case 3: horizontal_sums<3>(acc.data(), lo, fw, out_w, sums.data()); break;
-            case 4: horizontal_sums<4>(acc.data(), lo, fw, out_w, sums.data()); break;
-            case 5: horizontal_sums<5>(acc.data(), lo, fw, out_w, sums.data()); break;
-            default: horizontal_sums<6>(acc.data(), lo, fw, out_w, sums.data()); break;
+            case 1: horizontal_sums<1>(acc.data(), lo, fw, n, sums.data()); break;
+            case 2: horizontal_sums<2>(acc.data(), lo, fw, n, sums.data()); break;
+            case 3: horizontal_sums<3>(acc.data(), lo, fw, n, sums.data()); break;
+            case 4: horizontal_sums<4>(acc.data(), lo, fw, n, sums.data()); break;
+            case 5: horizontal_sums<5>(acc.data(), lo, fw, n, sums.data()); break;
+            default: horizontal_sums<6>(acc.data(), lo, fw, n, sums.data()); break;
           }
-          store_row_avx2(sums.data(), out_w, alpha, beta, row_out, os.c);
+          store_row_avx2(sums.data(), n, alpha, beta, run, os.c);
           continue;
         }
       }
@@ -408,12 +417,12 @@ void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, 
       (void)avx2_rows;
 #endif
       switch (K) {
-        case 1: horizontal_rgb<1>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
-        case 2: horizontal_rgb<2>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
-        case 3: horizontal_rgb<3>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
-        case 4: horizontal_rgb<4>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
-        case 5: horizontal_rgb<5>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
-        default: horizontal_rgb<6>(acc.data(), lo, fw, out_w, alpha, beta, row_out, os); break;
+        case 1: horizontal_rgb<1>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
+        case 2: horizontal_rgb<2>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
+        case 3: horizontal_rgb<3>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
+        case 4: horizontal_rgb<4>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
+        case 5: horizontal_rgb<5>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
+        default: horizontal_rgb<6>(acc.data(), lo, fw, n, alpha, beta, run, os); break;
       }
       continue;
     }
