@@ -222,21 +222,26 @@ def _inverse_affine(center, angle, translate, shear):
 
 
 def geometric_matrices(name, magnitude, height, width):
-    """float64 [n, 3, 3]: output pixel index -> input pixel index of torchvision's geometric op ``name`` with the
-    signed magnitudes [n] on a height x width canvas (what ``_apply_image_or_video_transform`` does)."""
+    """float64 [n, 3, 3]: output pixel index -> input pixel index of torchvision's geometric op ``name`` (one name,
+    or one per sample) with the signed magnitudes [n] on a height x width canvas (what
+    ``_apply_image_or_video_transform`` does). Each sample's matrix is computed elementwise, so one call over mixed
+    ops gives each the bits of its own."""
     mag = np.asarray(magnitude, np.float64)
     n = len(mag)
-    center, translate, shear, angle = np.zeros((n, 2)), np.zeros((n, 2)), np.zeros((n, 2)), np.zeros(n)
-    if name in ("ShearX", "ShearY"):
+    names = np.broadcast_to(np.asarray(name), (n,))
+    unknown = set(names.tolist()) - set(_GEOMETRIC)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]} is not a geometric op")
+    center, translate, shear = np.zeros((n, 2)), np.zeros((n, 2)), np.zeros((n, 2))
+    for axis, (shear_op, translate_op) in enumerate((("ShearX", "TranslateX"), ("ShearY", "TranslateY"))):
+        is_shear = names == shear_op
         # F.affine(center=[0, 0]): affine_image moves the centre to the frame whose origin is the image centre
-        center[:] = (-0.5 * width, -0.5 * height)
-        shear[:, 0 if name == "ShearX" else 1] = np.degrees(np.arctan(mag))
-    elif name in ("TranslateX", "TranslateY"):
-        translate[:, 0 if name == "TranslateX" else 1] = np.trunc(mag)  # translate=[int(magnitude), 0]
-    elif name == "Rotate":
-        angle = -np.mod(mag, 360.0)  # rotate_image: angle % 360, then the affine matrix of -angle
-    else:
-        raise ValueError(f"{name} is not a geometric op")
+        center[is_shear] = (-0.5 * width, -0.5 * height)
+        shear[is_shear, axis] = np.degrees(np.arctan(mag[is_shear]))
+        is_translate = names == translate_op
+        translate[is_translate, axis] = np.trunc(mag[is_translate])  # translate=[int(magnitude), 0]
+    # rotate_image: angle % 360, then the affine matrix of -angle
+    angle = np.where(names == "Rotate", -np.mod(mag, 360.0), 0.0)
     m = _inverse_affine(center, angle, translate, shear)
     # _affine_grid + grid_sample(align_corners=False): an output pixel (i, j) is at (j - (W-1)/2, i - (H-1)/2) in
     # the centred frame, and a centred input position x maps back to the pixel index x + (W-1)/2.
@@ -285,18 +290,21 @@ class _Policy:
         B, S = op.shape
         codes, params = np.zeros((B, S), np.int64), np.zeros((B, S, 3))
         extra = np.broadcast_to(np.eye(3), (B, 3, 3)).copy()
+        names = np.array(self._names)
+        geometric = np.isin(names, _GEOMETRIC)
         for s in range(S):
+            moved = applied[:, s] & geometric[op[:, s]]
+            if moved.any():  # all of the slot's geometric ops in one call
+                # out -> this op's input -> earlier ops' input: earlier ops multiply on the left
+                extra[moved] = extra[moved] @ geometric_matrices(names[op[moved, s]], magnitude[moved, s], height,
+                                                                 width)
             for k, name in enumerate(self._names):
                 sel = applied[:, s] & (op[:, s] == k)
-                if not sel.any():
+                if geometric[k] or not sel.any():
                     continue
-                if name in _GEOMETRIC:
-                    # out -> this op's input -> earlier ops' input: earlier ops multiply on the left
-                    extra[sel] = extra[sel] @ geometric_matrices(name, magnitude[sel, s], height, width)
-                else:
-                    code, param = _PHOTOMETRIC[name]
-                    codes[sel, s] = OPS[code]
-                    params[sel, s, 0] = param(magnitude[sel, s])
+                code, param = _PHOTOMETRIC[name]
+                codes[sel, s] = OPS[code]
+                params[sel, s, 0] = param(magnitude[sel, s])
         return _table(codes, params), extra
 
     def draws(self, seed, epoch, indices, height, width):
