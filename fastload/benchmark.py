@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader
+from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader, usable_cores
 from .transforms.planners import RandomResizedCrop
 
 __all__ = ["open_dataset", "pipelines", "TRANSFORMS", "fastload_rate", "torchvision_rate", "training_step", "ceiling_rate", "run", "describe",
@@ -196,7 +196,7 @@ def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device=
     epochs, batches pinned and copied to the device when it is CUDA."""
     _check_batches(len(dataset), batch_size)
     tv = torchvision_dataset(dataset, size, transform, num_classes)
-    workers = os.cpu_count() if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     on_gpu = torch.device(device).type == "cuda"
     batch_op = pipelines(transform, size, num_classes)[2] if transform is not None else None
     loader = torch.utils.data.DataLoader(tv, batch_size=batch_size, shuffle=True, num_workers=workers,
@@ -275,7 +275,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
     source = os.path.abspath(os.fspath(data)) if is_path else \
         getattr(dataset, "path", None) or getattr(dataset, "root", None) or repr(dataset)
     _check_batches(len(dataset), batch_size)
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     workers = cores if workers is None else workers
     config = {
         "data": source,

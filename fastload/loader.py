@@ -125,7 +125,7 @@ class FastLoader:
         self.cpus = _check_cpus(cpus)
         # Under torchrun the processes of one machine share its cores.
         cores = len(self.cpus) if self.cpus is not None else \
-            max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+            max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         cuda = self.device.type == "cuda"
         if workers is None:
             workers = kind.workers(cores, cuda)
@@ -446,6 +446,15 @@ def _check_cpus(cpus):
         raise ValueError(f"cpus must be a non-empty subset of the cores this process may use "
                          f"({sorted(available)}), got {sorted(cpus)}")
     return cpus
+
+
+def usable_cores():
+    """The cores this process may run on: its CPU affinity (a SLURM or container cpuset, taskset), not the
+    machine's count, which os.cpu_count() gives."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def _resolve_decoder(decoder, device):

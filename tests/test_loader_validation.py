@@ -204,6 +204,26 @@ def test_cpus_pins_the_producers_and_keeps_the_batches(ds):
     free.close()
 
 
+def test_default_threads_follow_the_process_affinity(ds):
+    """A process confined to some cores (a SLURM or container cpuset, taskset) gets one decode thread per core it
+    may use, not one per core of the machine: the loader is run in a child process pinned to one core."""
+    import os
+    import subprocess
+    import sys
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    core = min(os.sched_getaffinity(0))
+    code = ("import os, fastload as fl; from fastload.loader import usable_cores; "
+            f"os.sched_setaffinity(0, {{{core}}}); "
+            f"l = fl.FastLoader(fl.FolderDataset({str(ds.root)!r}), batch_size=4); "
+            "print(usable_cores(), l.threads, os.cpu_count())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"})
+    assert out.returncode == 0, out.stderr
+    usable, threads, machine = map(int, out.stdout.split())
+    assert usable == 1 and threads == 1 and machine == os.cpu_count()
+
+
 @pytest.mark.parametrize("cpus, error, message", [
     (set(), ValueError, "non-empty subset"), ({10 ** 6}, ValueError, "non-empty subset"),
     ("x", TypeError, "collection of CPU core ids")])
