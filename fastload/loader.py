@@ -94,7 +94,10 @@ class FastLoader:
             "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
             (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
-            "auto": "nvjpeg" when the device has a hardware decoder, else "cpu".
+            "auto": "cpu" where the process has 12 or more cores to decode on (per GPU, under torchrun), else
+            "nvjpeg" when the device has a hardware decoder, else "cpu": the crossover measured inside ResNet-18
+            and ResNet-50 training on an H200 with 4-16 cores (bench/RESULTS.md, 'decoder="auto"').
+            ``stats()["decoder"]`` says which it chose.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -120,12 +123,12 @@ class FastLoader:
         dtype = _check_dtype(dtype)
         self.mean, self.std, self._in_scale = _normalisation(mean, std, dtype)
         self.device = _resolve_device(device)
-        kind = decoders.resolve(decoder, self.device)  # its worker and thread defaults: decoders.KINDS
-        self.decoder = kind.name
         self.cpus = _check_cpus(cpus)
         # Under torchrun the processes of one machine share its cores.
         cores = len(self.cpus) if self.cpus is not None else \
             max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
+        self.decoder = kind.name
         cuda = self.device.type == "cuda"
         if workers is None:
             workers = kind.workers(cores, cuda)
@@ -455,11 +458,6 @@ def usable_cores():
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # no affinity on this platform
         return os.cpu_count() or 1
-
-
-def _resolve_decoder(decoder, device):
-    """The name of the decoder ``decoder=`` gives on ``device`` (decoders.resolve: "auto" resolved there)."""
-    return decoders.resolve(decoder, device).name
 
 
 def _enter_thread(cpus, device):

@@ -165,6 +165,9 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
     assert [name for name, _ in made] == ["engines", "engines", "cores"] * 3
     cpu = torch.device("cpu")
     assert decoders.resolve("auto", cpu) is decoders.KINDS["cpu"] and decoders.resolve("cpu", cpu).name == "cpu"
+    # "auto" on CUDA with AUTO_CORES or more cores: the cores, whatever the GPU (no engine check needed)
+    assert decoders.resolve("auto", torch.device("cuda"), decoders.AUTO_CORES) is decoders.KINDS["cpu"]
+    assert decoders.resolve("auto", torch.device("cuda"), 64) is decoders.KINDS["cpu"]
     for name in ("nvjpeg", "hybrid"):
         with pytest.raises(ValueError, match=f"decoder='{name}' decodes on the GPU"):
             decoders.resolve(name, cpu)

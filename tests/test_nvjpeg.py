@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import fastload as fl
-from fastload import nvjpeg, ops
+from fastload import decoders, nvjpeg, ops
 from fastload.datasets import LMDBDataset, pack
-from fastload.loader import _resolve_decoder
 from fastload.producer import CORES, UNKNOWN, VERIFIED, _read_file, engine_ready
 from pack_corpus import flip_middle_byte, rewrite_record
 import broken_jpeg as bj
@@ -599,7 +598,10 @@ def test_reserved_memory_flat_with_the_hardware_decoder(imagenet_dir):
     # when it first meets a larger batch (which batches a slot meets depends on the shuffle and, at the epoch
     # boundary, on timing); a leak grows every epoch. After the warm-up: at most one such step.
     assert len(set(reserved[3:])) <= 2, reserved
-    assert _resolve_decoder("auto", torch.device("cuda")) == "nvjpeg"
+    # "auto" on a GPU with engines: the engines for a process with few cores, the cores from AUTO_CORES on
+    cuda = torch.device("cuda")
+    assert decoders.resolve("auto", cuda, 8).name == "nvjpeg" and decoders.resolve("auto", cuda, 4).name == "nvjpeg"
+    assert decoders.resolve("auto", cuda, decoders.AUTO_CORES).name == "cpu"
 
 
 
