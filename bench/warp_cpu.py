@@ -6,7 +6,9 @@ corpus as FastLoader does (RandomResizedCrop windows, the policy's rotate/shear 
 policies, RandomAffine and RandomRotation have them). Rows:
 - "TA axis-aligned" / "TA rotate+shear": that batch's samples split by path;
 - "rot +-30, 1.5-2x": the same crops with matrices built by hand, rotating about the centre with a 1.5-2x shrink;
-- "shear x/y 0.3": the same with a pure shear (TrivialAugmentWide's ShearX/ShearY at their widest).
+- "shear x/y 0.3": the same with a pure shear (TrivialAugmentWide's ShearX/ShearY at their widest);
+- "axis-aligned, fill ends": the axis-aligned samples shifted by 30% of the output width, so the rows' ends fall
+  outside the decoded window (what a NEAREST policy's moved sample gets: it decodes only what its gather reads).
 
     python -m bench.warp_cpu [--data data/imagenet-like] [--size 224] [--batch 256] [--repeats 7]
 """
@@ -85,6 +87,9 @@ def main():
     general = (matrices[:, 0, 1] != 0) | (matrices[:, 1, 0] != 0)
     cases = [("TA axis-aligned", ~general, matrices), ("TA rotate+shear", general, matrices)]
     everyone = torch.ones(len(offsets), dtype=torch.bool)
+    shifted = matrices.clone()
+    shifted[:, 0, 2] += 0.3 * args.size * shifted[:, 0, 0] * torch.where(torch.arange(len(offsets)) % 2 == 0, 1, -1)
+    cases.append(("axis-aligned, fill ends", ~general, shifted))
     for kind, label in (("rotate", "rot +-10-30, 1.5-2x"), ("shear_x", "shear x 0.3, 1.5-2x"),
                         ("shear_y", "shear y 0.3, 1.5-2x")):
         cases.append((label, everyone, hand_matrices(shapes, args.size, kind)))
