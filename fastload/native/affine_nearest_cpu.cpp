@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -22,6 +21,7 @@
 
 #include "affine_nearest.h"
 #include "check.h"
+#include "cpu_build.h"
 
 namespace fastload {
 
@@ -106,10 +106,8 @@ __attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8
 }
 
 bool gather_avx2() {
-  // FASTLOAD_WARP_BASELINE=1 keeps the baseline code on an AVX2 machine, as for the warp (tests compare both).
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
-  return avx2 && !(baseline && std::strcmp(baseline, "1") == 0);
+  return avx2 && !baseline_build_requested();
 }
 #endif
 

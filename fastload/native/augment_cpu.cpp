@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -37,6 +36,7 @@
 #include "affine_nearest.h"
 #include "augment.h"
 #include "check.h"
+#include "cpu_build.h"
 
 namespace fastload {
 
@@ -493,10 +493,8 @@ void run_sample_base(const uint8_t* src, const int64_t* op, const float* p, int6
 
 bool cpu_has_fma() {
 #if FL_FMA_BUILD
-  // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine, as for the warp (tests compare both).
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
-  return yes && !(baseline && std::strcmp(baseline, "1") == 0);
+  return yes && !baseline_build_requested();
 #else
   return false;
 #endif

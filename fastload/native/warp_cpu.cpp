@@ -19,6 +19,7 @@
 #include "check.h"
 #include <cstdint>
 
+#include "cpu_build.h"
 #include "warp.h"
 #include "warp_op.h"
 
@@ -916,10 +917,8 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   auto* general = &warp_general_base<in_t, out_t>;
   bool avx2_rows = false;
 #if FL_AVX2_BUILD
-  // FASTLOAD_WARP_BASELINE=1 keeps the baseline build on an AVX2 machine (tests check that both give the same bits).
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  const char* baseline = std::getenv("FASTLOAD_WARP_BASELINE");
-  if (avx2 && !(baseline && std::strcmp(baseline, "1") == 0)) {
+  if (avx2 && !baseline_build_requested()) {
     general = &warp_general_avx2<in_t, out_t>;
     avx2_rows = true;
   }
