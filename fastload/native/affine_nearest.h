@@ -66,8 +66,8 @@ FL_HD T fill_value(double fill) {
 // `samples` (contiguous int64 [N] on the CPU) are distinct indices into a batch of `batch` (errors name `op`) ...
 void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op);
 // ... and moves one uint8 NCHW sample of h x w pixels by `matrix` (2x3 floats) from src into dst (distinct
-// buffers); `source` is the caller's scratch.
+// buffers); `source` and `staged` are the caller's scratch.
 void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
-                       std::vector<int>& source);
+                       std::vector<int>& source, std::vector<uint8_t>& staged);
 #endif
 }  // namespace fastload

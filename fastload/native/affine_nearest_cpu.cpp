@@ -111,6 +111,10 @@ bool gather_avx2() {
 }
 #endif
 
+// Whether each output row of the fixed-point map f reads a run of one input row: a step of exactly one pixel along
+// x and none along y (translations, ShearX).
+bool rows_are_runs(const int64_t* f) { return f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0; }
+
 // One sample moved by one matrix from src into dst (distinct buffers of C * H * W values with strides s_c, s_y, s_x,
 // the same for both). Rows that map to a run of one input row (translations, ShearX: a step of exactly one pixel
 // along x and none along y) are copied as that run, with the fill around it: the same pixels as the general loop.
@@ -119,7 +123,7 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
                    T fill_value, std::vector<int>& source) {
   int64_t f[6];
   const bool finite = nearest::to_fixed(matrix, f);
-  const bool runs = finite && f[0] == (int64_t(1) << nearest::kFractionBits) && f[3] == 0;
+  const bool runs = finite && rows_are_runs(f);
   source.resize(w);  // per pixel of a row: its input pixel's offset in the sample, or -1 (fill)
 #if FL_GATHER_AVX2
   const bool avx2 = std::is_same_v<T, uint8_t> && finite && !runs && s_x == 1 && c >= 2 && s_c == h * w &&
@@ -177,7 +181,16 @@ void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op)
 }
 
 void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
-                       std::vector<int>& source) {
+                       std::vector<int>& source, std::vector<uint8_t>& staged) {
+  // A map whose rows are not runs (a rotation, ShearY) reads a slanted line of the input per row: from a batch in
+  // memory those reads wait, from a copy just made (sequential, prefetched) they hit L2: 2.4x faster
+  // (bench.photometric_cpu's map rows). Runs are copied row by row and need no copy first.
+  int64_t f[6];
+  if (nearest::to_fixed(matrix, f) && !rows_are_runs(f)) {
+    staged.resize(3 * static_cast<size_t>(h) * w);
+    std::memcpy(staged.data(), src, staged.size());
+    src = staged.data();
+  }
   gather_sample<uint8_t>(src, dst, 3, h, w, h * w, w, 1, matrix, nearest::fill_value<uint8_t>(fill), source);
 }
 

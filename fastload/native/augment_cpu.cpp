@@ -149,7 +149,7 @@ void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) 
 struct Scratch {
   std::vector<uint8_t> image[2];
   std::vector<uint8_t> moved;  // a listed sample after its nearest map (the slots' input)
-  std::vector<uint8_t> staged;  // a listed sample copied before its gather
+  std::vector<uint8_t> staged;  // nearest_gather_u8's copy of a listed sample
   std::vector<int> source;
   std::vector<float> rows;     // the blur's horizontal sums, a plane
   std::vector<float> padded;   // one row as floats, reflected out by the kernel's radius
@@ -529,17 +529,9 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* sample = in + i * 3 * hw;
       if (!moved_as.empty() && moved_as[i] >= 0) {  // read through its map: moved into scratch first
-        // A rotation's or ShearY's reads follow a slanted line per row: from the batch (in the last level cache
-        // at best) they wait on memory, from a copy just made (sequential, prefetched) they hit L2: 2.4x faster.
-        // Maps whose rows are runs of one input row (translations, ShearX) are copied row by row: no need.
-        const float* m = mats + moved_as[i] * 6;
-        if (!(m[0] == 1.f && m[3] == 0.f)) {
-          scratch.staged.resize(3 * hw);
-          std::memcpy(scratch.staged.data(), sample, 3 * hw);
-          sample = scratch.staged.data();
-        }
         scratch.moved.resize(3 * hw);
-        nearest_gather_u8(sample, scratch.moved.data(), h, w, m, fill, scratch.source);
+        nearest_gather_u8(sample, scratch.moved.data(), h, w, mats + moved_as[i] * 6, fill, scratch.source,
+                          scratch.staged);
         sample = scratch.moved.data();
       }
       run(sample, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last, o + i * 3 * hw,

@@ -181,6 +181,7 @@ class _Geometry:
     """What every geometric transform shares: kind, stream, drawing ``columns`` uniforms per sample."""
 
     kind = "geometry"
+    _pads_canvas = False  # whether the step can put fill around the canvas (GeometryPlanner: earlier crops' reach)
     stream = 0  # set by Compose; each transform reads only its own stream
     columns = 0  # rng.uniforms columns read per sample (0: no randomness)
     sets_size = False  # whether the output canvas has the same size for every sample
@@ -359,13 +360,12 @@ class RandomCrop(_Geometry):
         self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
         _check_fill(fill)
         self._pads = [0, 0, 0, 0]
-        if pad_if_needed or padding is not None:
+        self._pads_canvas = bool(pad_if_needed or padding is not None)
+        if self._pads_canvas:
             if padding is not None:
                 self._pads = _check_padding(padding) if padding else self._pads
             _check_padding_mode(self, padding_mode)
             self.fill = fill  # only a crop that can pad shows fill (and so joins the pipeline's one fill value)
-        else:
-            self._fill = fill  # torchvision's argument, kept for repr; never shown
         self.padding = padding
         self.pad_if_needed = pad_if_needed
         self.padding_mode = padding_mode
@@ -415,6 +415,7 @@ class Pad(_Geometry):
         self.padding = padding if isinstance(padding, int) else list(padding)
         self.fill = fill
         self.padding_mode = padding_mode
+        self._pads_canvas = max(self._pads) > 0
 
     def draw(self, heights, widths, seed, epoch, indices):
         left, right, top, bottom = self._pads
@@ -599,9 +600,7 @@ class GeometryPlanner:
         self.dct_downscale = bool(dct_downscale)
         # A crop of a canvas resized whole clips with the filter's reach, except where a later step pads: that
         # padding must be fill up to the crop's edge, so the crop's edge pixels are filtered from inside it.
-        pads = [isinstance(t, Pad) and max(t._pads) > 0 or isinstance(t, RandomCrop) and hasattr(t, "fill")
-                for t in self.steps]
-        self._reach = [not any(pads[i + 1:]) for i in range(len(self.steps))]
+        self._reach = [not any(t._pads_canvas for t in self.steps[i + 1:]) for i in range(len(self.steps))]
 
     def with_size(self, size):
         """A planner with output ``size`` (int or (h, w)): a resolution schedule's step. The step that fixes the

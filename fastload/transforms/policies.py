@@ -265,6 +265,7 @@ class _Policy:
         self.fill = _check_fill(fill)
         self._names = tuple(self._SPACE)
         self._signed = np.array([self._SPACE[k][1] for k in self._names])
+        self._geometric = np.isin(self._names, _GEOMETRIC)
 
     def _magnitudes(self, num_bins, height, width):
         """float64 [len(names), num_bins]: each op's magnitude bins as torchvision computes them (0 for none).
@@ -290,17 +291,15 @@ class _Policy:
         B, S = op.shape
         codes, params = np.zeros((B, S), np.int64), np.zeros((B, S, 3))
         extra = np.broadcast_to(np.eye(3), (B, 3, 3)).copy()
-        names = np.array(self._names)
-        geometric = np.isin(names, _GEOMETRIC)
         for s in range(S):
-            moved = applied[:, s] & geometric[op[:, s]]
+            moved = applied[:, s] & self._geometric[op[:, s]]
             if moved.any():  # all of the slot's geometric ops in one call
                 # out -> this op's input -> earlier ops' input: earlier ops multiply on the left
-                extra[moved] = extra[moved] @ geometric_matrices(names[op[moved, s]], magnitude[moved, s], height,
-                                                                 width)
+                names = np.array(self._names)[op[moved, s]]
+                extra[moved] = extra[moved] @ geometric_matrices(names, magnitude[moved, s], height, width)
             for k, name in enumerate(self._names):
                 sel = applied[:, s] & (op[:, s] == k)
-                if geometric[k] or not sel.any():
+                if self._geometric[k] or not sel.any():
                     continue
                 code, param = _PHOTOMETRIC[name]
                 codes[sel, s] = OPS[code]
