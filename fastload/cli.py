@@ -1,4 +1,4 @@
-"""The `fastload` command: pack | inspect | verify (also `python -m fastload`).
+"""The `fastload` command: pack | inspect | verify | bench (also `python -m fastload`).
 
 One ``add_<name>(subparsers)`` function per subcommand registers its parser and sets ``func``, the function that
 runs it and returns the exit code; ``SUBCOMMANDS`` lists them, so a new subcommand is one function plus one entry.

@@ -65,7 +65,7 @@ class FastLoader:
         dtype: torch.float32, torch.float16 or torch.bfloat16 (normalised), or torch.uint8: the resized pixels as
             they are, 0-255, not normalised (mean/std must then be left at their defaults or None).
         channels_last: output memory format.
-        device: "cpu" or "cuda[:n]" (defaults to cuda:LOCAL_RANK under torchrun).
+        device: "cpu" (default) or "cuda[:n]"; "cuda" without an index means cuda:LOCAL_RANK under torchrun.
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
             training loop's own thread keeps a core when all are busy).
@@ -80,6 +80,12 @@ class FastLoader:
             disjoint and equally long (padded by wrapping around, or cut with drop_last) so DDP never waits on
             a rank with fewer batches; ``pad=False`` (evaluation) gives every sample exactly once over all
             ranks, shards differing by at most one sample: all_reduce (correct, count) sums for exact metrics.
+        pad: True (default) pads the shards to equal length; False for evaluation (see rank, world_size).
+        strict: True (default) refuses a JPEG whose libjpeg warnings mean the pixels may be wrong (DecodeError,
+            or skipped with on_error="skip"); False lets every warning through (fastload.ops.decode_crop explains
+            which warnings are which).
+        max_pixels: the largest image (width x height) decoded; a header claiming more is that sample's
+            DecodeError, so that no file makes the loader allocate without bound (default: Pillow's limit).
         decoder: "cpu" (default): libjpeg-turbo decodes only the crop, DCT-downscaled, on ``threads`` cores: the
             same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
             H200) decodes the batch's baseline YCbCr JPEGs, crops at full resolution (the kernel does all the

@@ -3,7 +3,7 @@
 Each class takes torchvision's arguments (same defaults, same validation and exception types) and, instead of
 changing an image, writes a ``PhotometricTable`` for a batch (CONTRACT.md): ``.table(seed, epoch, indices)`` gives
 every sample its own draw, made exactly as torchvision's ``make_params`` makes it (same distributions), from
-``fastload.rng.uniforms`` on the transform's ``stream``. ``functional.apply_table`` executes the table in the
+``fastload.rng.uniforms`` on the transform's ``stream``. ``functional.photometric`` executes the table in the
 loader's stage on the uint8 image (the canvas after the geometry), as torchvision's uint8 pipelines do: thresholds
 (``RandomSolarize``) are therefore on the 0-255 scale, which is what torchvision uses for uint8 images.
 """

@@ -8,7 +8,7 @@ batch, in three places (CONTRACT.md beside this file):
 - after decoding, in the stage (GPU or CPU): one warp, then the policies' NEAREST rotate/shear/translate (their
   default) as torchvision applies them to the resized crop (affine_nearest_'s maths, on the samples that drew one:
   read through their maps by the photometric op, so they cost no pass of their own), then the photometric table
-  (``functional.apply_table``) on the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize,
+  (``functional.photometric``) on the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize,
   then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
   fused with ToDtype + Normalize);
