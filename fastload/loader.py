@@ -261,13 +261,19 @@ class FastLoader:
 
     def close(self):
         """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
-        ends. Iterating again starts new ones at the same place. Call it before forking worker processes (a
-        torch DataLoader for another dataset), so no producer is mid-decode at the fork, or to free the
-        buffers at once; dropping the loader does the same when the garbage collector gets to it."""
+        ends. Nothing is lost: a loop over the loader that goes on after it continues with the next batch (new
+        producers start there), and so does a new ``iter(loader)`` mid-epoch. Call it before forking worker
+        processes (a torch DataLoader for another dataset), so no producer is mid-decode at the fork, or to free
+        the buffers at once; dropping the loader does the same when the garbage collector gets to it."""
         current = self._iterator() if self._iterator is not None else None
-        for iterator in (current, self._ahead):
-            if iterator is not None:
-                iterator.close()
+        if current is not None:
+            current.pause()
+            if not self._finished_epoch and current.next_batch < len(current.batches):
+                # a new iter() resumes here, as after load_state_dict (the paused iterator takes it back if it
+                # goes on instead)
+                self._start_batch, self._resume_size = current.next_batch, current.size
+        if self._ahead is not None:
+            self._ahead.close()
         self._ahead = None
 
     def stats(self):
@@ -650,6 +656,7 @@ class _EpochIterator:
         self.batches = batches
         self.next_batch = start
         self.epoch = epoch
+        self.paused = False  # stopped by loader.close(): the next __next__ starts producers at next_batch
         self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
         self.producers = _Producers(loader, batches, start, epoch)
 
@@ -685,6 +692,8 @@ class _EpochIterator:
 
     def __next__(self):
         loader = self.loader
+        if self.paused:
+            self._resume()
         if self.producers.stop.is_set():
             raise StopIteration
         if loader.device.type == "cpu":
@@ -705,7 +714,23 @@ class _EpochIterator:
         self.close()
         raise StopIteration
 
+    def pause(self):
+        """Stops the producers; unlike close(), the iterator goes on at its next batch if asked for one."""
+        self.close()
+        self.paused = True
+
+    def _resume(self):
+        self.paused = False
+        loader = self.loader
+        if loader._iterator is None or loader._iterator() is not self:
+            return  # another iteration has begun since: this one stays stopped
+        loader._start_batch, loader._resume_size = 0, None  # the position close() left for a new iter() is ours
+        loader.pipeline.set_epoch_size(self.epoch, self.size)
+        self.producers = None
+        self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)
+
     def close(self):
+        self.paused = False
         if self.producers is not None:
             self.producers.close()
 

@@ -411,3 +411,41 @@ def test_strict_switch_of_the_scan_and_ds_getitem(ds_tree, tmp_path):
                 assert ds[c][0].shape == ref.shape  # decoded, libjpeg filling in the missing half
     # A strict=False scan is cached apart: what it accepted is checked again by a strict scan.
     assert folder_mod._cache_path(tree, None, (".jpg",), True) != folder_mod._cache_path(tree, None, (".jpg",), False)
+
+
+def test_truncated_file_is_skipped_by_a_strict_scan_only(ds_tree, tmp_path):
+    """A file cut short inside its image data (no end-of-image marker): the strict scan leaves it out, named; with
+    strict=False (README, "What strict means": premature end of data is decoded anyway) the dataset, `pack
+    --no-strict` and FastLoader keep it and decode it as ops.decode_crop(strict=False) does, warning. A file cut
+    inside its header is left out either way. Small files (read whole by the scan) and large ones (head and tail
+    read first) alike."""
+    tree = photo_tree(ds_tree, tmp_path / "t", png=False)
+    good = jpeg_files(tree)[0].read_bytes()
+    sos = good.index(b"\xff\xda")
+    cut = good[:sos + (len(good) - sos) * 2 // 3]
+    big = good[:sos] + b"\xff\xfe\x00\x10" + b"x" * 14 + good[sos:]  # a comment segment: still valid
+    big = big[:2] + (b"\xff\xfe\xff\xff" + b"y" * 65533) * 2 + big[2:]  # > 64 KiB of header: not read whole
+    cut_big = big[:len(big) - (len(good) - sos) // 3]
+    (tree / "class_03" / "cut.jpg").write_bytes(cut)
+    (tree / "class_03" / "cut_big.jpg").write_bytes(cut_big)
+    (tree / "class_03" / "cut_header.jpg").write_bytes(good[:sos - 20])
+    with pytest.warns(UserWarning, match="3 of 52 files cannot be used"):
+        strict = FolderDataset(tree)
+    assert sorted(os.path.relpath(p, tree) for p, _ in strict.skipped) == [
+        "class_03/cut.jpg", "class_03/cut_big.jpg", "class_03/cut_header.jpg"]
+    assert all("truncated JPEG" in why for _, why in strict.skipped)
+    with pytest.warns(UserWarning, match="1 of 52 files cannot be used"):
+        lenient = FolderDataset(tree, strict=False)
+    assert [os.path.relpath(p, tree) for p, _ in lenient.skipped] == ["class_03/cut_header.jpg"]
+    assert len(lenient) == len(strict) + 2
+    i = lenient.paths.index(str(tree / "class_03" / "cut.jpg"))
+    with pytest.warns(fastload.ops.JpegWarning, match="[Pp]remature end"):
+        img = lenient[i][0]
+        ref = fastload.ops.decode_crop(cut, 0, 0, *img.shape[1:], strict=False).permute(2, 0, 1)
+    assert torch.equal(img, ref)
+    loader = fastload.FastLoader(torch.utils.data.Subset(lenient, [i]), batch_size=1, strict=False, shuffle=False,
+                                 crop=fastload.CenterCrop(32, resize=40))
+    x, _ = next(iter(loader))
+    assert x.shape == (1, 3, 32, 32) and loader.stats()["warnings"] == 1
+    assert pack(tree, tmp_path / "lenient.lmdb", strict=False, progress=False).records == len(lenient)
+    assert pack(tree, tmp_path / "strict.lmdb", progress=False).records == len(strict)

@@ -215,6 +215,37 @@ def test_close_stops_every_producer_and_iteration_resumes(coded_dir):
     assert not any(t.is_alive() for t in started)
 
 
+def test_close_mid_epoch_loses_no_batch(coded_dir):
+    """close() in the middle of an epoch (before a DataLoader forks, say): the loop goes on with the next batch,
+    and a new iter() instead resumes where the loop was, as state_dict says; nothing is skipped or repeated."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=6, crop=fl.RandomResizedCrop(32), workers=2)
+    full = collect(make())
+    loader = make()
+    got = []
+    for step, (x, y) in enumerate(loader):
+        got.append((x, y))
+        if step in (1, 2):  # twice, the second right after the producers restarted
+            loader.close()
+            assert loader.state_dict()["batches_done"] == step + 1
+    assert len(got) == len(full)
+    for (xa, ya), (xb, yb) in zip(full, got):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert loader.state_dict()["epoch"] == 1  # the epoch ended normally
+    second = make()
+    it = iter(second)
+    head = [next(it) for _ in range(3)]
+    second.close()
+    assert second.state_dict()["batches_done"] == 3
+    rest = collect(second)  # a new iteration: the epoch's remaining batches
+    assert len(head) + len(rest) == len(full)
+    for (xa, ya), (xb, yb) in zip(full, head + rest):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    with pytest.raises(StopIteration):  # the old iterator was replaced by the new iteration: it stays stopped
+        next(it)
+    assert second.state_dict()["epoch"] == 1
+
+
 def collect_epoch(loader, epoch):
     loader.set_epoch(epoch)
     return collect(loader)

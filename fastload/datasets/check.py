@@ -55,13 +55,15 @@ def first_scan_offset(data, start=0):
             return pos if pos <= n else -1
 
 
-def jpeg_structure_problem(data, start=0):
-    """None when the JPEG at data[start:] is structurally complete, else the reason (str).
+def jpeg_structure_problem(data, start=0, strict=True):
+    """None when the JPEG at data[start:] is structurally complete, else the reason (str). ``strict=False`` lets a
+    file cut short inside its image data through (libjpeg decodes it with a "premature end" warning, which
+    strict=False accepts, as everywhere); its header must still be whole.
 
     ``data`` must support rfind (bytes or bytearray; use ``start`` for an offset, not a memoryview slice).
     """
     scan, problem = _first_scan(data, start)
-    if problem is None and data.rfind(_EOI, scan) < 0:
+    if strict and problem is None and data.rfind(_EOI, scan) < 0:
         problem = "truncated JPEG: no end-of-image marker after the image data"
     return problem
 

@@ -264,7 +264,7 @@ def _check_whole(data, strict):
         sizes, status, messages = ops.read_headers([data], 1, strict=strict)
         if int(status[0]) != 0:
             raise ValueError(header_failure(data, messages[0]))
-        problem = jpeg_structure_problem(data)
+        problem = jpeg_structure_problem(data, strict=strict)
         if problem:
             raise ValueError(problem)
         return int(sizes[0, 0]), int(sizes[0, 1]), JPEG
@@ -304,7 +304,7 @@ def _scan_chunk(root, paths, sizes, strict):
             data = jpeg_bufs[j]
             try:
                 if int(status[j]) == 0:
-                    problem = _head_tail_problem(data, whole)
+                    problem = _head_tail_problem(data, whole, strict)
                     if problem is None:
                         results[k] = (int(hw[j, 0]), int(hw[j, 1]), JPEG)
                         continue
@@ -321,16 +321,16 @@ def _scan_chunk(root, paths, sizes, strict):
     return results
 
 
-def _head_tail_problem(data, whole):
+def _head_tail_problem(data, whole, strict):
     if whole:
-        return jpeg_structure_problem(data)
+        return jpeg_structure_problem(data, strict=strict)
     try:
         scan = first_scan_offset(data[:_HEAD_BYTES])
     except ValueError as e:
         return f"corrupt JPEG: {e}"
     if scan < 0:
         return "need the whole file"
-    return None if data.rfind(b"\xff\xd9", _HEAD_BYTES) >= 0 else "need the whole file"
+    return None if not strict or data.rfind(b"\xff\xd9", _HEAD_BYTES) >= 0 else "need the whole file"
 
 
 def cache_dir():
@@ -440,8 +440,9 @@ class FolderDataset(ImageDataset):
     Sizes come from a parallel header scan, cached under ``cache_dir()`` (never in ``root``) keyed by the files'
     path, size and mtime. Files that cannot be read or are not valid images are left out and listed in
     ``skipped`` as (path, reason), with a warning; ``on_error="raise"`` raises DataError instead. The scan checks
-    headers and JPEG structure (truncation); `fastload verify` decodes every file. ``strict`` is ops.read_header's:
-    False keeps the JPEGs whose header libjpeg warns about (use it with ``FastLoader(strict=False)``).
+    headers and JPEG structure (truncation); `fastload verify` decodes every file. ``strict`` as everywhere (README,
+    "What strict means"): False also keeps the JPEGs whose header libjpeg warns about and those cut short inside
+    their image data, which libjpeg decodes with a warning (use it with ``FastLoader(strict=False)``).
 
     ``file_list``: exactly the files listed (``read_file_list``: text or CSV); ``classes``: the class names that
     fix the label numbers (e.g. ``classes=train.classes`` for a validation set missing a class).

@@ -188,7 +188,7 @@ def _process(src, items, opt):
 
 
 def _jpeg(buf, h, w, label, opt):
-    problem = jpeg_structure_problem(buf, HEADER_SIZE)
+    problem = jpeg_structure_problem(buf, HEADER_SIZE, strict=opt.strict)
     if problem:
         return problem
     data = memoryview(buf)[HEADER_SIZE:]
