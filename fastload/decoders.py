@@ -75,14 +75,17 @@ def decoded_nbytes(windows):
 
 def full_resolution(windows, matrices):
     """Rewrites plans to downscale 1 (for samples Pillow or the engines decode): same output pixels, full-size
-    crop."""
+    crop. Matrices [B, 2, 3], or [B, 2, 5] with visible intervals (warp.h), which move with the crop."""
     d = windows[:, 4].to(torch.float32)
     left, top = windows[:, 1], windows[:, 0]
     m = matrices.clone()
-    # x_orig_edge = d * (x_d + 0.5 + left // d); x_1 = x_orig_edge - 0.5 - left
+    # x_orig_edge = d * (x_d + 0.5 + left // d); x_1 = x_orig_edge - 0.5 - left (pixel index); edges without the 0.5
     for row, start in ((0, left), (1, top)):
+        first = (start // windows[:, 4]).to(torch.float32)
         m[:, row, :2] *= d[:, None]
-        m[:, row, 2] = d * (matrices[:, row, 2] + 0.5 + (start // windows[:, 4]).to(torch.float32)) - 0.5 - start
+        m[:, row, 2] = d * (matrices[:, row, 2] + 0.5 + first) - 0.5 - start
+        if m.shape[2] == 5:
+            m[:, row, 3:] = d[:, None] * (matrices[:, row, 3:] + first[:, None]) - start[:, None]
     w = windows.clone()
     w[:, 4] = 1
     return w, m
@@ -408,7 +411,7 @@ class Engines:
                     wait_for(copy_stream)  # the pinned slot may be refilled after this
         offsets = torch.empty(n, dtype=torch.int64)
         shapes = torch.empty(n, 3, dtype=torch.int64)
-        all_matrices = torch.empty(n, 2, 3, dtype=torch.float32)
+        all_matrices = torch.empty(n, *matrices.shape[1:], dtype=torch.float32)
         labels = torch.from_numpy(m.labels[indices])
         final = indices.copy()
         offsets[hw], shapes[hw], all_matrices[hw] = hw_offsets, hw_shapes, matrices

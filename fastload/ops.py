@@ -99,17 +99,19 @@ def decoded_shape(top, left, height, width, downscale=1):
     return (-(-(top + height) // d) - top // d, -(-(left + width) // d) - left // d)
 
 
-def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max_pixels=MAX_PIXELS, sample=None):
+def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max_pixels=MAX_PIXELS,
+                max_bytes=MAX_BYTES, sample=None):
     """Decodes only the window (top, left, height, width) of a JPEG, at 1/downscale (1, 2, 4 or 8).
 
     Returns uint8 [h, w, 3] RGB: rows top//d .. ceil((top+height)/d) of the DCT-scaled image, same for columns
     (see ``decoded_shape``). At downscale 1 this equals Pillow's full decode cropped to the window.
     Raises ``ValueError`` for a window outside the image, ``DecodeError`` for bytes that are not a valid JPEG.
-    data: bytes-like (C-contiguous: a strided view raises ValueError), uint8 tensor, or a str file path.
+    data: bytes-like (C-contiguous: a strided view raises ValueError), uint8 tensor, or a str file path (read
+    natively, at most ``max_bytes``; a larger file or buffer raises DecodeError).
     A window that stops above the last row does not read the rest of the file, so damage below it is not seen.
     """
     status, message, out = C.decode_crop(data, int(top), int(left), int(height), int(width), int(downscale),
-                                         strict, max_pixels)
+                                         strict, max_pixels, max_bytes)
     if status != OK:
         _raise(status, message, sample)
     _warn(message, sample)
@@ -243,7 +245,10 @@ def warp_ragged(data, offsets, shapes, matrices, out_size, *, mean=None, std=Non
     """The loader's stage: warp + normalise every sample of a ragged batch to ``out_size``.
 
     data: 1-D uint8/float32 (CPU or CUDA), offsets int64 [B], shapes int64 [B, 3] (h, w, c), matrices [B, 2, 3]
-    mapping output pixel (u, v) to input pixel (x, y). Output ``(v * in_scale - mean) / std``, [B, C, H, W].
+    mapping output pixel (u, v) to input pixel (x, y), or [B, 2, 5]: each row followed by the interval [lo, hi]
+    of its input axis (edge coordinates: pixel i spans [i, i + 1]) that is visible; an output pixel whose centre
+    maps outside the visible box (or the input, with [B, 2, 3]) is ``fill``, while the filter still reads the whole
+    input. Output ``(v * in_scale - mean) / std``, [B, C, H, W].
     ``channels`` must equal every shapes[i, 2]; it is passed, not read, so a CUDA call never syncs.
     """
     out_h, out_w = (out_size, out_size) if isinstance(out_size, int) else out_size
@@ -262,7 +267,8 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     """Warps a dense batch with per-sample 2x3 matrices (output pixel -> input pixel), optionally normalising.
 
     images: [B, C, H, W] or [B, H, W, C] (``layout="NHWC"``; guessed from a last dim of 1, 3 or 4 when not given),
-    uint8 or float32, CPU or CUDA, C <= 4. matrices: [B, 2, 3] or [2, 3]. Bilinear, antialiased when shrinking.
+    uint8 or float32, CPU or CUDA, C <= 4. matrices: [B, 2, 3] or [2, 3]; or [B, 2, 5] / [2, 5], each row followed
+    by its input axis's visible interval (as in warp_ragged). Bilinear, antialiased when shrinking.
     With mean/std, output is ``(x / 255 - mean) / std`` for uint8 input and ``(x - mean) / std`` for float input.
     out_dtype defaults to the input dtype without normalisation and to float32 with it. Returns [B, C, h, w].
     On CUDA, uint8 HWC RGB with axis-aligned matrices takes the loader's fast path: sums within 0.024 of exact in
@@ -283,9 +289,10 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
         images = images.float()
     matrices = torch.as_tensor(matrices, dtype=torch.float32, device=images.device)
     if matrices.dim() == 2:
-        matrices = matrices.expand(b, 2, 3)
-    if matrices.shape != (b, 2, 3):
-        raise ValueError(f"matrices must be [B, 2, 3] with B={b}, got {tuple(matrices.shape)}")
+        matrices = matrices.expand(b, *matrices.shape)
+    if matrices.shape not in ((b, 2, 3), (b, 2, 5)):
+        raise ValueError(f"matrices must be [B, 2, 3] (or [B, 2, 5] with visible intervals) with B={b}, got "
+                         f"{tuple(matrices.shape)}")
     normalise = mean is not None or std is not None
     if out_dtype is None:
         out_dtype = torch.float32 if normalise else images.dtype

@@ -12,7 +12,7 @@ from skimage import data as photos
 
 import fastload as fl
 import fastload.ops as ops
-from warp_reference import random_matrices, reference_warp
+from warp_reference import random_boxes, random_matrices, reference_warp
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -48,6 +48,8 @@ def test_kernel_matches_cpu_twin(axis_aligned, dtype, channels_last):
     for trial in range(3):
         data, offsets, shapes, crops = ragged_photo_batch(rng)
         mats = torch.cat([random_matrices(rng, 1, int(s[0]), int(s[1]), 56, 48, axis_aligned) for s in shapes])
+        if trial == 2:  # [B, 2, 5]: visible boxes (warp.h)
+            mats = torch.cat([mats, torch.cat([random_boxes(rng, 1, int(s[0]), int(s[1])) for s in shapes])], dim=2)
         kwargs = dict(mean=MEAN, std=STD, out_dtype=dtype, channels_last=channels_last, fill=0.0)
         cpu = ops.warp_ragged(data, offsets, shapes, mats, (56, 48), **kwargs)
         poison_allocator(cpu.numel() * 4)
@@ -85,18 +87,21 @@ def test_tiled_kernel_paths_match_cpu_twin(shrink):
             mats.append([[fx * sx, 0, (w - 1) / 2 - fx * sx * (out_w - 1) / 2],
                          [0, fy * sy, (h - 1) / 2 - fy * sy * (out_h - 1) / 2]])
         mats = torch.tensor(mats, dtype=torch.float32)
+        # and with visible boxes (warp.h): the tiled kernel's fill rows and columns
+        boxed = torch.cat([mats, random_boxes(np.random.default_rng(out_w), 4, h, w)], dim=2)
         # uint8 output: no normalisation, values rounded to integers (a sum within float error of .5 may round
         # either way on the two backends: at most 1 apart).
         kwargs = dict(out_dtype=dtype, channels_last=channels_last, fill=0.0)
         kwargs.update(dict(mean=MEAN, std=STD) if dtype == torch.float32 else dict(in_scale=1.0))
-        cpu = ops.warp_ragged(data, offsets, shapes, mats, (out_h, out_w), **kwargs)
-        poison_allocator(cpu.numel() * 4)
-        gpu = ops.warp_ragged(data.cuda(), offsets.cuda(), shapes.cuda(), mats.cuda(), (out_h, out_w), **kwargs)
-        assert gpu.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-        gpu = gpu.cpu()
-        assert not torch.isnan(gpu.float()).any()
-        diff = (gpu.float() - cpu.float()).abs().max().item()
-        assert diff <= (1e-3 if dtype == torch.float32 else 1), (out_w, channels_last, dtype, diff)
+        for maps in (mats, boxed):
+            cpu = ops.warp_ragged(data, offsets, shapes, maps, (out_h, out_w), **kwargs)
+            poison_allocator(cpu.numel() * 4)
+            gpu = ops.warp_ragged(data.cuda(), offsets.cuda(), shapes.cuda(), maps.cuda(), (out_h, out_w), **kwargs)
+            assert gpu.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+            gpu = gpu.cpu()
+            assert not torch.isnan(gpu.float()).any()
+            diff = (gpu.float() - cpu.float()).abs().max().item()
+            assert diff <= (1e-3 if dtype == torch.float32 else 1), (out_w, channels_last, dtype, diff)
 
 
 def test_warp_affine_cuda_matches_float64_reference():

@@ -436,6 +436,14 @@ def test_byte_limit_applies_to_buffers_and_files(tree):
     assert status.tolist() == [ops.UNREADABLE] * 3
     assert all("over the per-image limit of 1000" in m for m in messages), messages
     assert ops.decode_crops([good, path], win[:2], max_bytes=len(good))[3].tolist() == [ops.OK, ops.OK]
+    # the one-image ops take the same limit
+    for data in (good, path):
+        with pytest.raises(fl.DecodeError, match="over the per-image limit of 1000"):
+            ops.decode_crop(data, 0, 0, 8, 8, max_bytes=1000)
+        with pytest.raises(fl.DecodeError, match="over the per-image limit of 1000"):
+            ops.read_header(data, max_bytes=1000)
+    size = os.path.getsize(path)
+    assert ops.decode_crop(path, 0, 0, 8, 8, max_bytes=size).shape == (8, 8, 3)
 
 
 def _threads_now():

@@ -243,3 +243,27 @@ def test_random_crop_with_padding_runs_as_planned(imagenet_dir, device):
     border = [(x[i, :, :, 0].cpu() - fill[:, None]).abs().max() < 1e-6 or
               (x[i, :, 0, :].cpu() - fill[:, None]).abs().max() < 1e-6 for i in range(8)]
     assert any(border)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_padding_is_fill_exactly_with_dct_downscale(imagenet_dir, device):
+    """Resize + Pad at 1/8 of the photos' size: the decode is DCT-downscaled, and a photo whose width or height is
+    not a multiple of 8 ends on a decoded pixel that covers it only in part. The padding is still the fill, on
+    every sample and both devices (it once took that pixel's image content: the decoded window, not the image,
+    bounded the image), and the image reaches the padding's edge."""
+    ds = fl.FolderDataset(imagenet_dir)
+    n = 32
+    odd = np.flatnonzero((np.asarray(ds.widths) % 8 != 0) | (np.asarray(ds.heights) % 8 != 0))[:n]
+    assert len(odd) == n
+    tf = T.Compose([T.Resize((40, 60)), T.Pad(5, fill=7)])
+    loader = fl.FastLoader(torch.utils.data.Subset(ds, odd), batch_size=n, shuffle=False, transform=tf,
+                           device=device)
+    x, _ = next(iter(loader))
+    assert x.dtype == torch.uint8 and x.shape == (n, 3, 50, 70)
+    inside = torch.zeros(50, 70, dtype=torch.bool)
+    inside[5:45, 5:65] = True
+    assert torch.all(x[:, :, ~inside] == 7)
+    assert loader.pipeline.plan(np.asarray(ds.heights)[odd], np.asarray(ds.widths)[odd], 0, 0,
+                                np.arange(n)).windows[:, 4].gt(1).all()
+    edge = x[:, :, inside].reshape(n, 3, 40, 60)
+    assert (edge[:, :, :, -1] != 7).any() and (edge[:, :, -1, :] != 7).any()

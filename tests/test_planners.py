@@ -105,7 +105,7 @@ def test_windows_inside_image_and_matrices_inside_crop(planner):
     plan = planner.plan(hs, ws, 0, 0, np.arange(len(hs)))
     assert isinstance(plan, CropPlan)
     assert plan.windows.dtype == torch.int64 and plan.windows.shape == (len(hs), 5)
-    assert plan.matrices.dtype == torch.float32 and plan.matrices.shape == (len(hs), 2, 3)
+    assert plan.matrices.dtype == torch.float32 and plan.matrices.shape == (len(hs), 2, 5)
     assert plan.flipped.dtype == bool and plan.flipped.shape == (len(hs),)
     top, left, h, w, d = (c.numpy() for c in plan.windows.T)
     assert np.all((top >= 0) & (left >= 0) & (h >= 1) & (w >= 1))
@@ -129,6 +129,9 @@ def test_windows_inside_image_and_matrices_inside_crop(planner):
         eps = 1e-3
         assert np.all((xs >= -0.5 - eps) & (xs <= dec_w[:, None] - 0.5 + eps))
         assert np.all((ys >= -0.5 - eps) & (ys <= dec_h[:, None] - 0.5 + eps))
+        # the visible box is the crop: every output pixel's centre (edge coordinates) inside it, none is fill
+        for pos, row in ((xs, 0), (ys, 1)):
+            assert np.all((pos + 0.5 >= m[:, row, 3:4] - eps) & (pos + 0.5 <= m[:, row, 4:5] + eps))
     else:
         # CenterCrop at scale 1: the resize filter's reach (support max(1, s) around each centre) stays inside
         # the window unless the window already touches the image edge there (where torch clamps too)
@@ -167,7 +170,9 @@ def test_matrix_formula_and_flip():
     tx = (0.5 * w / 100 + left) / d - 0.5 - left // d
     e = h / 100 / d
     ty = (0.5 * h / 100 + top) / d - 0.5 - top // d
-    expect = torch.tensor([[-a, 0, a * 99 + tx], [0, e, ty]], dtype=torch.float32)
+    box_x = (left / d - left // d, (left + w) / d - left // d)  # the crop, in the decoded crop's edge coordinates
+    box_y = (top / d - top // d, (top + h) / d - top // d)
+    expect = torch.tensor([[-a, 0, a * 99 + tx, *box_x], [0, e, ty, *box_y]], dtype=torch.float32)
     torch.testing.assert_close(plan.matrices[0], expect)
     noflip = RandomResizedCrop(100, flip=0.0).plan([1000], [1000], 0, 0, [0])
     assert not noflip.flipped[0] and torch.equal(noflip.windows, plan.windows)

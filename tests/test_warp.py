@@ -8,7 +8,7 @@ import torchvision.transforms.v2.functional as TF
 from skimage import data as photos
 
 import fastload.ops as ops
-from warp_reference import random_matrices, reference_warp
+from warp_reference import random_boxes, random_matrices, reference_warp
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,29 @@ def test_warp_matches_float64_reference(images, axis_aligned):
             got = out[i].permute(1, 2, 0).numpy()
             # float32 accumulation of <= a few hundred taps of 0..255 values: well under 1e-3 absolute.
             np.testing.assert_allclose(got, ref, atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("axis_aligned", [True, False])
+def test_visible_box_matches_float64_reference(images, axis_aligned):
+    """[B, 2, 5] maps: a pixel whose centre falls outside the visible box is fill, the others are the [B, 2, 3]
+    warp's values bit for bit (the filter still reads the whole input); a box around the whole input (or beyond
+    it) changes nothing."""
+    rng = np.random.default_rng(5 if axis_aligned else 6)
+    for trial in range(4):
+        mats = random_matrices(rng, len(images), 60, 80, 24, 32, axis_aligned)
+        boxed = torch.cat([mats, random_boxes(rng, len(images), 60, 80)], dim=2)
+        kwargs = dict(layout="NHWC", out_dtype=torch.float32, fill=17.0)
+        plain = ops.warp_affine(images, mats, (24, 32), **kwargs)
+        out = ops.warp_affine(images, boxed, (24, 32), **kwargs)
+        for i in range(len(images)):
+            ref = reference_warp(images[i].numpy(), boxed[i].numpy(), 24, 32, fill=17.0)
+            got = out[i].permute(1, 2, 0).numpy()
+            np.testing.assert_allclose(got, ref, atol=2e-3, rtol=0)
+            shown = torch.from_numpy(ref[..., 0] != 17.0) | (plain[i, 0] == 17.0)
+            assert torch.equal(out[i][:, shown], plain[i][:, shown])
+        assert (out == 17.0).sum() > (plain == 17.0).sum()  # the boxes hid something
+        whole = torch.tensor([[-3.0, 80.0], [0.0, 90.0]]).expand(len(images), 2, 2)
+        assert torch.equal(ops.warp_affine(images, torch.cat([mats, whole], dim=2), (24, 32), **kwargs), plain)
 
 
 def test_separable_path_equals_general_path(images):
@@ -136,8 +159,10 @@ def test_registered_op_passes_opcheck_and_compiles(images):
     m = torch.tensor([[[1.5, 0.2, 1.0], [-0.1, 1.4, 2.0]]]).expand(3, 2, 3).contiguous()
     args = (images.reshape(-1), torch.arange(3) * images[0].numel(), torch.tensor([[60, 80, 3]]).expand(3, 3).contiguous(),
             m, torch.full((3,), 1 / 255.0), torch.zeros(3), 3, 20, 30, True, torch.float32, False, 0.0)
-    torch.library.opcheck(torch.ops.fastload.warp_normalize.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    boxed = torch.cat([m, torch.tensor([[[2.0, 70.5], [1.0, 55.25]]]).expand(3, 2, 2)], dim=2).contiguous()
+    for maps in (m, boxed):
+        torch.library.opcheck(torch.ops.fastload.warp_normalize.default, args[:3] + (maps,) + args[4:],
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
     def step(x, mats):
         return ops.warp_affine(x, mats, 20, mean=0.5, std=0.5, layout="NHWC").sum(dim=1)

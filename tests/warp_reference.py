@@ -4,16 +4,20 @@ import torch
 
 
 def reference_warp(img, m, out_h, out_w, fill=0.0):
-    """float64 reference of warp.h's definition. img: [H, W, C]; m: 2x3 output index -> input index."""
+    """float64 reference of warp.h's definition. img: [H, W, C]; m: 2x3 output index -> input index, or 2x5 with
+    each input axis's visible interval [lo, hi] (edge coordinates) after its row: centres outside it are fill."""
     img = img.astype(np.float64)
     h, w, c = img.shape
-    a, b, tx, cc, d, ty = (float(v) for v in np.asarray(m, dtype=np.float64).reshape(-1))
+    m = np.asarray(m, dtype=np.float64).reshape(2, -1)
+    x_lo, x_hi, y_lo, y_hi = (max(0.0, m[0, 3]), min(w, m[0, 4]), max(0.0, m[1, 3]), min(h, m[1, 4])) \
+        if m.shape[1] == 5 else (0.0, w, 0.0, h)
+    a, b, tx, cc, d, ty = (float(v) for v in m[:, :3].reshape(-1))
     sx, sy = max(1.0, np.hypot(a, b)), max(1.0, np.hypot(cc, d))
     out = np.empty((out_h, out_w, c))
     for v in range(out_h):
         for u in range(out_w):
             cx, cy = a * u + b * v + tx + 0.5, cc * u + d * v + ty + 0.5
-            if not (0 <= cx <= w and 0 <= cy <= h):
+            if not (x_lo <= cx <= x_hi and y_lo <= cy <= y_hi):
                 out[v, u] = fill
                 continue
             x0, x1 = max(int(np.floor(cx - sx + 0.5)), 0), min(int(np.floor(cx + sx + 0.5)), w)
@@ -39,3 +43,14 @@ def random_matrices(rng, n, h, w, out_h, out_w, axis_aligned):
         centre_out = np.array([out_w - 1, out_h - 1]) / 2
         mats.append(np.concatenate([lin, (centre_in - lin @ centre_out)[:, None]], axis=1))
     return torch.tensor(np.stack(mats), dtype=torch.float32)
+
+
+def random_boxes(rng, n, h, w):
+    """Visible intervals [B, 2, 2] (x: [x0, x1], y: [y0, y1], edge coordinates) inside an h x w input, at fractional
+    positions, some reaching its edges."""
+    boxes = []
+    for _ in range(n):
+        x0, x1 = np.sort(rng.uniform(-0.2, 1.2, size=2)) * w
+        y0, y1 = np.sort(rng.uniform(-0.2, 1.2, size=2)) * h
+        boxes.append([[x0, x1], [y0, y1]])
+    return torch.tensor(np.array(boxes), dtype=torch.float32)

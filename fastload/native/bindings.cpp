@@ -383,7 +383,7 @@ py::tuple read_headers_py(const py::sequence& buffers, int threads, int64_t max_
 }
 
 py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int64_t height, int64_t width,
-                         int downscale, bool strict, int64_t max_pixels) {
+                         int downscale, bool strict, int64_t max_pixels, int64_t max_bytes) {
   BufferViews views(data, "decode_crop", true);
   Window w{top, left, height, width, downscale};
   if (!window_in_range(w) || !(downscale == 1 || downscale == 2 || downscale == 4 || downscale == 8)) {
@@ -405,7 +405,7 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
     py::gil_scoped_release nogil;
     std::vector<uint8_t> file;
     Bytes src;
-    status = load_one(views, kDefaultMaxBytes, file, &src, message);
+    status = load_one(views, max_bytes, file, &src, message);
     if (status == kOk)
       status = decode_window(src.data, src.size, w, out.data_ptr<uint8_t>(), static_cast<size_t>(out.numel()),
                              make_limits(strict, max_pixels), message, sizeof(message));
@@ -765,7 +765,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("read_headers", &read_headers_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_pixels") = 0,
         py::arg("strict") = true, py::arg("max_bytes") = 0);
   m.def("decode_crop", &decode_crop_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
-        py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0);
+        py::arg("width"), py::arg("downscale") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0,
+        py::arg("max_bytes") = 0);
   m.def("decode_crops", &decode_crops_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());

@@ -5,7 +5,12 @@
 // at integers, as in OpenCV). The sample is a separable triangle (bilinear) filter centred there whose
 // support grows with the shrink factor along each axis, max(1, |row of M|): for axis-aligned matrices this
 // is exactly PIL's / torch's antialiased bilinear resize (weights, tap ranges and edge renormalisation).
-// An output pixel whose centre maps outside the input gets `fill`.
+// An output pixel whose centre maps outside the input's visible box gets `fill`.
+//
+// A sample's map is [2, 3] (the matrix; the whole input is visible) or [2, 5]: each row r is the matrix row followed
+// by the interval [lo, hi] of input axis r (edge coordinates) that is visible. The box lets the planner put the fill
+// boundary exactly where torchvision's is (a crop's edge, the true image edge of a DCT-downscaled decode, whose last
+// decoded pixel covers part of the image only) while the filter's taps still read the whole decoded window.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -50,11 +55,36 @@ FL_HD float filter_support(float dx, float dy) {
   return s > 1.f ? s : 1.f;
 }
 
-// Input centre (edge coordinates) of output pixel (u, v) and whether it lies inside the image.
-FL_HD bool sample_centre(const float* m, int u, int v, int height, int width, float* cx, float* cy) {
+// The part of an input (edge coordinates) whose output pixels are image, not fill.
+struct Visible {
+  float x0, x1, y0, y1;
+};
+
+// Sample b's matrix m[6] and visible box from a map of `cols` (3 or 5) columns per row (see the top of this file),
+// the box narrowed to the h x w input: taps never leave the input, so a centre beyond it could have none.
+FL_HD Visible read_map(const float* maps, int64_t b, int cols, int h, int w, float* m) {
+  const float* p = maps + b * 2 * cols;
+  for (int k = 0; k < 3; ++k) m[k] = p[k], m[3 + k] = p[cols + k];
+  Visible v{0.f, static_cast<float>(w), 0.f, static_cast<float>(h)};
+  if (cols == 5) {  // comparisons, not fmaxf/fminf: a NaN bound shows nothing (fill), never more than the input
+    v.x0 = p[3] > v.x0 ? p[3] : v.x0;
+    v.x1 = p[4] < v.x1 ? p[4] : v.x1;
+    v.y0 = p[cols + 3] > v.y0 ? p[cols + 3] : v.y0;
+    v.y1 = p[cols + 4] < v.y1 ? p[cols + 4] : v.y1;
+    if (!(p[3] == p[3]) || !(p[4] == p[4]) || !(p[cols + 3] == p[cols + 3]) || !(p[cols + 4] == p[cols + 4]))
+      v = Visible{1.f, 0.f, 1.f, 0.f};
+  }
+  return v;
+}
+
+// Whether an input coordinate (edge coordinates) along one axis lies in the visible interval [lo, hi].
+FL_HD bool visible_at(float centre, float lo, float hi) { return centre >= lo && centre <= hi; }
+
+// Input centre (edge coordinates) of output pixel (u, v) and whether it lies inside the visible box.
+FL_HD bool sample_centre(const float* m, int u, int v, const Visible& vis, float* cx, float* cy) {
   *cx = m[0] * u + m[1] * v + m[2] + 0.5f;
   *cy = m[3] * u + m[4] * v + m[5] + 0.5f;
-  return *cx >= 0.f && *cx <= width && *cy >= 0.f && *cy <= height;
+  return visible_at(*cx, vis.x0, vis.x1) && visible_at(*cy, vis.y0, vis.y1);
 }
 
 // Final value: v * alpha + beta, converted to the output type (uint8 rounds and saturates).
@@ -89,15 +119,15 @@ struct InputView {
 };
 
 // Output pixel (u, v) of a general (rotation, shear, large shrink) warp: the full 2-D filter, normalised by the
-// product of the per-axis weight sums; fill_value (already through alpha/beta) when the centre maps outside.
+// product of the per-axis weight sums; fill_value (already through alpha/beta) when the centre maps outside vis.
 // sx, sy: filter_support() of the matrix rows, constant per sample. The one definition for both backends, so the
 // CPU twin and the CUDA kernel perform the same float operations in the same order.
 template <typename in_t, typename index_t, typename out_t>
-FL_HD void warp_pixel_general(const InputView<in_t, index_t>& in, int C, const float* m, float sx, float sy, int u,
-                              int v, const float* alpha, const float* beta, const float* fill_value, out_t* o,
-                              int64_t os_c) {
+FL_HD void warp_pixel_general(const InputView<in_t, index_t>& in, const Visible& vis, int C, const float* m, float sx,
+                              float sy, int u, int v, const float* alpha, const float* beta, const float* fill_value,
+                              out_t* o, int64_t os_c) {
   float cx, cy;
-  if (!sample_centre(m, u, v, in.h, in.w, &cx, &cy)) {
+  if (!sample_centre(m, u, v, vis, &cx, &cy)) {
     // Not unrolled: that would hold fill_value in registers, and the CUDA kernel would spill more.
     for (int c = 0; c < C; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
     return;

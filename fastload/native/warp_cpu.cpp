@@ -46,9 +46,11 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
   TORCH_CHECK(shapes.dim() == 2 && shapes.size(0) == batch && shapes.size(1) == 3 &&
                   shapes.scalar_type() == at::kLong && shapes.is_contiguous(),
               "warp_normalize: shapes must be a contiguous int64 [B, 3] tensor (h, w, c)");
-  TORCH_CHECK(matrices.dim() == 3 && matrices.size(0) == batch && matrices.size(1) == 2 && matrices.size(2) == 3 &&
-                  matrices.scalar_type() == at::kFloat && matrices.is_contiguous(),
-              "warp_normalize: matrices must be a contiguous float32 [B, 2, 3] tensor");
+  TORCH_CHECK(matrices.dim() == 3 && matrices.size(0) == batch && matrices.size(1) == 2 &&
+                  (matrices.size(2) == 3 || matrices.size(2) == 5) && matrices.scalar_type() == at::kFloat &&
+                  matrices.is_contiguous(),
+              "warp_normalize: matrices must be a contiguous float32 [B, 2, 3] tensor, or [B, 2, 5] with each row's "
+              "visible interval (warp.h)");
   FL_CHECK(channels >= 1 && channels <= kMaxChannels, "warp_normalize: 1 to %d channels supported, got %lld",
            kMaxChannels, static_cast<long long>(channels));
   TORCH_CHECK(alpha.numel() == channels && beta.numel() == channels && alpha.scalar_type() == at::kFloat &&
@@ -163,9 +165,10 @@ struct AxisSample {
   int first_weight = 0;
 };
 
-// Precomputes taps and normalised weights for each output column or row of an axis-aligned warp.
-void axis_weights(float scale, float offset, int out_size, int in_size, std::vector<AxisSample>& samples,
-                  std::vector<float>& weights) {
+// Precomputes taps and normalised weights for each output column or row of an axis-aligned warp; a position whose
+// centre maps outside the visible interval [lo_edge, hi_edge] is fill.
+void axis_weights(float scale, float offset, int out_size, int in_size, float lo_edge, float hi_edge,
+                  std::vector<AxisSample>& samples, std::vector<float>& weights) {
   const float support = scale < 0 ? (-scale > 1.f ? -scale : 1.f) : (scale > 1.f ? scale : 1.f);
   samples.resize(out_size);
   weights.clear();
@@ -173,7 +176,7 @@ void axis_weights(float scale, float offset, int out_size, int in_size, std::vec
     const float centre = scale * i + offset + 0.5f;
     AxisSample& s = samples[i];
     s.first_weight = static_cast<int>(weights.size());
-    if (centre < 0.f || centre > in_size) {
+    if (!visible_at(centre, lo_edge, hi_edge)) {
       s.lo = s.hi = 0;
       continue;
     }
@@ -335,12 +338,12 @@ __attribute__((target("avx2"))) void store_row_avx2(const float* sums, int out_w
 // Vertical pass first (contiguous rows, vectorised), then the horizontal taps on one accumulated row:
 // the gather-heavy pass then runs over out_h rows instead of the taller input.
 template <typename in_t, typename out_t>
-void warp_separable(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
-                    out_t* out, const Strides& os, int out_h, int out_w, bool avx2_rows) {
+void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha, const float* beta,
+                    float fill, out_t* out, const Strides& os, int out_h, int out_w, bool avx2_rows) {
   thread_local std::vector<AxisSample> xs, ys;
   thread_local std::vector<float> wx, wy, acc;
-  axis_weights(m[0], m[2], out_w, img.w, xs, wx);
-  axis_weights(m[4], m[5], out_h, img.h, ys, wy);
+  axis_weights(m[0], m[2], out_w, img.w, vis.x0, vis.x1, xs, wx);
+  axis_weights(m[4], m[5], out_h, img.h, vis.y0, vis.y1, ys, wy);
   const int C = img.c, W = img.w;
   const bool hwc = img.s.x == C;  // else CHW: one plane per channel
   acc.resize(static_cast<size_t>(W) * C + 1);  // + 1: horizontal_rgb's SSE loads read one float past a pixel
@@ -508,8 +511,8 @@ FL_SAMPLE int general_taps(float support, int size) {
 // loader's case (uint8 RGB, HWC) computes each column weight once per pixel instead of once per tap and pads the
 // taps to a count fixed per sample, so the loops have no data-dependent trip count (a branch miss a pixel).
 template <typename in_t, typename out_t>
-FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
-                  out_t* out, const Strides& os, int out_h, int out_w) {
+FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha,
+                            const float* beta, float fill, out_t* out, const Strides& os, int out_h, int out_w) {
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
   const InputView<in_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   float fill_value[kMaxChannels] = {};
@@ -518,7 +521,7 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
   if (!kU8 || img.c != 3 || img.s.x != 3) {
     for (int v = 0; v < out_h; ++v)
       for (int u = 0; u < out_w; ++u)
-        warp_pixel_general(in, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
+        warp_pixel_general(in, vis, img.c, m, sx, sy, u, v, alpha, beta, fill_value, out + v * os.y + u * os.x, os.c);
     return;
   }
   const int kx = general_taps(sx, img.w), ky = general_taps(sy, img.h);
@@ -542,7 +545,7 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
     int last_u = -1;  // the pixel whose row weights last_cy names
     for (int u = 0; u < out_w; ++u) {
       float cx, cy;
-      if (!sample_centre(m, u, v, img.h, img.w, &cx, &cy)) {
+      if (!sample_centre(m, u, v, vis, &cx, &cy)) {
         kinds[u] = kFill;
         continue;
       }
@@ -576,7 +579,7 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
           for (int c = 0; c < 3; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
           continue;
         case kSlow:  // never expected (general_taps' bound); exact either way
-          warp_pixel_general(in, 3, m, sx, sy, u, v, alpha, beta, fill_value, o, os.c);
+          warp_pixel_general(in, vis, 3, m, sx, sy, u, v, alpha, beta, fill_value, o, os.c);
           continue;
 #if FL_SSE2
         case kFast: {
@@ -632,9 +635,9 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const float*
 // both builds round every operation alike. (The separable path gains nothing from it: its vertical pass is axpy's
 // own AVX2 clone.)
 template <typename in_t, typename out_t>
-void warp_general_base(const Image<in_t>& img, const float* m, const float* alpha, const float* beta, float fill,
-                       out_t* out, const Strides& os, int out_h, int out_w) {
-  warp_general(img, m, alpha, beta, fill, out, os, out_h, out_w);
+void warp_general_base(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha,
+                       const float* beta, float fill, out_t* out, const Strides& os, int out_h, int out_w) {
+  warp_general(img, m, vis, alpha, beta, fill, out, os, out_h, out_w);
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_AVX2_BUILD 1
@@ -743,7 +746,7 @@ struct AxisCache8 {
 
 template <typename out_t>
 __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>& img, const float* m,
-                                                           const float* alpha, const float* beta,
+                                                           const Visible& vis, const float* alpha, const float* beta,
                                                            const float* fill_value, out_t* out, const Strides& os,
                                                            int out_h, int out_w) {
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
@@ -753,7 +756,8 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 m0 = _mm256_set1_ps(m[0]), m2 = _mm256_set1_ps(m[2]), m3 = _mm256_set1_ps(m[3]),
                m5 = _mm256_set1_ps(m[5]), half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps();
-  const __m256 width = _mm256_set1_ps(static_cast<float>(img.w)), height = _mm256_set1_ps(static_cast<float>(img.h));
+  const __m256 x0 = _mm256_set1_ps(vis.x0), x1 = _mm256_set1_ps(vis.x1), y0 = _mm256_set1_ps(vis.y0),
+               y1 = _mm256_set1_ps(vis.y1);
   const __m256i last_row = _mm256_set1_epi32(img.h - ky), last_col = _mm256_set1_epi32(img.w - kx);
   const __m256 a[3] = {_mm256_set1_ps(alpha[0]), _mm256_set1_ps(alpha[1]), _mm256_set1_ps(alpha[2])};
   const __m256 bt[3] = {_mm256_set1_ps(beta[0]), _mm256_set1_ps(beta[1]), _mm256_set1_ps(beta[2])};
@@ -783,8 +787,8 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
       const __m256 cy = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, uf), m4v), m5), half);
       AxisCache8& xc = xcache[u0 / 8];
       const __m256 inside = _mm256_and_ps(
-          _mm256_and_ps(_mm256_cmp_ps(cx, zero, _CMP_GE_OQ), _mm256_cmp_ps(cx, width, _CMP_LE_OQ)),
-          _mm256_and_ps(_mm256_cmp_ps(cy, zero, _CMP_GE_OQ), _mm256_cmp_ps(cy, height, _CMP_LE_OQ)));
+          _mm256_and_ps(_mm256_cmp_ps(cx, x0, _CMP_GE_OQ), _mm256_cmp_ps(cx, x1, _CMP_LE_OQ)),
+          _mm256_and_ps(_mm256_cmp_ps(cy, y0, _CMP_GE_OQ), _mm256_cmp_ps(cy, y1, _CMP_LE_OQ)));
       plan.inside_bits = _mm256_movemask_ps(inside) & ((1 << lanes) - 1);
       plan.fast_bits = 0;
       if (!plan.inside_bits) continue;
@@ -858,7 +862,7 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
               o[c * os.c] = OutCast<out_t>::apply(res[c][i]);
           }
         } else if (inside_bits >> i & 1) {  // near the image's last pixel, or taps that did not fit: warp.h's loop
-          warp_pixel_general(in, 3, m, sx, sy, u0 + i, v, alpha, beta, fill_value, o, os.c);
+          warp_pixel_general(in, vis, 3, m, sx, sy, u0 + i, v, alpha, beta, fill_value, o, os.c);
         } else {
           for (int c = 0; c < 3; ++c) o[c * os.c] = OutCast<out_t>::apply(fill_value[c]);
         }
@@ -868,19 +872,19 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
 }
 
 template <typename in_t, typename out_t>
-__attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, const float* m, const float* alpha,
-                                                       const float* beta, float fill, out_t* out, const Strides& os,
-                                                       int out_h, int out_w) {
+__attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, const float* m, const Visible& vis,
+                                                       const float* alpha, const float* beta, float fill, out_t* out,
+                                                       const Strides& os, int out_h, int out_w) {
   if constexpr (std::is_same_v<in_t, uint8_t>) {
     // lane offsets into the image are int32
     if (img.c == 3 && img.s.x == 3 && static_cast<int64_t>(img.h) * img.s.y < INT32_MAX - 64) {
       float fill_value[kMaxChannels] = {};
       for (int c = 0; c < 3; ++c) fill_value[c] = fill * alpha[c] + beta[c];
-      warp_general_rgb8_avx2(img, m, alpha, beta, fill_value, out, os, out_h, out_w);
+      warp_general_rgb8_avx2(img, m, vis, alpha, beta, fill_value, out, os, out_h, out_w);
       return;
     }
   }
-  warp_general(img, m, alpha, beta, fill, out, os, out_h, out_w);
+  warp_general(img, m, vis, alpha, beta, fill, out, os, out_h, out_w);
 }
 #endif
 
@@ -892,6 +896,7 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   const int64_t* off = offsets.data_ptr<int64_t>();
   const int64_t* shp = shapes.data_ptr<int64_t>();
   const float* mats = matrices.data_ptr<float>();
+  const int cols = static_cast<int>(matrices.size(2));
   const float* a = alpha.data_ptr<float>();
   const float* b = beta.data_ptr<float>();
   out_t* o = out.data_ptr<out_t>();
@@ -929,12 +934,13 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
       const int c = static_cast<int>(channels);
       const Strides is = hwc ? Strides{1, int64_t(w) * c, c} : Strides{int64_t(h) * w, w, 1};
       const Image<in_t> img{base + off[i], h, w, c, is};
-      const float* m = mats + i * 6;
+      float m[6];
+      const Visible vis = read_map(mats, i, cols, h, w, m);
       out_t* dst = o + i * out.stride(0);
       if (m[1] == 0.f && m[3] == 0.f)
-        warp_separable(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w, avx2_rows);
+        warp_separable(img, m, vis, a, b, static_cast<float>(fill), dst, os, out_h, out_w, avx2_rows);
       else
-        general(img, m, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
+        general(img, m, vis, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
     }
   });
 }

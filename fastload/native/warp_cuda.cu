@@ -39,7 +39,8 @@ __device__ __forceinline__ bool image_fits(int64_t h, int64_t w, int64_t c, int6
 // shared memory. No barrier inside: a thread may return early.
 template <typename in_t, typename out_t, int CH>
 __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int64_t data_size, int64_t off,
-                                             int64_t h64, int64_t w64, int64_t c_in, const float* m,
+                                             int64_t h64, int64_t w64, int64_t c_in,
+                                             const float* __restrict__ maps, int map_cols,
                                              const float* __restrict__ alpha, const float* __restrict__ beta,
                                              int channels, bool hwc, float fill, out_t* __restrict__ out,
                                              int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h,
@@ -63,6 +64,8 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
     return;
   }
   const int h = static_cast<int>(h64), w = static_cast<int>(w64);
+  float m[6];
+  const Visible vis = read_map(maps, b, map_cols, h, w, m);
   const int s_c = hwc ? 1 : h * w, s_y = hwc ? w * C : w, s_x = hwc ? C : 1;
   const in_t* img = data + off;
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
@@ -73,7 +76,7 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
     filter_taps(cx, sx, w, &x0, &x1);
     const int nx = x1 - x0;
     if (nx <= kMaxTaps) {
-      const bool inside_x = cx >= 0.f && cx <= w;
+      const bool inside_x = visible_at(cx, vis.x0, vis.x1);
       float total_x = 0.f;
       for (int k = 0; k < nx; ++k) {
         const float wk = triangle((x0 + k + 0.5f - cx) / sx);
@@ -83,7 +86,7 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
       for (int v = v_first; v < v_end; ++v) {
         out_t* o = o_base + v * os_y;
         const float cy = m[4] * v + m[5] + 0.5f;
-        if (!inside_x || cy < 0.f || cy > h) {
+        if (!inside_x || !visible_at(cy, vis.y0, vis.y1)) {
           for (int c = 0; c < C; ++c) o[c * os_c] = OutCast<out_t>::apply(fill_value[c]);
           continue;
         }
@@ -114,23 +117,20 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
   // General affine (rotation, shear, large shrink): the 2-D filter per output pixel.
   const InputView<in_t, int> in{img, h, w, s_c, s_y, s_x};
   for (int v = v_first; v < v_end; ++v)
-    warp_pixel_general(in, C, m, sx, sy, u, v, alpha, beta, fill_value, o_base + v * os_y, os_c);
+    warp_pixel_general(in, vis, C, m, sx, sy, u, v, alpha, beta, fill_value, o_base + v * os_y, os_c);
 }
 
 template <typename in_t, typename out_t, int CH>
 __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
     const in_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
-    const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
-    const float* __restrict__ beta, int channels, bool hwc, float fill, out_t* __restrict__ out, int64_t os_b,
-    int64_t os_c, int64_t os_y, int64_t os_x, int out_h, int out_w) {
+    const int64_t* __restrict__ shapes, const float* __restrict__ matrices, int map_cols,
+    const float* __restrict__ alpha, const float* __restrict__ beta, int channels, bool hwc, float fill,
+    out_t* __restrict__ out, int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h, int out_w) {
   __shared__ float tap_weight[kMaxTaps * kThreads];
   const int b = blockIdx.z;
-  float m[6];
-#pragma unroll
-  for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
   warp_columns<in_t, out_t, CH>(data, data_size, offsets[b], shapes[b * 3], shapes[b * 3 + 1], shapes[b * 3 + 2],
-                                m, alpha, beta, channels, hwc, fill, out, os_b, os_c, os_y, os_x, out_h, out_w,
-                                blockIdx.y, tap_weight);
+                                matrices, map_cols, alpha, beta, channels, hwc, fill, out, os_b, os_c, os_y, os_x,
+                                out_h, out_w, blockIdx.y, tap_weight);
 }
 
 // The loader's case (uint8 HWC RGB, axis-aligned, shrink below 3x along both axes): a block owns 32 output columns
@@ -177,6 +177,7 @@ struct TilePlan {
   uint64_t segment;                       // global address of row 0's segment (its bytes from column xa on)
   float scale[3], bias[3], fill_value[3];  // of the horizontal sums (kWeightOne) and of the fill
   float scale_x, shift_x, scale_y, shift_y, support_x, support_y;  // the axis-aligned matrix and its filter
+  Visible vis;                            // the visible box (warp.h): centres outside it are fill
   int h, w, xa, xb, kx, ky, band_rows;    // image size, columns [xa, xb) the tile reads, taps, rows per band
   Band first;                             // the block's first band
   bool tileable;                          // else warp_columns does the block
@@ -240,12 +241,12 @@ __device__ __forceinline__ int window_start(float centre, float support, int sta
 // The K weights of output position pos along one axis (wk[k]), normalised, placed where its taps fall in a
 // K-window and zero around them. The window starts at the filter's first tap clamped into [start, end - K]
 // (end - start >= K), which holds every tap; *window: its first index relative to start. Outside (in_range false,
-// or the centre maps outside the image): zero weights, *inside false (the pixel is fill).
-__device__ __forceinline__ void axis_weights(float scale, float shift, float support, int size, int pos,
-                                             bool in_range, int start, int end, int K, float (&wk)[kTileMaxTaps],
-                                             int* window, bool* inside) {
+// or the centre maps outside the visible interval [lo_edge, hi_edge]): zero weights, *inside false (fill).
+__device__ __forceinline__ void axis_weights(float scale, float shift, float support, int size, float lo_edge,
+                                             float hi_edge, int pos, bool in_range, int start, int end, int K,
+                                             float (&wk)[kTileMaxTaps], int* window, bool* inside) {
   const float centre = axis_centre(scale, shift, pos);
-  const bool maps_inside = in_range && centre >= 0.f && centre <= size;
+  const bool maps_inside = in_range && visible_at(centre, lo_edge, hi_edge);
   int lo = start, hi = start;
   if (maps_inside) {
     filter_taps(centre, support, size, &lo, &hi);
@@ -466,16 +467,15 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, const Band&
 // reads and its first band, into sh.plan (written by lane 0; a barrier follows).
 __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restrict__ data, int64_t data_size,
                                           const int64_t* __restrict__ offsets, const int64_t* __restrict__ shapes,
-                                          const float* __restrict__ matrices, const float* __restrict__ alpha,
-                                          const float* __restrict__ beta, float fill, int u0, int v_begin,
-                                          int v_end, int out_w) {
+                                          const float* __restrict__ matrices, int map_cols,
+                                          const float* __restrict__ alpha, const float* __restrict__ beta, float fill,
+                                          int u0, int v_begin, int v_end, int out_w) {
   const int b = blockIdx.z;
   const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
-  float m[6];
-#pragma unroll
-  for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
   const bool valid = c_in == 3 && image_fits(h64, w64, c_in, off, data_size);
   const int h = valid ? static_cast<int>(h64) : 0, w = valid ? static_cast<int>(w64) : 0;
+  float m[6];
+  const Visible vis = read_map(matrices, b, map_cols, h, w, m);
   // filter_support of an axis-aligned matrix (any other falls back) without the square root.
   const float support_x = fmaxf(fabsf(m[0]), 1.f), support_y = fmaxf(fabsf(m[4]), 1.f);
   const int kx = tile_taps(support_x), ky = tile_taps(support_y);
@@ -503,6 +503,7 @@ __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restr
   plan.shift_y = m[5];
   plan.support_x = support_x;
   plan.support_y = support_y;
+  plan.vis = vis;
   plan.h = h;
   plan.w = w;
   plan.xa = xa;
@@ -517,28 +518,26 @@ __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restr
 template <typename out_t, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const uint8_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
-    const int64_t* __restrict__ shapes, const float* __restrict__ matrices, const float* __restrict__ alpha,
-    const float* __restrict__ beta, float fill, out_t* __restrict__ out, int64_t os_b, int64_t os_c, int64_t os_y,
-    int64_t os_x, int out_h, int out_w, bool vector_store) {
+    const int64_t* __restrict__ shapes, const float* __restrict__ matrices, int map_cols,
+    const float* __restrict__ alpha, const float* __restrict__ beta, float fill, out_t* __restrict__ out,
+    int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h, int out_w, bool vector_store) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TiledShared& sh = *reinterpret_cast<TiledShared*>(shared_bytes);
   const TilePlan& plan = sh.plan;
   const int u0 = blockIdx.x * kTileW;
   const int v_begin = blockIdx.y * kBlockRows, v_end = min(out_h, v_begin + kBlockRows);
   if (threadIdx.y == 0) {
-    plan_tile(sh.plan, data, data_size, offsets, shapes, matrices, alpha, beta, fill, u0, v_begin, v_end, out_w);
+    plan_tile(sh.plan, data, data_size, offsets, shapes, matrices, map_cols, alpha, beta, fill, u0, v_begin, v_end,
+              out_w);
     if (threadIdx.x == 0) sh.bands_inside = 0;
   }
   __syncthreads();
   if (!plan.tileable) {  // uniform over the block
     const int b = blockIdx.z;
-    float m[6];
-#pragma unroll
-    for (int k = 0; k < 6; ++k) m[k] = matrices[b * 6 + k];
     for (int tile_y = v_begin / kTile; tile_y * kTile < v_end; ++tile_y)
       warp_columns<uint8_t, out_t, 3>(data, data_size, offsets[b], shapes[b * 3], shapes[b * 3 + 1],
-                                      shapes[b * 3 + 2], m, alpha, beta, 3, true, fill, out, os_b, os_c, os_y, os_x,
-                                      out_h, out_w, tile_y, reinterpret_cast<float*>(sh.raw));
+                                      shapes[b * 3 + 2], matrices, map_cols, alpha, beta, 3, true, fill, out, os_b,
+                                      os_c, os_y, os_x, out_h, out_w, tile_y, reinterpret_cast<float*>(sh.raw));
     return;
   }
   const int row_bytes = plan.w * 3, seg = (plan.xb - plan.xa) * 3, kx = plan.kx, ky = plan.ky;
@@ -585,8 +584,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bool inside;
     int window;
     float wk[kTileMaxTaps];
-    axis_weights(plan.scale_y, plan.shift_y, plan.support_y, plan.h, v_begin + i, v_begin + i < v_end, 0, plan.h,
-                 ky, wk, &window, &inside);
+    axis_weights(plan.scale_y, plan.shift_y, plan.support_y, plan.h, plan.vis.y0, plan.vis.y1, v_begin + i,
+                 v_begin + i < v_end, 0, plan.h, ky, wk, &window, &inside);
     sh.window_y[i] = window;
 #pragma unroll
     for (int k = 0; k < kTileMaxTaps; ++k) sh.wy[k][i] = wk[k];
@@ -610,8 +609,8 @@ __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     bool inside;
     int window;
     float wk[kTileMaxTaps];
-    axis_weights(plan.scale_x, plan.shift_x, plan.support_x, plan.w, u0 + i, u0 + i < out_w, plan.xa, plan.xb, kx,
-                 wk, &window, &inside);
+    axis_weights(plan.scale_x, plan.shift_x, plan.support_x, plan.w, plan.vis.x0, plan.vis.x1, u0 + i,
+                 u0 + i < out_w, plan.xa, plan.xb, kx, wk, &window, &inside);
     pack_weight_pairs(wk, &sh.wx[0][i], kTileW);
     sh.lo_x[i] = 3 * window;
     const uint32_t mask = __ballot_sync(0xffffffffu, inside);
@@ -675,6 +674,7 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
             at::Tensor& out) {
   const int64_t batch = offsets.numel();
   const int out_h = static_cast<int>(out.size(2)), out_w = static_cast<int>(out.size(3));
+  const int map_cols = static_cast<int>(matrices.size(2));  // 3, or 5 with visible boxes (warp.h)
   TORCH_CHECK(batch <= 65535, "warp_normalize: at most 65535 samples per call on CUDA");
   const dim3 block(kBlockX, kBlockY);
   const dim3 grid((out_w + kBlockX - 1) / kBlockX, (out_h + kBlockY * kRows - 1) / (kBlockY * kRows),
@@ -691,9 +691,9 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
       auto kernel = channels_last ? warp_tiled_kernel<out_t, true> : warp_tiled_kernel<out_t, false>;
       kernel<<<tiled_grid, block, sizeof(TiledShared), stream>>>(
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
-          matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(fill),
-          out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), out_h, out_w,
-          vector_store);
+          matrices.data_ptr<float>(), map_cols, alpha.data_ptr<float>(), beta.data_ptr<float>(),
+          static_cast<float>(fill), out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+          out_h, out_w, vector_store);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -701,7 +701,8 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
   auto kernel = channels == 3 ? warp_normalize_kernel<in_t, out_t, 3> : warp_normalize_kernel<in_t, out_t, 0>;
   kernel<<<grid, block, 0, stream>>>(
       data.data_ptr<in_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
-      matrices.data_ptr<float>(), alpha.data_ptr<float>(), beta.data_ptr<float>(), static_cast<int>(channels), hwc,
+      matrices.data_ptr<float>(), map_cols, alpha.data_ptr<float>(), beta.data_ptr<float>(),
+      static_cast<int>(channels), hwc,
       static_cast<float>(fill), out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
       out_h, out_w);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -19,8 +19,9 @@ of RandomAffine and RandomRotation) is accepted and honoured as the same single 
 nearest-neighbour resample only adds aliasing that the composed warp does not need. Other modes are refused.
 
 Fill. Pixels whose source lies outside the visible part of the image get ``fill`` (one value per pipeline). The
-visible part is the decode window: the image, clipped by every crop whose outline is still axis-aligned in the
-original image (see ``GeometryPlanner.plan`` for where this differs from torchvision at edges).
+visible part is the image, clipped by every crop whose outline is still axis-aligned in the original image, and
+travels with each sample's matrix to the warp, which tests every output pixel's centre against it; the filter
+itself reads the whole decode window (see ``GeometryPlanner.plan`` for where this differs from torchvision).
 """
 import collections.abc
 import copy
@@ -40,7 +41,9 @@ __all__ = ["GeometryPlan", "GeometryPlanner", "RandomResizedCrop", "Resize", "Ce
 
 class GeometryPlan(NamedTuple):
     windows: torch.Tensor  # int64 [B, 5]: top, left, height, width, downscale (as planners.CropPlan)
-    matrices: torch.Tensor  # float32 [B, 2, 3]: output pixel index -> decoded-crop pixel index
+    matrices: torch.Tensor  # float32 [B, 2, 5]: output pixel index -> decoded-crop pixel index (columns 0-2), and
+    #                         each input axis's visible interval [lo, hi] in the decoded crop's edge coordinates
+    #                         (columns 3-4; warp.h): an output pixel whose centre maps outside is fill
     fill: tuple  # 3 floats, 0-255 scale
     flipped: np.ndarray  # bool [B]: an odd number of horizontal flips
 
@@ -181,7 +184,6 @@ class _Geometry:
     """What every geometric transform shares: kind, stream, drawing ``columns`` uniforms per sample."""
 
     kind = "geometry"
-    _pads_canvas = False  # whether the step can put fill around the canvas (GeometryPlanner: earlier crops' reach)
     stream = 0  # set by Compose; each transform reads only its own stream
     columns = 0  # rng.uniforms columns read per sample (0: no randomness)
     sets_size = False  # whether the output canvas has the same size for every sample
@@ -360,8 +362,7 @@ class RandomCrop(_Geometry):
         self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
         _check_fill(fill)
         self._pads = [0, 0, 0, 0]
-        self._pads_canvas = bool(pad_if_needed or padding is not None)
-        if self._pads_canvas:
+        if pad_if_needed or padding is not None:
             if padding is not None:
                 self._pads = _check_padding(padding) if padding else self._pads
             _check_padding_mode(self, padding_mode)
@@ -415,7 +416,6 @@ class Pad(_Geometry):
         self.padding = padding if isinstance(padding, int) else list(padding)
         self.fill = fill
         self.padding_mode = padding_mode
-        self._pads_canvas = max(self._pads) > 0
 
     def draw(self, heights, widths, seed, epoch, indices):
         left, right, top, bottom = self._pads
@@ -598,9 +598,6 @@ class GeometryPlanner:
             raise ValueError(f"fastload applies one fill value per pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
         self.dct_downscale = bool(dct_downscale)
-        # A crop of a canvas resized whole clips with the filter's reach, except where a later step pads: that
-        # padding must be fill up to the crop's edge, so the crop's edge pixels are filtered from inside it.
-        self._reach = [not any(t._pads_canvas for t in self.steps[i + 1:]) for i in range(len(self.steps))]
 
     def with_size(self, size):
         """A planner with output ``size`` (int or (h, w)): a resolution schedule's step. The step that fixes the
@@ -643,19 +640,16 @@ class GeometryPlanner:
         elsewhere is fill. The matrices and DCT scale stay the steps' own either way.
 
         Window: the bounding box of the output rectangle's preimage plus the filter's reach, clipped to the image
-        and to every crop that bounds what torchvision shows (RandomResizedCrop: its crop exactly, since it resizes
-        the crop alone; CenterCrop: its crop plus the resize filter's reach, since it cuts an image resized whole).
-        Pixels whose source falls outside the decoded window get ``fill``. Where this differs from torchvision:
+        and to every crop that bounds what torchvision filters (RandomResizedCrop: its crop exactly, since it
+        resizes the crop alone; CenterCrop, RandomCrop: their crop plus the resize filter's reach, since they cut an
+        image resized whole). Visible box (the matrices' columns 3-4): the image clipped by every crop exactly, so
+        an output pixel is fill where torchvision's is, whatever the window and the DCT scale (a downscaled decode
+        ends on a whole decoded pixel, which may cover the image's last columns only in part). Where this differs
+        from torchvision:
         - the fill boundary is hard (a pixel is fill or image, by its centre) where torchvision blends the last
           pixel with fill (grid_sample's bilinear mask): a band of about one pixel along fill edges;
         - a crop can only clip while its outline is axis-aligned in the original image: a crop after a rotation
           (e.g. RandomRotation then CenterCrop then a policy's rotate) does not hide what lies outside it;
-        - a CenterCrop's clip includes the filter's reach (so its inner pixels match torchvision's resize of the
-          whole image), which a later rotation reveals as up to ~2 output pixels of image beyond the crop's edge;
-          and with DCT downscaling, the decoded crop extends the window by less than one output pixel;
-        - a crop that a later step pads around (Pad, a RandomCrop with padding) clips without that reach, so the
-          padding is fill up to the crop's edge, and the crop's edge pixels are filtered from inside the crop where
-          torchvision filtered them from the whole resized image (a one-pixel ring; tests/test_geometry.py);
         - CenterCrop pads with the pipeline's fill where torchvision pads with 0.
         """
         heights = np.asarray(heights, dtype=np.int64).reshape(-1)
@@ -669,15 +663,24 @@ class GeometryPlanner:
             raise ValueError(f"sample {indices[i]}: image size {heights[i]}x{widths[i]} is not positive")
         b = len(heights)
         a = _affine_maps(b)  # canvas edge coordinates -> original edge coordinates
-        clip = np.zeros((b, 4))  # visible box in the original: x0, x1, y0, y1
+        clip = np.zeros((b, 4))  # what the filter may read, in the original: x0, x1, y0, y1
         clip[:, 1], clip[:, 3] = widths, heights
+        shown = clip.copy()  # what is visible: the crops' boxes without the filter's reach
         ch, cw = heights, widths
         flips = np.zeros(b, np.int64)
-        for t, reach in zip(self.steps, self._reach):
+        for t in self.steps:
             params = t.draw(ch, cw, seed, epoch, indices)
-            step = t._step(params, ch, cw)
+            with np.errstate(divide="ignore", invalid="ignore"):  # a canvas resized to nothing: refused below
+                step = t._step(params, ch, cw)
+            empty = np.flatnonzero((step.heights < 1) | (step.widths < 1))
+            if len(empty):  # e.g. Resize(24, max_size=30) of a 4000x1 image: torchvision fails on it too
+                i = empty[0]
+                raise ValueError(f"sample {indices[i]}: {t!r} turns its {ch[i]}x{cw[i]} canvas into "
+                                 f"{step.heights[i]}x{step.widths[i]} (a side rounds to 0 pixels); torchvision "
+                                 f"cannot resize it either")
             if step.crop is not None:
-                clip = self._clip(clip, a, step._replace(reach=step.reach and reach))
+                clip = self._clip(clip, a, step)
+                shown = self._clip(shown, a, step._replace(reach=False))
             a = a @ step.map
             ch, cw = step.heights, step.widths
             if isinstance(t, RandomHorizontalFlip) and t.axis == 0:
@@ -700,11 +703,14 @@ class GeometryPlanner:
         # DCT scale from the map's smallest step along the output axes (|column|): it must not upsample
         d = self._downscale(np.hypot(a[:, 1, 1], a[:, 0, 1]) * out_h, np.hypot(a[:, 0, 0], a[:, 1, 0]) * out_w)
         # output pixel index (u + .5 in edge coordinates) -> original edge -> decoded-crop index (planners._finish)
-        m = np.empty((b, 2, 3), np.float64)
+        m = np.empty((b, 2, 5), np.float64)
         for row, origin in ((0, left), (1, top)):
             m[:, row, 0] = a[:, row, 0] / d
             m[:, row, 1] = a[:, row, 1] / d
             m[:, row, 2] = (a[:, row, 0] * 0.5 + a[:, row, 1] * 0.5 + a[:, row, 2]) / d - 0.5 - origin // d
+            # the visible interval in the decoded crop's edge coordinates (its first pixel starts at origin // d)
+            m[:, row, 3] = shown[:, 2 * row] / d - origin // d
+            m[:, row, 4] = shown[:, 2 * row + 1] / d - origin // d
         windows = np.stack([top, left, bottom - top, right - left, d], axis=1)
         return GeometryPlan(torch.from_numpy(windows), torch.from_numpy(m.astype(np.float32)), self.fill,
                             flips % 2 == 1)

@@ -22,7 +22,8 @@ __all__ = ["CropPlan", "RandomResizedCrop", "CenterCrop"]
 
 class CropPlan(NamedTuple):
     windows: torch.Tensor  # int64 [B, 5]: top, left, height, width, downscale
-    matrices: torch.Tensor  # float32 [B, 2, 3]: output pixel -> decoded-crop pixel
+    matrices: torch.Tensor  # float32 [B, 2, 5]: output pixel -> decoded-crop pixel, then each input axis's visible
+    #                         interval (warp.h; as geometry.GeometryPlan): the crop, within the image
     flipped: np.ndarray  # bool [B]
 
 
@@ -98,19 +99,24 @@ class _Planner:
                 d = np.where(fits, cand, d)
         return d
 
-    def _finish(self, top, left, win_h, win_w, sy, oy, sx, ox, d, flipped):
+    def _finish(self, top, left, win_h, win_w, sy, oy, sx, ox, d, flipped, heights, widths, x_end, y_end):
         """Windows and matrices. (sx, ox): output pixel u covers original edge coordinates centred at
-        sx * (u + 0.5) + ox; the decoded-crop index of that centre is that / d - 0.5 - left // d."""
+        sx * (u + 0.5) + ox; the decoded-crop index of that centre is that / d - 0.5 - left // d. The visible
+        interval: the crop [ox, x_end) x [oy, y_end) within the image (a centre crop larger than the image is
+        padded), computed as geometry.GeometryPlanner computes it, to the last bit."""
         out_h, out_w = self.size
         a = sx / d
         tx = (0.5 * sx + ox) / d - 0.5 - left // d  # left // d subtracted in float64: small values for float32
         e = sy / d
         ty = (0.5 * sy + oy) / d - 0.5 - top // d
-        m = np.zeros((len(d), 2, 3), dtype=np.float64)
+        m = np.zeros((len(d), 2, 5), dtype=np.float64)
         m[:, 0, 0] = np.where(flipped, -a, a)  # flip: u -> out_w - 1 - u
         m[:, 0, 2] = np.where(flipped, a * (out_w - 1) + tx, tx)
         m[:, 1, 1] = e
         m[:, 1, 2] = ty
+        for row, origin, lo, hi, size in ((0, left, ox, x_end, widths), (1, top, oy, y_end, heights)):
+            m[:, row, 3] = np.maximum(lo, 0.0) / d - origin // d
+            m[:, row, 4] = np.minimum(hi, size) / d - origin // d
         windows = np.stack([top, left, win_h, win_w, d], axis=1).astype(np.int64)
         return CropPlan(torch.from_numpy(windows), torch.from_numpy(m.astype(np.float32)), flipped)
 
@@ -185,7 +191,7 @@ class RandomResizedCrop(_Planner):
         out_h, out_w = self.size
         d = self._downscale(h, w)
         return self._finish(top, left, h, w, h / out_h, top.astype(np.float64), w / out_w,
-                            left.astype(np.float64), d, flipped)
+                            left.astype(np.float64), d, flipped, heights, widths, left + w, top + h)
 
 
 class CenterCrop(_Planner):
@@ -247,4 +253,5 @@ class CenterCrop(_Planner):
         sx, ox, left, right = self._axis(widths, new_w, out_w)
         # DCT scale from the crop's own footprint (out * s), not the padded window: it must not upsample
         d = self._downscale(out_h * sy, out_w * sx)
-        return self._finish(top, left, bottom - top, right - left, sy, oy, sx, ox, d, flipped)
+        return self._finish(top, left, bottom - top, right - left, sy, oy, sx, ox, d, flipped, heights, widths,
+                            ox + sx * out_w, oy + sy * out_h)
