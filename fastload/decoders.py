@@ -52,7 +52,7 @@ class RaggedBatch:
     data: torch.Tensor       # 1-D uint8, a view of the slot's buffer
     offsets: torch.Tensor    # int64 [B]
     shapes: torch.Tensor     # int64 [B, 3]
-    matrices: torch.Tensor   # float32 [B, 2, 3]
+    matrices: torch.Tensor   # float32 [B, 2, 3], or [B, 2, 5] with visible intervals (warp.h)
     labels: torch.Tensor     # int64 [B], or the dataset's float / multi-dimensional targets [B, ...]
     nbytes: int              # bytes of data in use (what a GPU copy must move)
     slot: object             # producer.Slot

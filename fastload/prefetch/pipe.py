@@ -95,7 +95,7 @@ class DevicePipe:
             b = offsets.numel()
             head = meta[:head.numel() * 8].view(torch.int64)
             y = meta[head.numel() * 8:].view(labels.dtype).view(labels.shape)
-            offs, shps, mats = head[:b], head[b:4 * b].view(b, 3), mats.view(b, 2, 3)
+            offs, shps = head[:b], head[b:4 * b].view(b, 3)
             if self.stage is not None:
                 x = self.stage(pixels, offs, shps, mats, params, channels_last=self.channels_last, hwc=hwc,
                                channels=int(shapes[0, 2]))
