@@ -88,7 +88,7 @@ def kernel_bench(ds, size=224, batch=256):
     padded = padded.cuda()
     theta = torch.zeros(batch, 2, 3)
     for i in range(batch):  # pixel-index matrix -> grid_sample's normalised coordinates (align_corners=False)
-        m = mats[i].double()
+        m = mats[i, :, :3].double()
         a = torch.tensor([[2 / wmax, 0, 1 / wmax - 1], [0, 2 / hmax, 1 / hmax - 1], [0, 0, 1]], dtype=torch.float64)
         o = torch.tensor([[size / 2.0, 0, size / 2.0 - 0.5], [0, size / 2.0, size / 2.0 - 0.5], [0, 0, 1]],
                          dtype=torch.float64)

@@ -180,7 +180,8 @@ class FastLoader:
         self._running = (None, None)  # (epoch, size) of the latest epoch iterated
         self._resume_size = None  # the size of the epoch load_state_dict resumes mid-way
         self._epoch = 0
-        self._start_batch = 0  # where the next iteration starts (set by load_state_dict)
+        self._start_batch = 0  # where the next iteration starts (set by load_state_dict, or by close())
+        self._paused = None  # weakref to the iterator close() paused, while the position it left in _start_batch stands
         self._batches_done = 0
         self._epoch_set = False
         self._iterator = None
@@ -197,6 +198,7 @@ class FastLoader:
         self._epoch = int(epoch)
         self._epoch_set = True
         self._start_batch = self._batches_done = 0
+        self._paused = None
 
     def set_size(self, size):
         """The output size (int or (h, w)) of the epochs started from now on (the next ``iter(loader)``; an epoch
@@ -258,20 +260,28 @@ class FastLoader:
         self._start_batch = self._batches_done = int(state["batches_done"])
         self._epoch_set = True
         self._finished_epoch = False
+        self._paused = None
 
     def close(self):
         """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
         ends. Nothing is lost: a loop over the loader that goes on after it continues with the next batch (new
-        producers start there), and so does a new ``iter(loader)`` mid-epoch. Call it before forking worker
-        processes (a torch DataLoader for another dataset), so no producer is mid-decode at the fork, or to free
-        the buffers at once; dropping the loader does the same when the garbage collector gets to it."""
+        producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says (unless the
+        loop's iterator is gone, after a ``break``: a new iteration then starts the epoch over, as without
+        close()). Call it before forking worker processes (a torch DataLoader for another dataset), so no producer
+        is mid-decode at the fork, or to free the buffers at once; dropping the loader does the same when the
+        garbage collector gets to it."""
         current = self._iterator() if self._iterator is not None else None
         if current is not None:
-            current.pause()
-            if not self._finished_epoch and current.next_batch < len(current.batches):
+            # Paused only while the loader's position is still that iterator's: set_epoch or load_state_dict
+            # since it ran chose another one, which stands.
+            if current.live() and current.epoch == self._epoch and current.next_batch == self._batches_done:
+                current.pause()
                 # a new iter() resumes here, as after load_state_dict (the paused iterator takes it back if it
                 # goes on instead)
                 self._start_batch, self._resume_size = current.next_batch, current.size
+                self._paused = weakref.ref(current)
+            else:
+                current.close()
         if self._ahead is not None:
             self._ahead.close()
         self._ahead = None
@@ -289,7 +299,7 @@ class FastLoader:
         if not self._epoch_set and self._finished_epoch:
             self._epoch += 1
         self._epoch_set = self._finished_epoch = False
-        start, self._start_batch = self._start_batch, 0
+        start, self._start_batch, self._paused = self._start_batch, 0, None
         self._batches_done = start
         size = self._resume_size if start and self._resume_size else self._size_for(self._epoch)
         self._resume_size = None
@@ -669,6 +679,14 @@ class _EpochIterator:
                 item = q.get(timeout=_POLL)
                 break
             except queue.Empty:
+                if self.paused or p.stop.is_set():  # closed while waiting (loader.close() from a signal handler)
+                    if self.paused:
+                        self._resume()
+                    if self.producers is p or self.producers.stop.is_set():
+                        raise StopIteration
+                    p = self.producers  # resumed: wait for the batch from the new producers
+                    q = p.queues[self.next_batch % len(p.queues)]
+                    continue
                 if not any(th.is_alive() for th in p.threads) and q.empty():
                     raise RuntimeError("fastload producer threads stopped unexpectedly")
                 waited = time.perf_counter() - t
@@ -714,17 +732,23 @@ class _EpochIterator:
         self.close()
         raise StopIteration
 
+    def live(self):
+        """Whether it has batches to come and producers making them (not finished, failed or closed)."""
+        return self.producers is not None and not self.producers.stop.is_set() and self.next_batch < len(self.batches)
+
     def pause(self):
-        """Stops the producers; unlike close(), the iterator goes on at its next batch if asked for one."""
+        """Stops the producers of a live iterator; unlike close(), it goes on at its next batch if asked for one."""
         self.close()
         self.paused = True
 
     def _resume(self):
+        """New producers from next_batch, if the loader still holds the position close() left for this iterator
+        (no new iteration, set_epoch or load_state_dict since); else it stays stopped."""
         self.paused = False
         loader = self.loader
-        if loader._iterator is None or loader._iterator() is not self:
-            return  # another iteration has begun since: this one stays stopped
-        loader._start_batch, loader._resume_size = 0, None  # the position close() left for a new iter() is ours
+        if loader._paused is None or loader._paused() is not self:
+            return
+        loader._start_batch, loader._resume_size, loader._paused = 0, None, None  # the position is ours again
         loader.pipeline.set_epoch_size(self.epoch, self.size)
         self.producers = None
         self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)

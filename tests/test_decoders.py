@@ -323,3 +323,29 @@ def test_stats_say_which_decoder_auto_chose(imagenet_dir):
     next(iter(loader))
     assert loader.stats()["decoder"] == "cpu"  # no GPU here: auto is the cores
     loader.close()
+
+
+def test_full_resolution_moves_the_visible_box_with_the_crop(photos):
+    """decoders.full_resolution (the plans of the samples Pillow or the engines decode, at full resolution): the same
+    output pixels within the DCT approximation, and the fill exactly where the DCT-downscaled plan puts it, box
+    included, for a padded pipeline on photos whose sides are not multiples of the scale."""
+    import fastload.transforms as T
+    from fastload.transforms.pipeline import Pipeline
+
+    odd = -7.5
+    for tf in (T.Compose([T.Resize((40, 60)), T.Pad(5)]), T.Compose([T.Resize((36, 56)), T.Pad((3, 1, 2, 4))])):
+        pipeline = Pipeline.build(tf)
+        for k, (data, full) in enumerate(photos):
+            _, h, w = full.shape
+            plan = pipeline.plan(np.array([h]), np.array([w]), 0, 0, np.array([k]))
+            full_w, full_m = decoders.full_resolution(plan.windows, plan.matrices)
+            assert int(full_w[0, 4]) == 1 and full_m.shape == plan.matrices.shape
+            outs = []
+            for win, m in ((plan.windows[0], plan.matrices[0]), (full_w[0], full_m[0])):
+                top, left, hh, ww, d = win.tolist()
+                crop = ops.decode_crop(data, top, left, hh, ww, d)
+                outs.append(ops.warp_affine(crop[None].float(), m[None], pipeline.out_size, layout="NHWC",
+                                            fill=odd)[0])
+            assert torch.equal(outs[0] == odd, outs[1] == odd), k
+            image = outs[0] != odd
+            assert (outs[0] - outs[1]).abs()[image].mean() < 8.0  # DCT downscaling against the full decode

@@ -299,6 +299,7 @@ def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
 
 PAD_DCT_CASES = {
     "resize, pad": lambda: [G.Resize((40, 60)), G.Pad(5, fill=FILL)],
+    "resize, pad (chelsea's partial column)": lambda: [G.Resize((36, 56)), G.Pad(5, fill=FILL)],
     "resize, centre crop wider": lambda: [G.Resize((40, 60)), G.CenterCrop((46, 70))],
     "resize, crop padded": lambda: [G.Resize(48), streamed(G.RandomCrop(44, padding=(3, 5), fill=FILL), 1)],
     "rotation of the whole image": lambda: [G.Resize((48, 64)), streamed(G.RandomRotation(20, fill=FILL), 1)],
@@ -314,7 +315,7 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
     steps = PAD_DCT_CASES[case]()
     planner = G.GeometryPlanner(steps)
     odd = -7.5  # the warp's fill here: no image pixel can take that value
-    downscaled = filled = 0
+    downscaled = filled = leaked = 0
     for k, (data, full) in enumerate(photos):
         n, (_, H, W) = 8, full.shape
         hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
@@ -345,7 +346,13 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
             assert not torch.any(ours[:, sure_image] == odd), (case, k, i, d)
             assert sure_image.any()
             filled += int(sure_fill.sum())
+            # what the decoded window alone (no box) would have shown there
+            unboxed = ops.warp_affine(crop[None].float(), plan.matrices[i][None, :, :3].contiguous(),
+                                      planner.out_size, layout="NHWC", fill=odd)[0]
+            leaked += int((unboxed[0][sure_fill] != odd).sum())
     assert downscaled > 0 and filled > 0
+    if case == "resize, pad (chelsea's partial column)":
+        assert leaked > 0  # the case this test exists for: without the box, image in the padding
 
 
 def test_a_canvas_resized_to_nothing_is_refused_naming_the_sample():

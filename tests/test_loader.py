@@ -246,6 +246,72 @@ def test_close_mid_epoch_loses_no_batch(coded_dir):
     assert second.state_dict()["epoch"] == 1
 
 
+def test_close_keeps_a_position_chosen_since_the_iteration_began(coded_dir):
+    """set_epoch or load_state_dict after some batches, then close(): the chosen position stands for the next
+    iteration (close() records the running iterator's position only while it is still the loader's), and the old
+    iterator, finished or not, neither resumes nor moves it."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=6, crop=fl.RandomResizedCrop(32), workers=2)
+    epoch1 = collect_epoch(make(), 1)
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    loader.set_epoch(1)
+    loader.close()
+    got = collect(loader)
+    assert len(got) == len(epoch1) and all(torch.equal(a[1], b[1]) for a, b in zip(got, epoch1))
+    epoch0 = collect(make())
+    loader = make()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    for _ in range(4):
+        next(it)
+    loader.load_state_dict(state)
+    loader.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    assert loader.state_dict()["batches_done"] == 1
+    got = collect(loader)
+    assert len(got) == len(epoch0) - 1 and all(torch.equal(a[1], b[1]) for a, b in zip(got, epoch0[1:]))
+    finished = iter(loader)  # epoch 1, to its end
+    collect_now = [y for _, y in finished]
+    loader.close()
+    loader.load_state_dict(state)  # epoch 0, batch 1
+    with pytest.raises(StopIteration):
+        next(finished)
+    assert loader.state_dict()["batches_done"] == 1 and len(collect(loader)) == len(epoch0) - 1
+    assert len(collect_now) == len(epoch1)
+
+
+def test_close_from_a_signal_handler_while_waiting_for_a_batch(coded_dir):
+    """loader.close() runs while the loop waits inside next() (a SIGALRM handler here): the wait goes on with
+    new producers and the epoch comes out whole, as without the signal."""
+    import signal
+
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=2, crop=fl.RandomResizedCrop(32), workers=1, threads=1,
+                                 prefetch=1)
+    full = collect(make())
+    loader = make()
+    make_batch = loader._maker.make
+    loader._maker.make = lambda *a, **k: (time.sleep(0.3), make_batch(*a, **k))[1]  # next() waits ~0.3 s
+    previous = signal.signal(signal.SIGALRM, lambda *_: loader.close())
+    try:
+        got = []
+        for step, (x, y) in enumerate(loader):
+            got.append((x.clone(), y.clone()))
+            if step in (0, 2):
+                signal.setitimer(signal.ITIMER_REAL, 0.1)  # fires while the next batch is awaited
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(got) == len(full)
+    for (xa, ya), (xb, yb) in zip(full, got):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
 def collect_epoch(loader, epoch):
     loader.set_epoch(epoch)
     return collect(loader)

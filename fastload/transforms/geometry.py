@@ -4,7 +4,8 @@ Each class takes torchvision's arguments (same defaults, same validation and exc
 per-sample parameters as torchvision's ``make_params`` does (same distributions), from ``fastload.rng.uniforms`` on
 its ``stream``. ``GeometryPlanner`` composes every step's inverse map (output -> input) into one map from the output
 pixel to the original image, per sample and vectorised, and turns it into what the loader needs before decoding:
-the decode window, the DCT downscale and the 2x3 warp matrix (CONTRACT.md beside this file).
+the decode window, the DCT downscale and the warp's map: the 2x3 matrix with each input axis's visible interval
+([B, 2, 5]; CONTRACT.md beside this file).
 
 Coordinates. Internally every map is a 3x3 float64 matrix in *edge* coordinates (pixel i spans [i, i + 1)), output
 -> input; ``planners.py`` works the same way, and composing in edge coordinates keeps axis-aligned pipelines

@@ -2,7 +2,8 @@
 
 A plan is decided before any pixel is decoded. For each sample it gives the window of the JPEG to decode
 (top, left, height, width in original pixels), the DCT downscale d the decoder applies, and the 2x3 matrix that
-maps an output pixel index (u, v) to a pixel index of the decoded crop (pixel centres at integers), which is what
+maps an output pixel index (u, v) to a pixel index of the decoded crop (pixel centres at integers), each row
+followed by the visible interval of its input axis (the crop: [B, 2, 5] maps), which is what
 ``fastload.ops.warp_ragged`` / ``warp_affine`` consume. The decoded crop of a window is rows top//d ..
 ceil((top+h)/d) and columns left//d .. ceil((left+w)/d) of the 1/d-scaled image (``ops.decoded_shape``).
 """
