@@ -111,7 +111,7 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None):
     """Runs one warm-up epoch and `epochs` timed ones; returns images/s over the timed ones."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
-    bar = tqdm(total=total * (epochs + 1), desc=label, unit="img", disable=not progress, leave=False,
+    bar = tqdm(total=total * (epochs + 1), desc=label, unit="img", disable=not progress or not sys.stderr.isatty(), leave=False,
                dynamic_ncols=True)
     images, start = 0, None
     try:
@@ -430,6 +430,8 @@ def plot(rows, path, title=None, subtitle=None):
             break
         ax.set_xlim(0, right * 1.04)
         fig.tight_layout()
+    if not os.path.splitext(os.fspath(path))[1]:  # matplotlib would add .png itself: say so, the returned path
+        path = os.fspath(path) + ".png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -111,10 +111,12 @@ def add_pack(sub):
                    help="keep JPEGs whose header libjpeg warns about in a way that may mean wrong pixels (as "
                    "FastLoader(strict=False) decodes them); by default they are skipped. Harmless warnings (junk "
                    "between markers, an odd JFIF revision) never skip a file")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial); with "
+                   "--force, one that was replacing an existing DST")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing DST (removed only once the new store is complete) and discard a "
-                   "DST.partial; only ever deletes fastload stores")
+                   help="replace an existing DST (removed only once the new store is complete) and, without "
+                   "--resume, discard a DST.partial (never one a running pack holds); only ever deletes fastload "
+                   "stores")
     p.add_argument("--map-size", type=_size, metavar="SIZE",
                    help="initial LMDB map size, e.g. 200G (default: source size + 10%%; doubled whenever full)")
     p.add_argument("--commit-every", type=_positive, default=512, metavar="N",
@@ -165,11 +167,12 @@ def _classes_from(path):
     if path is None:
         return None
     from .datasets.base import DatasetError
+    from .datasets.folder import read_text_lines
     from .datasets.lmdb import read_meta
 
     if os.path.isfile(path) and not path.endswith(".mdb"):
-        with open(path, encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        names = [line.strip() for line in read_text_lines(path, "--classes-from list")
+                 if line.strip() and not line.lstrip().startswith("#")]
         if not names:
             raise DatasetError(f"--classes-from {path}: no class names in the file")
         return names
@@ -330,6 +333,11 @@ def add_bench(sub):
     p.set_defaults(func=cmd_bench)
 
 
+#: The largest --size bench accepts: crops beyond it are not what a loader benchmark is about, and a batch of 256 of
+#: them would not fit in memory (--size 100000 asked for 480 GB).
+MAX_BENCH_SIZE = 1024
+
+
 def cmd_bench(args):
     import importlib.util
 
@@ -362,9 +370,15 @@ def cmd_bench(args):
         if importlib.util.find_spec(module) is None:
             _err(f"{option} needs {module}: pip install {module}")
             return EXIT_USAGE
+    if args.size > MAX_BENCH_SIZE:
+        _err(f"--size {args.size} is larger than fastload bench measures (at most {MAX_BENCH_SIZE} px: training crops)")
+        return EXIT_USAGE
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             _err(f"{option} {path}: the folder {os.path.dirname(os.path.abspath(path))} does not exist")
+            return EXIT_USAGE
+        if path and path != "-" and os.path.isdir(path):  # found before the run, not after it
+            _err(f"{option} {path}: is a folder; give a file name")
             return EXIT_USAGE
     if args.plot == "-":
         _err("--plot needs a file name")
@@ -392,8 +406,8 @@ def cmd_bench(args):
                 f.write("\n")
             print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        benchmark.plot(result["rows"], args.plot, subtitle=benchmark.describe(result))
-        print(f"wrote {args.plot}", file=sys.stderr)
+        written = benchmark.plot(result["rows"], args.plot, subtitle=benchmark.describe(result))
+        print(f"wrote {written}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -424,6 +438,7 @@ def main(argv=None):
     import warnings
 
     from .datasets.base import DataError, DatasetError
+    from .errors import DecodeError
 
     try:
         with warnings.catch_warnings():
@@ -432,7 +447,7 @@ def main(argv=None):
     except DatasetError as e:
         _err(e)
         return EXIT_USAGE
-    except DataError as e:
+    except (DataError, DecodeError) as e:  # DecodeError: a damaged sample met while loading (bench)
         _err(e)
         return EXIT_DATA
     except KeyboardInterrupt:

@@ -235,6 +235,11 @@ def test_csv_file_list_with_header(ds_tree, tmp_path):
     lst.write_text("c.jpg,1\n")  # CSV without its header: the message says what is missing
     with pytest.raises(DatasetError, match="val.csv:1: .*a CSV file list starts with a header line"):
         FolderDataset(tmp_path, file_list=lst)
+    lst.write_bytes(b"\xef\xbb\xbfpath,label\nc.jpg,cat\n")  # spreadsheets' "CSV UTF-8" starts with a BOM
+    assert FolderDataset(tmp_path, file_list=lst).paths == [str(tmp_path / "c.jpg")]
+    lst.write_bytes("path,label\nc.jpg,cat\nd\u00e9j\u00e0.jpg,dog\n".encode("latin-1"))  # not UTF-8: named
+    with pytest.raises(DatasetError, match=r"val.csv:3: the file list is not UTF-8 text \(byte 0xe9\)"):
+        FolderDataset(tmp_path, file_list=lst)
 
 
 def test_classes_keep_label_numbers_when_a_class_is_missing(ds_tree, tmp_path):

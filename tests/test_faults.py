@@ -117,6 +117,12 @@ def test_damage_that_still_decodes_is_noticed_by_the_loader(store, tmp_path):
         run_epoch(ds)
     n, stats = run_epoch(ds, on_error="skip")
     assert n == len(ds) and stats["skipped"] == 1
+    # and so do ds[i], record(i) and the reader's get(i), the plain Dataset path (they returned other pixels)
+    for read in (lambda: ds[7], lambda: ds.record(7)):
+        with pytest.raises(fl.DecodeError, match=r"\[7\]( \(from [^)]*\))?: checksum mismatch: CRC-32 [0-9a-f]{8}, "
+                                                 r"the store recorded [0-9a-f]{8}"):
+            read()
+    assert ds[6][0].shape[0] == 3
 
 
 # ---- files that change between the scan and the read ----------------------------------------------------------

@@ -169,7 +169,12 @@ def test_refusals(pack_tree, tmp_path, capsys):
     fails(["pack", str(pack_tree), str(dst), "--resume", "--max-side", "300"], "with other settings")
     assert main(["pack", str(pack_tree), str(dst), "--resume"]) == 0  # the same pack: already complete
     assert "already complete" in capsys.readouterr().err
-    fails(["pack", str(pack_tree), str(dst), "--resume", "--force"], "pass one of them")
+    assert main(["pack", str(pack_tree), str(dst), "--resume", "--force", "-q"]) == 0  # complete: nothing to do
+    fails(["pack", str(pack_tree), "/"], "not a store path")
+    fails(["pack", str(pack_tree), str(tmp_path / "no" / "x.lmdb")], "does not exist")
+    fails(["pack", str(pack_tree), str(dst / "data.mdb" / "x.lmdb")], "is not a folder")
+    fails(["pack", str(pack_tree), str(tmp_path / "huge.lmdb"), "--map-size", "1000000T"], "cannot create the store")
+    assert not os.path.lexists(tmp_path / "huge.lmdb.partial")  # no "interrupted pack" left behind
     fails(["pack", str(pack_tree), str(pack_tree / "inside.lmdb")], "must not be inside the source")
     fails(["pack", str(tmp_path / "nope"), str(tmp_path / "x.lmdb")], "no such folder")
     fails(["pack", str(pack_tree), str(tmp_path / "x.lmdb"), "--quality", "80"], "use it with --max-side")
@@ -267,6 +272,53 @@ def test_resume_of_a_pack_killed_after_its_last_transaction(pack_tree, tmp_path)
     assert records(store_items(dst)) == records(store_items(done.path))
 
 
+def test_an_interrupted_force_pack_resumes_and_a_running_one_is_never_discarded(pack_tree, tmp_path, capsys):
+    """`pack --force` over an existing store, interrupted, leaves the old store and DST.partial: --resume says to
+    add --force, --resume --force finishes it and replaces the old store. --force never deletes the partial of a
+    pack that is running (its lock says so)."""
+    import fcntl
+
+    dst = tmp_path / "r.lmdb"
+    old = pack(pack_tree, dst, **quiet())
+    before = store_items(dst)
+    reencoded = pack(pack_tree, tmp_path / "ref.lmdb", **quiet(max_side=256))
+    shutil.copytree(reencoded.path, f"{dst}.partial")  # the --force run, killed after its last transaction
+    assert main(["pack", str(pack_tree), str(dst), "--resume", "--max-side", "256", "-q"]) == 2
+    assert "continue with --resume --force" in capsys.readouterr().err
+    assert store_items(dst) == before and old.records == 49
+    assert main(["pack", str(pack_tree), str(dst), "--resume", "--force", "--max-side", "256", "-q"]) == 0
+    assert records(store_items(dst)) == records(store_items(reencoded.path)) and not Path(f"{dst}.partial").exists()
+    running = tmp_path / "busy.lmdb.partial"
+    running.mkdir()
+    fd = os.open(running / "pack.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a pack writing it holds it
+    try:
+        assert main(["pack", str(pack_tree), str(tmp_path / "busy.lmdb"), "--force", "-q"]) == 2
+        assert "another fastload pack is writing it right now" in capsys.readouterr().err
+        assert (running / "pack.lock").exists()
+    finally:
+        os.close(fd)
+
+
+def test_file_names_that_are_not_utf8(pack_tree, tmp_path):
+    """A Latin-1 file name (bytes that are not UTF-8) packs, broken or not: the store records its source as the
+    same name (it once failed at the very end, and every --resume again), and the report lists a skipped one."""
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    good = jpeg_files(pack_tree)[0]
+    shutil.copy(good, os.fsencode(src / "c") + b"/caf\xe9.jpg")
+    (src / "c" / "ok.jpg").write_bytes(good.read_bytes())
+    with open(os.fsencode(src / "c") + b"/cass\xe9.jpg", "wb") as f:
+        f.write(b"not a photo")
+    result = pack(src, tmp_path / "s.lmdb", **quiet())
+    assert result.records == 2 and len(result.skipped) == 1
+    ds = LMDBDataset(tmp_path / "s.lmdb")
+    named = sorted(ds.source_path(i) for i in range(len(ds)))
+    assert os.fsencode(named[0]).endswith(b"/c/caf\xe9.jpg") and all(os.path.exists(p) for p in named)
+    report = (tmp_path / "s.lmdb" / "report.txt").read_bytes()
+    assert b"cass\xe9.jpg" in report
+
+
 def _check_committed_state(partial):
     """What a killed pack left: a plan, a progress key, records 0..next_record-1 exactly, skips before next_file.
     Returns the next file index, or "done" when the kill came after the rename."""
@@ -349,7 +401,7 @@ def test_no_strict_keeps_what_strict_skips_and_is_part_of_the_plan(pack_tree, tm
     assert "strict: False then, True now" in capsys.readouterr().err
 
 
-def test_classes_from_a_store_keeps_label_numbers(pack_tree, tmp_path):
+def test_classes_from_a_store_keeps_label_numbers(pack_tree, tmp_path, capsys):
     train = pack(pack_tree, tmp_path / "train.lmdb", **quiet())
     val = tmp_path / "val"
     for name in ("class_00", "class_03"):
@@ -361,3 +413,6 @@ def test_classes_from_a_store_keeps_label_numbers(pack_tree, tmp_path):
     names.write_text("class_03\nclass_00\n")
     assert main(["pack", str(val), str(tmp_path / "val2.lmdb"), "--classes-from", str(names), "-q"]) == 0
     assert LMDBDataset(tmp_path / "val2.lmdb").labels.tolist() == [1] * 12 + [0] * 12
+    names.write_bytes("class_03\nclass_00\ncaf\u00e9\n".encode("latin-1"))
+    assert main(["pack", str(val), str(tmp_path / "val3.lmdb"), "--classes-from", str(names), "-q"]) == 2
+    assert "classes.txt:3: the --classes-from list is not UTF-8 text" in capsys.readouterr().err

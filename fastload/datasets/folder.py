@@ -152,6 +152,22 @@ def _check_classes(classes):
     return classes
 
 
+def read_text_lines(path, what):
+    """The lines of a UTF-8 text file (a byte-order mark, as spreadsheet programs write, is dropped); DatasetError
+    naming the file, what it is for, and the line of anything that is not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DatasetError(f"{path}:{line}: the {what} is not UTF-8 text (byte 0x{data[e.start]:02x}); save it as "
+                           f"UTF-8") from None
+
+
 def read_file_list(file_list):
     """[(line number, relative path, label text)] of a file list, in order. Two formats:
 
@@ -160,11 +176,7 @@ def read_file_list(file_list):
     * CSV: a first line naming the columns, with ``path`` and ``label`` among them (others are ignored), then one
       row per file (quote paths that hold commas).
     """
-    try:
-        with open(file_list, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise DatasetError(f"{file_list}: cannot read the file list: {e.strerror}") from None
+    lines = read_text_lines(file_list, "file list")
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
     if not numbered:
         raise DatasetError(f"{file_list}: the file list names no files")

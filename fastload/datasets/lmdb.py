@@ -3,6 +3,7 @@ import contextlib
 import os
 import struct
 import threading
+import zlib
 
 import lmdb
 
@@ -147,7 +148,15 @@ class _LMDBReader:
             raise DecodeError(f"{name}{e}", sample=name, reason=e.reason) from None
 
     def get(self, i):
-        return self.raw(i)[1]
+        """The image bytes of record i, checked against the CRC-32 they had when packed (as the loader's native
+        reads are): damaged bytes raise DecodeError naming the sample, even where they would still decode."""
+        (_, _, _, _, _, crc), view = self.raw(i)
+        actual = zlib.crc32(view)
+        if actual != crc:
+            name = self._ds.sample_name(i, self._txn)
+            raise DecodeError(f"{name}: checksum mismatch: CRC-32 {actual:08x}, the store recorded {crc:08x} (bytes "
+                              f"changed since packing)", sample=name, reason="corrupt")
+        return view
 
     def sources(self, indices):
         """Zero-copy views of the image bytes for the native decoder, and the CRC-32 each had when packed: the

@@ -315,8 +315,14 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     partial = dst + ".partial"
     file_list = file_list and os.path.abspath(os.fspath(file_list))
     workers = workers or min(8, os.cpu_count() or 1)
-    if resume and force:
-        raise DatasetError("--resume continues DST.partial and --force discards it: pass one of them")
+    if not os.path.basename(dst):
+        raise DatasetError(f"{dst or os.sep}: not a store path (name the store's folder, e.g. /data/train.lmdb)")
+    parent = os.path.dirname(dst)
+    if not os.path.isdir(parent):
+        raise DatasetError(f"{dst}: the folder {parent} " + ("is not a folder" if os.path.lexists(parent) else
+                                                             "does not exist"))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DatasetError(f"{dst}: cannot create a store in {parent} (permission denied)")
     if max_side is not None and max_side < 16:
         raise DatasetError(f"--max-side must be at least 16, got {max_side}")
     if quality is not None and not 1 <= quality <= 100:
@@ -337,12 +343,16 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         return _already_done(src, dst, file_list, opt, log, t0, classes)
     if os.path.lexists(dst):
         if not force:
+            if resume:  # an interrupted `pack --force` over an existing store
+                raise DatasetError(f"{dst} already exists beside {partial}: continue with --resume --force (the old "
+                                   f"store is replaced once the new one is complete)")
             raise DatasetError(f"{dst} already exists; pass --force to replace it (the old store is removed only "
                                f"once the new one is complete)")
         _check_replaceable(dst)
     if os.path.lexists(partial):
-        if force:
+        if force and not resume:
             _check_replaceable(partial)
+            os.close(_lock(partial))  # never a pack that is running: its lock says so
             shutil.rmtree(partial)
         elif not resume:
             raise DatasetError(f"{partial} exists: an interrupted pack. Continue it with --resume, or discard it "
@@ -353,14 +363,20 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
         _turbojpeg()  # fail now, not on the first large image
 
     listing = None
-    if not os.path.isdir(partial):
+    created = not os.path.isdir(partial)
+    if created:
         listing = _listing(src, file_list, classes)  # errors before anything is created
         os.makedirs(partial)
     lock_fd = _lock(partial)
     env = None
     try:
-        env = lmdb.open(partial, subdir=True, map_size=map_size or (64 << 20), lock=False,
-                        readahead=False, meminit=False, metasync=True, sync=True)
+        try:
+            env = lmdb.open(partial, subdir=True, map_size=map_size or (64 << 20), lock=False,
+                            readahead=False, meminit=False, metasync=True, sync=True)
+        except lmdb.Error as e:
+            if created:  # nothing in it yet: leave no "interrupted pack" behind (e.g. a --map-size too large)
+                shutil.rmtree(partial, ignore_errors=True)
+            raise DatasetError(f"{partial}: cannot create the store: {e}") from None
         complete, plan, prog = _read_state(env)
         this_run = 0
         if not complete:
@@ -600,7 +616,7 @@ def _write_report(partial, meta, dst):
         lines.append("skipped files (path relative to the source: reason):")
         lines += [f"  {p}: {r}" for p, r in meta["skipped"]]
     path = os.path.join(partial, "report.txt")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with open(path + ".tmp", "w", encoding="utf-8", errors="surrogateescape") as f:  # non-UTF-8 names: as on disk
         f.write("\n".join(lines) + "\n")
     os.replace(path + ".tmp", path)
 

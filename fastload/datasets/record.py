@@ -110,8 +110,9 @@ def loads(data):
 
 def encode_sources(paths):
     """SOURCES_KEY's value: u64 count, count + 1 u64 offsets, then the UTF-8 paths back to back (one lookup reads
-    two offsets and one path, so a store of millions of records never parses them all)."""
-    data = [p.encode("utf-8") for p in paths]
+    two offsets and one path, so a store of millions of records never parses them all). A file name that is not
+    UTF-8 (bytes the OS gave as surrogates) is stored as its bytes, and read back as the same name."""
+    data = [p.encode("utf-8", "surrogateescape") for p in paths]
     offsets = np.zeros(len(data) + 1, dtype="<u8")
     np.cumsum([len(d) for d in data], out=offsets[1:])
     return struct.pack("<Q", len(data)) + offsets.tobytes() + b"".join(data)
@@ -124,4 +125,4 @@ def source_at(value, i):
         return None
     start, end = struct.unpack_from("<QQ", value, 8 + 8 * i)
     base = 8 + 8 * (count + 1)
-    return bytes(value[base + start:base + end]).decode("utf-8", "replace")
+    return bytes(value[base + start:base + end]).decode("utf-8", "surrogateescape")
