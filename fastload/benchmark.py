@@ -21,8 +21,8 @@ import textwrap
 import time
 
 import torch
-from tqdm import tqdm
 
+from .datasets.progress import progress as progress_lines
 from .loader import IMAGENET_MEAN, IMAGENET_STD, FastLoader, usable_cores
 from .transforms.planners import RandomResizedCrop
 
@@ -111,8 +111,8 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None):
     """Runs one warm-up epoch and `epochs` timed ones; returns images/s over the timed ones."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
-    bar = tqdm(total=total * (epochs + 1), desc=label, unit="img", disable=not progress or not sys.stderr.isatty(), leave=False,
-               dynamic_ncols=True)
+    # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)
+    bar = progress_lines(total * (epochs + 1), desc=label, unit="img", enabled=progress)
     images, start = 0, None
     try:
         for epoch in range(epochs + 1):
