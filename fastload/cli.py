@@ -53,7 +53,8 @@ def _err(msg):
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """warnings.showwarning for the command line: the message itself, not `cli.py:60: UserWarning:` and a source
     line that mean nothing to someone running a command."""
-    print(f"fastload: warning: {message}", file=file or sys.stderr)
+    text = str(message).replace(": warning: ", ": ", 1)  # a JpegWarning's "name: warning: libjpeg's text"
+    print(f"fastload: warning: {text.removeprefix('warning: ')}", file=file or sys.stderr)
 
 
 def _open_dataset(path, threads=None, strict=True):

@@ -140,6 +140,15 @@ def test_broken_files_are_skipped_reported_and_never_packed(broken_tree, tmp_pat
 def test_on_error_raise_stops_at_the_first_broken_file(broken_tree, tmp_path, capsys):
     root, expected = broken_tree
     dst = tmp_path / "strict.lmdb"
+    # files the listing cannot use (here a dangling symlink and a FIFO) stop it before anything is written
+    assert main(["pack", str(root), str(dst), "--on-error", "raise", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "(--on-error raise)" in err and ("dangling" in err or "fifo.jpg" in err) and "Traceback" not in err
+    assert not list(tmp_path.glob("strict.lmdb*"))
+    listed_only = {"class_02/dangling.jpg", "class_02/fifo.jpg"}
+    root = shutil.copytree(root, tmp_path / "src", symlinks=True,
+                           ignore=lambda d, names: [n for n in names if f"class_02/{n}" in listed_only])
+    expected = {p: r for p, r in expected.items() if p not in listed_only}
     assert main(["pack", str(root), str(dst), "--on-error", "raise", "-q"]) == 1
     err = capsys.readouterr().err
     assert "(--on-error raise)" in err and str(root / "class_02") in err and "Traceback" not in err
@@ -391,7 +400,11 @@ def test_no_strict_keeps_what_strict_skips_and_is_part_of_the_plan(pack_tree, tm
     strict = pack(src, tmp_path / "strict.lmdb", **quiet(verify_decode=True))
     assert [p for p, _ in strict.skipped] == ["class_03/cut.jpg"] and "premature end" in strict.skipped[0][1]
     assert strict.records == 49 + 1
+    capsys.readouterr()
     assert main(["pack", str(src), str(tmp_path / "lenient.lmdb"), "--verify-decode", "--no-strict", "-q"]) == 0
+    err = capsys.readouterr().err  # each file let through with a warning is named, once per file
+    assert f"fastload: warning: {src / 'class_03' / 'junk.jpg'}: Corrupt JPEG data" in err
+    assert f"fastload: warning: {src / 'class_03' / 'cut.jpg'}: " in err
     lenient = LMDBDataset(tmp_path / "lenient.lmdb")
     assert len(lenient) == 49 + 2 and lenient.skipped == [] and lenient.meta["options"]["strict"] is False
     # Resuming with the other setting would mix the two in one store: refused.

@@ -95,11 +95,11 @@ def _resize(rgb, nh, nw):
     return np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.Resampling.LANCZOS))
 
 
-def _shrink_jpeg(data, h, w, max_side, quality, strict):
+def _shrink_jpeg(data, h, w, max_side, quality, strict, name=None):
     """Re-encodes a JPEG whose longer side exceeds max_side: DCT-domain downscale in the decoder, then Pillow."""
     nh, nw = _target_size(h, w, max_side)
     d = next(d for d in (8, 4, 2, 1) if -(-h // d) >= nh and -(-w // d) >= nw)
-    rgb = ops.decode_crop(data, 0, 0, h, w, downscale=d, strict=strict).numpy()
+    rgb = ops.decode_crop(data, 0, 0, h, w, downscale=d, strict=strict, sample=name).numpy()
     return _encode_jpeg(_resize(rgb, nh, nw), quality), nh, nw
 
 
@@ -178,36 +178,40 @@ def _process(src, items, opt):
     if jpegs:
         sizes, status, messages = ops.read_headers([memoryview(j[3])[HEADER_SIZE:] for j in jpegs], 1,
                                                    strict=opt.strict)
+        names = {file_index: os.path.join(src, rel) for file_index, rel, _ in items}
         for k, (slot, file_index, label, buf) in enumerate(jpegs):
             if int(status[k]) != 0:
                 value = header_failure(buf, messages[k], HEADER_SIZE)
             else:
-                value = _jpeg(buf, int(sizes[k, 0]), int(sizes[k, 1]), label, opt)
+                value = _jpeg(buf, int(sizes[k, 0]), int(sizes[k, 1]), label, opt, names[file_index])
             out[slot] = (file_index, value)
     return out
 
 
-def _jpeg(buf, h, w, label, opt):
+def _jpeg(buf, h, w, label, opt, name):
+    """The record of a JPEG file (``name``: its path, for the warnings of a file let through), or the reason to
+    skip it."""
     problem = jpeg_structure_problem(buf, HEADER_SIZE, strict=opt.strict)
     if problem:
         return problem
     data = memoryview(buf)[HEADER_SIZE:]
     try:
         if opt.verify_decode:
-            ops.decode_crop(data, 0, 0, h, w, strict=opt.strict)
+            ops.decode_crop(data, 0, 0, h, w, strict=opt.strict, sample=name)
         flags, payload = 0, None
         if opt.max_side and max(h, w) > opt.max_side:
-            payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality, opt.strict)
+            payload, h, w = _shrink_jpeg(data, h, w, opt.max_side, opt.quality, opt.strict, name)
             flags = FLAG_REENCODED
         if opt.seekable:
-            seekable = ops.add_restart_markers(data if payload is None else payload, strict=opt.strict)
+            seekable = ops.add_restart_markers(data if payload is None else payload, strict=opt.strict, sample=name)
             if seekable is not None:  # None: a colour space it leaves alone (CMYK, RGB): stored as it is
                 payload, flags = seekable, flags | FLAG_SEEKABLE
         if payload is not None:
             data.release()
             return _with_payload(payload, JPEG, flags, h, w, label)
-    except DecodeError as e:
-        return f"corrupt JPEG data: {e}"
+    except DecodeError as e:  # the reason, without the name the error starts with (the skip list names the file)
+        message = str(e)
+        return f"corrupt JPEG data: {message[len(name) + 2:] if message.startswith(name + ': ') else message}"
     except Exception as e:  # the re-encoder (Pillow, libturbojpeg) on an odd file: skip it, do not stop the pack
         return f"cannot re-encode: {e}"
     write_header(buf, JPEG, h, w, label, zlib.crc32(data))
@@ -366,6 +370,7 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     created = not os.path.isdir(partial)
     if created:
         listing = _listing(src, file_list, classes)  # errors before anything is created
+        _raise_listing_skip(listing.skipped, src, on_error, "")
         os.makedirs(partial)
     lock_fd = _lock(partial)
     env = None
@@ -390,6 +395,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                     f"into {partial}")
             else:
                 _check_same(plan, src, file_list, opt, partial, classes)
+                _raise_listing_skip(plan["listing_skipped"], src, on_error,
+                                    f" (the pack being resumed listed its files without it: start over with --force)")
                 _grow(env, plan, map_size)
                 log(f"resuming {partial}: {prog['next_file']} of {len(plan['files'])} files done, "
                     f"{prog['next_record']} records")
@@ -468,6 +475,14 @@ def _check_same(started, src, file_list, opt, where, classes=None):
         diff = ", ".join(f"{k}: {was.get(k)!r} then, {now.get(k)!r} now" for k in now if was.get(k) != now[k])
         raise DatasetError(f"{where} was started with other settings ({diff}); resume with the same ones, "
                            f"or start over with --force")
+
+
+def _raise_listing_skip(skipped, src, on_error, hint):
+    """With --on-error raise, a file the listing could not use (a dangling symlink, a FIFO, an unreadable folder, a
+    listed file that is missing) stops the pack like a broken image does."""
+    if on_error == "raise" and skipped:
+        rel, reason = skipped[0]
+        raise DataError(f"{os.path.join(src, rel)}: {reason} (--on-error raise){hint}")
 
 
 def _pack_files(env, plan, prog, opt, workers, commit_every, on_error, progress, partial):
