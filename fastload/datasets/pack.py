@@ -18,6 +18,7 @@ import fcntl
 import io
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -533,8 +534,30 @@ def _pack_files(env, plan, prog, opt, workers, commit_every, on_error, progress,
                 if slowdown:
                     time.sleep(slowdown)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        _join_workers(pool)
         bar.close()
+
+
+def _join_workers(pool):
+    """Waits for the worker threads even through more Ctrl-Cs (a double Ctrl-C, or `timeout` signalling the process
+    and then its group): a worker is inside a native call with the GIL released, and an interpreter that exits
+    under it aborts the process (std::terminate) instead of leaving the partial store to --resume. A Ctrl-C that
+    comes meanwhile is raised once they are done."""
+    caught = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(1)) if main_thread else None
+    try:
+        while True:
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:  # one raised before the handler above took over
+                caught.append(1)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    if caught and sys.exc_info()[1] is None:
+        raise KeyboardInterrupt
 
 
 def _finalize(env, plan):
