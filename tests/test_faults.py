@@ -18,6 +18,7 @@ import zlib
 from pathlib import Path
 
 import lmdb
+import numpy as np
 import pytest
 
 import fastload as fl
@@ -26,7 +27,7 @@ from fastload.cli import main
 from fastload.datasets import DatasetError, pack
 from fastload.datasets.lmdb import shared_env
 from fastload.datasets.record import HEADER, HEADER_SIZE, META_KEY, dumps, key_index, loads
-from pack_corpus import photo_tree, rewrite_record
+from pack_corpus import flip_middle_byte, photo_tree, rewrite_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CROP = dict(batch_size=16, crop=fl.CenterCrop(64, resize=72), shuffle=False, threads=2, workers=1)
@@ -487,3 +488,18 @@ def test_thread_count_is_bounded(tree):
 def test_loader_with_absurd_thread_count(store):
     n, _ = run_epoch(fl.LMDBDataset(store), threads=10**6)
     assert n == 48
+
+
+def test_a_damaged_png_record_is_named_not_decoded(imagenet_dir, tmp_path):
+    """Records Pillow decodes (PNG and the other non-JPEG formats) are read through reader.get, which checks their
+    CRC-32 as the native JPEG reads do: a damaged one is that sample's DecodeError, named (it was decoded, or
+    failed with Pillow's own words), and skip mode replaces it."""
+    src = photo_tree(imagenet_dir, tmp_path / "src")  # one PNG among the JPEGs
+    store = pack(src, tmp_path / "p.lmdb", progress=False, log=lambda m: None).path
+    png = int(np.flatnonzero(np.asarray(fl.FolderDataset(src).formats) != 0)[0])  # the store keeps folder order
+    rewrite_record(store, png, flip_middle_byte)
+    ds = fl.LMDBDataset(store)
+    with pytest.raises(fl.DecodeError, match=rf"\[{png}\]( \(from [^)]*coffee\.png\))?: checksum mismatch"):
+        run_epoch(ds)
+    n, stats = run_epoch(ds, on_error="skip")
+    assert n == len(ds) and stats["skipped"] == 1
