@@ -240,6 +240,17 @@ CROP_PAD_CASES = {
 }
 
 
+def step_draws(steps, heights, widths, seed, epoch, idx):
+    """Each step's draws on the canvas it sees, as the planner makes them (per step: {name: array [B]})."""
+    draws, ch, cw = [], heights, widths
+    for t in steps:
+        p = t.draw(ch, cw, seed, epoch, idx)
+        draws.append(p)
+        step = t._step(p, ch, cw)
+        ch, cw = step.heights, step.widths
+    return draws
+
+
 def torchvision_crop_pad(img, steps, params):
     """torchvision's functional ops for the steps, with fastload's draws (params: per step, for this sample)."""
     for t, p in zip(steps, params):
@@ -271,12 +282,7 @@ def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
         n, (_, H, W) = 6, full.shape
         hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
         plan = planner.plan(hs, ws, 3, 1, idx)
-        draws, ch, cw = [], hs, ws
-        for t in steps:  # each step's draws on the canvas it sees, as the planner makes them
-            p = t.draw(ch, cw, 3, 1, idx)
-            draws.append(p)
-            step = t._step(p, ch, cw)
-            ch, cw = step.heights, step.widths
+        draws = step_draws(steps, hs, ws, 3, 1, idx)
         for i in range(n):
             top, left, h, w, d = plan.windows[i].tolist()
             crop = ops.decode_crop(data, top, left, h, w, d)
@@ -320,12 +326,7 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
         n, (_, H, W) = 8, full.shape
         hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
         plan = planner.plan(hs, ws, 5, 2, idx)
-        draws, ch, cw = [], hs, ws
-        for t in steps:
-            p = t.draw(ch, cw, 5, 2, idx)
-            draws.append(p)
-            step = t._step(p, ch, cw)
-            ch, cw = step.heights, step.widths
+        draws = step_draws(steps, hs, ws, 5, 2, idx)
         for i in range(n):
             top, left, h, w, d = plan.windows[i].tolist()
             downscaled += d > 1
