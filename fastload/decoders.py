@@ -188,8 +188,7 @@ class PillowImages:
             room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
             return ops.OK, ""
         except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)
-            message, prefix = str(e), f"{e.sample}: "
-            return ops.CORRUPT, message[len(prefix):] if message.startswith(prefix) else message
+            return ops.CORRUPT, e.detail()
         except Exception as e:  # any Pillow failure is this sample's decode error
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 

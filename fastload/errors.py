@@ -8,3 +8,8 @@ class DecodeError(ValueError):
         super().__init__(message)
         self.sample = sample
         self.reason = reason
+
+    def detail(self):
+        """The message without the sample's name it starts with, for a caller that names the sample itself."""
+        message, prefix = str(self), f"{self.sample}: "
+        return message[len(prefix):] if self.sample is not None and message.startswith(prefix) else message

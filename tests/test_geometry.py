@@ -5,6 +5,7 @@ affine grid (the matrix convention), torchvision's pixels on real photos (PSNR),
 (distributions) and its argument validation.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -240,15 +241,36 @@ CROP_PAD_CASES = {
 }
 
 
-def step_draws(steps, heights, widths, seed, epoch, idx):
-    """Each step's draws on the canvas it sees, as the planner makes them (per step: {name: array [B]})."""
-    draws, ch, cw = [], heights, widths
-    for t in steps:
-        p = t.draw(ch, cw, seed, epoch, idx)
-        draws.append(p)
-        step = t._step(p, ch, cw)
-        ch, cw = step.heights, step.widths
-    return draws
+class Warped(NamedTuple):
+    """One planned sample of a photo: its decoded window and the warp of it through its map."""
+    photo: int
+    full: torch.Tensor  # the photo's full decode, uint8 [3, H, W]
+    downscale: int
+    crop: torch.Tensor  # the decoded window, uint8 HWC
+    map: torch.Tensor  # float32 [2, 5]
+    ours: torch.Tensor  # the warp, float32 [3, h, w]
+    draws: list  # per step, this sample's draws {name: value}
+
+
+def warped_samples(steps, planner, photos, n, seed, epoch, fill):
+    """n samples of each photo as the loader makes them (plan, window decode, one warp with ``fill``), with each
+    step's draws on the canvas it sees, as the planner makes them (for torchvision's pipeline with those draws)."""
+    for k, (data, full) in enumerate(photos):
+        _, H, W = full.shape
+        hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
+        plan = planner.plan(hs, ws, seed, epoch, idx)
+        draws, ch, cw = [], hs, ws
+        for t in steps:
+            p = t.draw(ch, cw, seed, epoch, idx)
+            draws.append(p)
+            step = t._step(p, ch, cw)
+            ch, cw = step.heights, step.widths
+        for i in range(n):
+            top, left, h, w, d = plan.windows[i].tolist()
+            crop = ops.decode_crop(data, top, left, h, w, d)
+            ours = ops.warp_affine(crop[None].float(), plan.matrices[i][None], planner.out_size, layout="NHWC",
+                                   fill=fill)[0]
+            yield Warped(k, full, d, crop, plan.matrices[i], ours, [{key: v[i] for key, v in p.items()} for p in draws])
 
 
 def torchvision_crop_pad(img, steps, params):
@@ -278,26 +300,17 @@ def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
     steps = CROP_PAD_CASES[case]()
     planner = G.GeometryPlanner(steps, dct_downscale=False)
     worst, ring_worst, filled = 0.0, 0.0, 0
-    for k, (data, full) in enumerate(photos[:3]):
-        n, (_, H, W) = 6, full.shape
-        hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
-        plan = planner.plan(hs, ws, 3, 1, idx)
-        draws = step_draws(steps, hs, ws, 3, 1, idx)
-        for i in range(n):
-            top, left, h, w, d = plan.windows[i].tolist()
-            crop = ops.decode_crop(data, top, left, h, w, d)
-            ours = ops.warp_affine(crop[None].float(), plan.matrices[i][None], planner.out_size, layout="NHWC",
-                                   fill=FILL)[0]
-            mine = [{key: v[i] for key, v in p.items()} for p in draws]
-            theirs = torchvision_crop_pad(full, steps, mine)
-            assert ours.shape == theirs.shape
-            is_fill = torchvision_crop_pad(torch.zeros(1, H, W), steps, mine) == FILL
-            ring = (tF.max_pool2d(is_fill.float()[None], 3, 1, 1)[0] > 0) & ~is_fill
-            assert torch.equal(ours[is_fill.expand_as(ours)], theirs[is_fill.expand_as(ours)])
-            diff = (ours - theirs).abs()
-            worst = max(worst, diff[(~is_fill & ~ring).expand_as(diff)].max().item())
-            ring_worst = max(ring_worst, diff[ring.expand_as(diff)].max().item() if ring.any() else 0.0)
-            filled += int(is_fill.sum())
+    for s in warped_samples(steps, planner, photos[:3], 6, 3, 1, FILL):
+        ours = s.ours
+        theirs = torchvision_crop_pad(s.full, steps, s.draws)
+        assert ours.shape == theirs.shape
+        is_fill = torchvision_crop_pad(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL
+        ring = (tF.max_pool2d(is_fill.float()[None], 3, 1, 1)[0] > 0) & ~is_fill
+        assert torch.equal(ours[is_fill.expand_as(ours)], theirs[is_fill.expand_as(ours)])
+        diff = (ours - theirs).abs()
+        worst = max(worst, diff[(~is_fill & ~ring).expand_as(diff)].max().item())
+        ring_worst = max(ring_worst, diff[ring.expand_as(diff)].max().item() if ring.any() else 0.0)
+        filled += int(is_fill.sum())
     assert worst <= 0.3, worst
     assert ring_worst <= 0.3, ring_worst
     assert filled > 0 or case == "resize+crop"
@@ -322,35 +335,26 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
     planner = G.GeometryPlanner(steps)
     odd = -7.5  # the warp's fill here: no image pixel can take that value
     downscaled = filled = leaked = 0
-    for k, (data, full) in enumerate(photos):
-        n, (_, H, W) = 8, full.shape
-        hs, ws, idx = np.full(n, H), np.full(n, W), np.arange(n) + 100 * k
-        plan = planner.plan(hs, ws, 5, 2, idx)
-        draws = step_draws(steps, hs, ws, 5, 2, idx)
-        for i in range(n):
-            top, left, h, w, d = plan.windows[i].tolist()
-            downscaled += d > 1
-            crop = ops.decode_crop(data, top, left, h, w, d)
-            ours = ops.warp_affine(crop[None].float(), plan.matrices[i][None], planner.out_size, layout="NHWC",
-                                   fill=odd)[0]
-            mine = [{key: v[i] for key, v in p.items()} for p in draws]
-            if case.startswith("rotation"):  # torchvision's coverage of the rotated canvas, 2 pixels off its edge
-                cover = F.rotate(torch.ones(1, 48, 64), float(mine[1]["angle"]), interpolation=BILINEAR, fill=0.0)
-                sure_fill = ~(tF.max_pool2d((cover > 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
-                sure_image = ~(tF.max_pool2d((cover < 1 - 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
-            else:
-                is_fill = torchvision_crop_pad(torch.zeros(1, H, W), steps, mine)[0] == FILL
-                if case == "resize, centre crop wider":  # torchvision pads CenterCrop with 0: mark it by the image
-                    is_fill = torchvision_crop_pad(torch.full((1, H, W), FILL), steps, mine)[0] == 0.0
-                sure_fill, sure_image = is_fill, ~is_fill
-            assert torch.all(ours[:, sure_fill] == odd), (case, k, i, d)
-            assert not torch.any(ours[:, sure_image] == odd), (case, k, i, d)
-            assert sure_image.any()
-            filled += int(sure_fill.sum())
-            # what the decoded window alone (no box) would have shown there
-            unboxed = ops.warp_affine(crop[None].float(), plan.matrices[i][None, :, :3].contiguous(),
-                                      planner.out_size, layout="NHWC", fill=odd)[0]
-            leaked += int((unboxed[0][sure_fill] != odd).sum())
+    for s in warped_samples(steps, planner, photos, 8, 5, 2, odd):
+        downscaled += s.downscale > 1
+        canvas = (1, *s.full.shape[1:])
+        if case.startswith("rotation"):  # torchvision's coverage of the rotated canvas, 2 pixels off its edge
+            cover = F.rotate(torch.ones(1, 48, 64), float(s.draws[1]["angle"]), interpolation=BILINEAR, fill=0.0)
+            sure_fill = ~(tF.max_pool2d((cover > 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
+            sure_image = ~(tF.max_pool2d((cover < 1 - 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
+        else:
+            is_fill = torchvision_crop_pad(torch.zeros(canvas), steps, s.draws)[0] == FILL
+            if case == "resize, centre crop wider":  # torchvision pads CenterCrop with 0: mark it by the image
+                is_fill = torchvision_crop_pad(torch.full(canvas, FILL), steps, s.draws)[0] == 0.0
+            sure_fill, sure_image = is_fill, ~is_fill
+        assert torch.all(s.ours[:, sure_fill] == odd), (case, s.photo, s.downscale)
+        assert not torch.any(s.ours[:, sure_image] == odd), (case, s.photo, s.downscale)
+        assert sure_image.any()
+        filled += int(sure_fill.sum())
+        # what the decoded window alone (no box) would have shown there
+        unboxed = ops.warp_affine(s.crop[None].float(), s.map[None, :, :3].contiguous(), planner.out_size,
+                                  layout="NHWC", fill=odd)[0]
+        leaked += int((unboxed[0][sure_fill] != odd).sum())
     assert downscaled > 0 and filled > 0
     if case == "resize, pad (chelsea's partial column)":
         assert leaked > 0  # the case this test exists for: without the box, image in the padding

@@ -210,9 +210,8 @@ def _jpeg(buf, h, w, label, opt, name):
         if payload is not None:
             data.release()
             return _with_payload(payload, JPEG, flags, h, w, label)
-    except DecodeError as e:  # the reason, without the name the error starts with (the skip list names the file)
-        message = str(e)
-        return f"corrupt JPEG data: {message[len(name) + 2:] if message.startswith(name + ': ') else message}"
+    except DecodeError as e:  # the skip list names the file
+        return f"corrupt JPEG data: {e.detail()}"
     except Exception as e:  # the re-encoder (Pillow, libturbojpeg) on an odd file: skip it, do not stop the pack
         return f"cannot re-encode: {e}"
     write_header(buf, JPEG, h, w, label, zlib.crc32(data))
