@@ -1,4 +1,6 @@
 """FastLoader(transform=...): the pipeline end to end on real photos (the parts have their own test files)."""
+import enum
+
 import numpy as np
 import pytest
 import torch
@@ -47,12 +49,12 @@ def test_same_batches_whatever_the_threads_and_after_resume(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)
     tf = _policy_pipeline(extra=[T.RandomErasing(0.5)])
     one = [x for x, _ in fl.FastLoader(ds, batch_size=8, seed=3, threads=1, workers=1, transform=tf)]
-    two = fl.FastLoader(ds, batch_size=8, seed=3, threads=2, workers=3, transform=tf)
+    two = fl.FastLoader(ds, batch_size=8, seed=3, threads=4, workers=3, transform=tf)
     it = iter(two)
     first = [next(it)[0] for _ in range(2)]
     state = two.state_dict()
     two.close()
-    resumed = fl.FastLoader(ds, batch_size=8, seed=3, threads=2, transform=tf)
+    resumed = fl.FastLoader(ds, batch_size=8, seed=3, threads=4, transform=tf)
     resumed.load_state_dict(state)
     rest = [x for x, _ in resumed]
     assert len(one) == len(first) + len(rest)
@@ -131,6 +133,11 @@ def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error,
     with pytest.raises(error) as e:
         fl.FastLoader(ds, batch_size=4, transform=bad())
     assert words in str(e.value)
+    if "fastload runs these transforms" in str(e.value):  # the list names transforms, and only transforms
+        listed = str(e.value).split("arguments: ")[1].split(". Import")[0].split(", ")
+        assert {"TrivialAugmentWide", "RandomErasing", "Normalize"} <= set(listed)
+        assert all(isinstance(getattr(T, n), type) and not issubclass(getattr(T, n), enum.Enum) for n in listed)
+        assert "AutoAugmentPolicy" not in listed and "Pipeline" not in listed
 
 
 def test_a_transform_shared_by_two_pipelines_keeps_each_pipelines_draws(imagenet_dir):
@@ -185,6 +192,42 @@ def test_a_harmless_libjpeg_warning_is_decoded_and_counted(imagenet_dir, tmp_pat
                                         crop=fl.CenterCrop(32))))[0]
     assert torch.equal(x, reference)  # the junk changes no pixel
     assert loader.stats()["warnings"] == 1 and loader.stats()["skipped"] == 0
+
+
+def _assert_same(a, b, where="prepared"):
+    """a and b hold the same values: nested tuples/lists/dicts of tensors (any device), arrays and plain values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a.cpu(), b.cpu()), where
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (u, v) in enumerate(zip(a, b)):
+            _assert_same(u, v, f"{where}.{a._fields[i]}" if hasattr(a, "_fields") else f"{where}[{i}]")
+    elif hasattr(a, "__dict__") and not callable(a):  # a transform's plan object
+        assert type(a) is type(b), where
+        _assert_same(vars(a), vars(b), where)
+    else:
+        assert a == b, where
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("spec", benchmark.TRANSFORMS)
+def test_cuda_and_cpu_loaders_draw_identical_parameters(imagenet_dir, spec):
+    """Everything random is drawn on the host from (seed, epoch, index): a CUDA loader prepares each batch (crop
+    plan, photometric table, policy maps, erasing boxes, MixUp/CutMix draws) exactly as a CPU loader does."""
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = benchmark.pipelines(spec, 64, num_classes=4)[0]
+    cpu = fl.FastLoader(ds, batch_size=8, seed=7, transform=tf)
+    gpu = fl.FastLoader(ds, batch_size=8, seed=7, transform=tf, device="cuda")
+    indices = np.arange(len(ds))[::-1][:8].copy()
+    for epoch, k in ((0, 0), (3, 2)):
+        _assert_same(cpu._maker.prepare(indices, epoch, k), gpu._maker.prepare(indices, epoch, k))
 
 
 @pytest.mark.cuda

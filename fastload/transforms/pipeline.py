@@ -119,7 +119,8 @@ class PILToTensor(ToImage):
 
 def _supported_names():
     from . import __all__ as names
-    return ", ".join(n for n in names if n[0].isupper() and n not in ("CropPlan", "Pipeline", "PhotometricTable"))
+    not_transforms = ("CropPlan", "Pipeline", "PhotometricTable", "AutoAugmentPolicy", "InterpolationMode")
+    return ", ".join(n for n in names if n[0].isupper() and n not in not_transforms)
 
 
 def _refuse(t, why):
