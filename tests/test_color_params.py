@@ -98,6 +98,9 @@ RANDOM_APPLY = [  # (fastload, torchvision, op, parameter torchvision passes to 
     (C.RandomPosterize(3, p=0.7), v2.RandomPosterize(3, p=0.7), "posterize", 3.0),
     # threshold 191.5 solarizes uint8 pixels >= 192: the table holds that integer (exact in float32)
     (C.RandomSolarize(191.5, p=0.2), v2.RandomSolarize(191.5, p=0.2), "solarize", 192.0),
+    # torch compares the uint8 image with the threshold in float32: 170.0000051 is 170.0, the pixels at 170 invert
+    (C.RandomSolarize(255 * 0.6666666865348816, p=0.2), v2.RandomSolarize(255 * 0.6666666865348816, p=0.2), "solarize",
+     170.0),
     (C.RandomAdjustSharpness(2.5), v2.RandomAdjustSharpness(2.5), "sharpness", 2.5),
 ]
 
@@ -195,3 +198,16 @@ def test_transform_interface():
         assert table.ops.shape == (5, t.slots) and table.params.shape == (5, t.slots, 3)
         assert table.ops.dtype == torch.int64 and table.params.dtype == torch.float32
     assert C.ColorJitter().slots == 0 and C.ColorJitter(brightness=(1, 1)).slots == 0  # identity, as torchvision
+
+
+@pytest.mark.parametrize("threshold", [0, 0.5, 17.00000088661909, 127.5, 170.0000051, 191.5, 238.00000101327896, 255])
+def test_solarize_thresholds_invert_the_pixels_torchvision_inverts(threshold):
+    """torch compares the uint8 image with a float threshold in float32: the table's integer threshold must pick
+    exactly the pixels torchvision's solarize inverts (RandomSolarize and the policies' Solarize bins)."""
+    from torchvision.transforms.v2 import functional as TF
+    from fastload.transforms.functional import solarize_threshold
+    pixels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256)
+    inverted = TF.solarize(pixels, threshold=threshold) != pixels
+    assert torch.equal(pixels.float() >= float(solarize_threshold(threshold)), inverted)
+    table = C.RandomSolarize(threshold, p=1.0).table(0, 0, np.arange(4))
+    assert (table.params[:, 0, 0] == float(solarize_threshold(threshold))).all()

@@ -519,3 +519,28 @@ def test_accepted_arguments_and_refusals():
     with pytest.raises(ValueError, match="sample 12"):
         planner.plan([10, 0], [10, 10], 0, 0, [11, 12])
     assert all(t.kind == "geometry" and t.stream == 0 for t in (G.Resize(1), G.CenterCrop(1), G.RandomAffine(0)))
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: [m.RandomAffine((20, 10)), m.CenterCrop(16)], lambda m: [m.RandomRotation((20, 10)), m.CenterCrop(16)],
+    lambda m: [m.RandomAffine(0, scale=(1.5, 0.5)), m.CenterCrop(16)],
+    lambda m: [m.RandomAffine(0, shear=(10, 5)), m.CenterCrop(16)],
+    lambda m: [m.RandomAffine(0, shear=(0, 0, 10, 5)), m.CenterCrop(16)],
+    lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, scale=(0.5, 0.1))],
+    lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, ratio=(3, 0.3))],
+    lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, ratio=(0, 1))],
+])
+def test_reversed_ranges_fail_the_first_batch_as_torchvision_fails_the_first_image(imagenet_dir, make):
+    """torchvision draws these with uniform_(lo, hi), which raises RuntimeError on a reversed or infinite range at
+    the first image; fastload raises the same type, naming the transform, at the first batch."""
+    import warnings
+    import fastload as fl
+    import fastload.transforms as FT
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # RandomErasing warns "(min, max)" at construction, as torchvision does
+        theirs, ours = T2.Compose(make(T2)), FT.Compose(make(FT))
+    with pytest.raises(RuntimeError):
+        theirs(torch.zeros(3, 40, 50, dtype=torch.uint8))
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, transform=ours)
+    with pytest.raises(RuntimeError, match=r"Random(Affine|Rotation|Erasing)\(.*uniform_"):
+        next(iter(loader))

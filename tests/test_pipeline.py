@@ -127,6 +127,17 @@ def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_pat
     (lambda: T.Compose([T.ColorJitter(0.4)]), ValueError, "fix the output size"),
     (lambda: T.Compose([T.RandomResizedCrop(32), T.MixUp(num_classes=4), T.ToDtype(torch.float32, scale=True)]),
      ValueError, "must come last"),
+    # torchvision would solarize the float image (threshold 0.5 on 0-1): fastload's ops run on uint8
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.RandomSolarize(0.5)]),
+     ValueError, "comes after ToDtype"),
+    # torchvision normalises the erased value too; fastload erases the normalised batch
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.RandomErasing(1.0),
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]), ValueError, "after RandomErasing"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.5] * 3),
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]), ValueError, "after another Normalize"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True),
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD), T.ToDtype(torch.uint8, scale=True)]),
+     ValueError, "converts the image once"),
 ])
 def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error, words):
     ds = fl.FolderDataset(imagenet_dir)
@@ -310,3 +321,21 @@ def test_padding_is_fill_exactly_with_dct_downscale(imagenet_dir, device):
                                 np.arange(n)).windows[:, 4].gt(1).all()
     edge = x[:, :, inside].reshape(n, 3, 40, 60)
     assert (edge[:, :, :, -1] != 7).any() and (edge[:, :, -1, :] != 7).any()
+
+
+def test_float_casts_uint8_no_ops_and_typed_fills_run_as_torchvision_means_them(imagenet_dir):
+    """What torchvision accepts and fastload can run exactly: a float-to-float ToDtype after the conversion (a cast
+    of the values), ToDtype(uint8) on the uint8 image (nothing), fill given per tv_tensors type."""
+    from torchvision import tv_tensors
+    ds = fl.FolderDataset(imagenet_dir)
+    first = lambda *tf: next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, seed=1, transform=T.Compose(tf))))[0]
+    crop = (T.RandomResizedCrop(32), T.RandomHorizontalFlip())
+    norm = (T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD))
+    f32 = first(*crop, *norm)
+    half = first(*crop, *norm, T.ToDtype(torch.float16))
+    assert half.dtype == torch.float16 and torch.equal(half, f32.half())
+    assert torch.equal(first(*crop, *norm, T.ToDtype(torch.float32, scale=True)), f32)
+    assert torch.equal(first(*crop, T.ToDtype(torch.uint8), *norm), f32)
+    plain = first(T.CenterCrop(24), T.Pad(4, fill=128))
+    typed = first(T.CenterCrop(24), T.Pad(4, fill={tv_tensors.Image: 128, "others": 0}))
+    assert torch.equal(plain, typed) and int((plain[:, :, 0, :] == 128).sum()) == 8 * 3 * 32

@@ -13,6 +13,7 @@ from scipy import stats
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import _auto_augment
+from torchvision.transforms.v2 import functional as TF
 
 from fastload.transforms import policies as P
 from fastload.transforms.functional import OPS
@@ -170,9 +171,10 @@ def test_table_holds_what_torchvision_passes_to_each_op(pair, monkeypatch):
             assert code == OPS[fl_op], (i, s, name)
             expected = kwargs[key] if key else 0.0
             if name == "solarize":  # the integer threshold that solarizes the same uint8 pixels as torchvision's
-                pixels = np.arange(256)
-                assert np.array_equal(pixels >= np.float32(param[0]), pixels >= expected), (i, s, kwargs)
-                assert param[0] == math.ceil(expected)
+                pixels = torch.arange(256, dtype=torch.uint8)
+                solarized = TF.solarize(pixels.view(1, 1, 256), threshold=expected).flatten() != pixels
+                assert torch.equal(pixels.float() >= param[0], solarized), (i, s, kwargs)
+                assert param[0] == int(param[0])
             else:
                 assert param == [float(np.float32(expected)), 0.0, 0.0], (i, s, name, kwargs)
     assert len(seen) >= 5 and seen & {"rotate", "affine"}

@@ -8,14 +8,13 @@ loader's stage on the uint8 image (the canvas after the geometry), as torchvisio
 (``RandomSolarize``) are therefore on the 0-255 scale, which is what torchvision uses for uint8 images.
 """
 import collections.abc
-import math
 import numbers
 
 import numpy as np
 import torch
 
 from .. import rng
-from .functional import OPS, PhotometricTable
+from .functional import OPS, PhotometricTable, solarize_threshold
 
 __all__ = ["ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert", "RandomPosterize",
            "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize"]
@@ -117,8 +116,7 @@ class RandomSolarize(_RandomApply):
         self.threshold = threshold
 
     def _param(self):
-        # the uint8 threshold that decides the same pixels (x >= t <=> x >= ceil(t)), exact in the float32 table
-        return float(math.ceil(self.threshold))
+        return float(solarize_threshold(self.threshold))
 
 
 class RandomAdjustSharpness(_RandomApply):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import rng
+from .geometry import uniform_bounds
 
 __all__ = ["RandomErasing"]
 
@@ -77,9 +78,13 @@ class RandomErasing:
         """float32 [B, 4] (top, left, h, w) of each sample's box on a height x width canvas; h = w = 0: the sample
         is not erased."""
         height, width = int(height), int(width)
+        if self.p > 0:  # torchvision draws both on the first image it erases
+            uniform_bounds(*self.scale[:2], self)
+            with np.errstate(divide="ignore"):
+                uniform_bounds(*np.log(np.asarray(self.ratio[:2], dtype=np.float64)).tolist(), self)
         u = rng.uniforms(seed, epoch, indices, _COLUMNS, stream=self.stream)
         n = len(u)
-        with np.errstate(divide="ignore", invalid="ignore"):  # a ratio bound <= 0 gives nan: no fit, as in torch
+        with np.errstate(divide="ignore", invalid="ignore"):  # (p = 0 skips the bounds check: ratio may be anything)
             lo, hi = np.log(np.asarray(self.ratio[:2], dtype=np.float64))
             area = height * width * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1:2 * _ATTEMPTS + 1:2])
             aspect = np.exp(lo + (hi - lo) * u[:, 2:2 * _ATTEMPTS + 2:2])

@@ -41,6 +41,13 @@ OPS = {"identity": 0, "brightness": 1, "contrast": 2, "saturation": 3, "hue": 4,
        "solarize": 7, "autocontrast": 8, "equalize": 9, "invert": 10, "grayscale": 11, "gaussian_blur": 12}
 
 
+def solarize_threshold(threshold):
+    """The integer t with ``x >= t`` exactly where torchvision's solarize inverts a uint8 x: torch compares the uint8
+    image with a Python-float threshold in float32, so t = ceil(float32(threshold)) (255 * float32(2/3) =
+    170.0000051 is 170.0 there: the pixels at 170 invert). A number or a numpy array; float32 results."""
+    return np.ceil(np.float32(threshold))
+
+
 class PhotometricTable(NamedTuple):
     ops: Tensor  # int64 [B, S], host: op code of slot s for each sample (OPS)
     params: Tensor  # float32 [B, S, 3], host: the op's parameters p0, p1, p2

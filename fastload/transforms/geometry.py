@@ -26,6 +26,7 @@ itself reads the whole decode window (see ``GeometryPlanner.plan`` for where thi
 """
 import collections.abc
 import copy
+import math
 import numbers
 import warnings
 from typing import NamedTuple
@@ -474,6 +475,15 @@ def _keep_resampling(t, interpolation, fill, center):
     t.interpolation, t.fill, t.center = interpolation, fill, center
 
 
+def uniform_bounds(lo, hi, who):
+    """Raise as torch's ``uniform_(lo, hi)`` does, where torchvision draws a parameter on [lo, hi]: a reversed or
+    non-finite range is a RuntimeError at the first image (fastload: at the first batch's planning)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise RuntimeError(f"{who}: uniform_: from={lo} or to={hi} is out of bounds for float")
+    if lo > hi:
+        raise RuntimeError(f"{who}: uniform_ expects to return a [from, to) range, but found from={lo} > to={hi}")
+
+
 class RandomAffine(_Geometry):
     """torchvision's ``RandomAffine``. Per sample, from columns 0-5 of its stream: angle, translate (x, y; rounded
     as torchvision rounds them), scale, shear (x, y) -- each uniform on torchvision's range, unused ones ignored.
@@ -502,6 +512,8 @@ class RandomAffine(_Geometry):
     def _draw(self, heights, widths, u):
         b = len(u)
         lo, hi = self.degrees
+        for pair in (self.degrees, self.scale or (1, 1), *(zip(*[iter(self.shear)] * 2) if self.shear else ())):
+            uniform_bounds(*pair, self)
         params = dict(angle=lo + (hi - lo) * u[:, 0], tx=np.zeros(b, np.int64), ty=np.zeros(b, np.int64),
                       scale=np.ones(b), shear_x=np.zeros(b), shear_y=np.zeros(b))
         if self.translate is not None:
@@ -538,6 +550,7 @@ class RandomRotation(_Geometry):
 
     def _draw(self, heights, widths, u):
         lo, hi = self.degrees
+        uniform_bounds(lo, hi, self)
         return dict(angle=lo + (hi - lo) * u[:, 0])
 
     def _step(self, p, heights, widths):

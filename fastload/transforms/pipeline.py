@@ -205,7 +205,7 @@ class Pipeline:
         # the warp.
         self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
         self._memo = threading.local()  # _policy_plan's last result per policy, per planning thread
-        from .geometry import GeometryPlanner
+        from .geometry import GeometryPlanner, fill_triple
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
         self.geometry = GeometryPlanner(steps) if steps else geometry
@@ -213,7 +213,7 @@ class Pipeline:
         self._geometries = {self.out_size: self.geometry}  # (H, W) -> the geometry planning that size
         self._epoch_sizes = {}  # epoch -> (H, W) where it differs from out_size (set_epoch_size)
         # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
-        fills = {_fill_triple(t.fill) for t in steps + self._policies if hasattr(t, "fill")}
+        fills = {fill_triple(t.fill) for t in steps + self._policies if hasattr(t, "fill")}
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
@@ -248,16 +248,31 @@ class Pipeline:
                     # its geometric ops fold into the warp, which runs before AugMix
                     raise ValueError(f"{t!r} comes after AugMix: fastload folds a policy's geometric ops into the "
                                      f"warp before AugMix. Put it before AugMix.")
-                if mean is not None or erasing:
-                    raise ValueError(f"{t!r} comes after Normalize/RandomErasing: fastload's photometric ops run on "
-                                     f"the uint8 image, as torchvision's uint8 pipelines do. Move it before them.")
+                if dtype in _FLOAT_DTYPES or mean is not None or erasing:
+                    # torchvision would run it on the float image, where some arguments mean other things (a
+                    # solarize threshold on 0-1) and nothing rounds to levels: refused rather than approximated.
+                    raise ValueError(f"{t!r} comes after ToDtype/Normalize/RandomErasing: fastload's photometric ops "
+                                     f"run on the uint8 image, as torchvision's recipes do. Move it before them.")
                 photometric.append(t)
             elif kind == "dtype":
-                dtype, scale = t.dtype, t.scale
+                if dtype in (None, torch.uint8):  # (uint8 to uint8 is a no-op)
+                    dtype, scale = t.dtype, t.scale
+                elif dtype in _FLOAT_DTYPES and t.dtype in _FLOAT_DTYPES:
+                    dtype = t.dtype  # float to float: a cast, values unchanged (scale is a no-op between floats)
+                else:
+                    raise ValueError(f"{t!r} after {_dtype_repr(dtype, scale)}: fastload converts the image once "
+                                     f"(uint8 to float, or to another float type); remove one of them")
             elif kind == "normalize":
                 if dtype is None or dtype == torch.uint8 or not scale:
                     raise ValueError("Normalize needs a float image on the 0-1 scale first: put "
                                      "ToDtype(torch.float32, scale=True) before it (torchvision raises on uint8 input)")
+                if mean is not None:
+                    raise ValueError(f"{t!r} after another Normalize: fastload folds one normalisation into the "
+                                     f"warp; combine them into one (mean m1 + m2 * s1, std s1 * s2)")
+                if erasing:
+                    raise ValueError(f"{t!r} after RandomErasing: fastload erases the normalised batch, so the "
+                                     f"erased value would not be normalised as torchvision's would; put RandomErasing "
+                                     f"after Normalize (as torchvision's references do)")
                 mean, std = t.mean, t.std
             elif kind == "erasing":
                 if dtype is None or dtype == torch.uint8:
@@ -496,11 +511,6 @@ def _gathered_box(extra, h, w):
     return box
 
 
-def _fill_triple(fill):
-    if fill is None:
-        return (0.0, 0.0, 0.0)
-    if isinstance(fill, (int, float)):
-        return (float(fill),) * 3
-    fill = [float(f) for f in fill]
-    return tuple(fill * 3) if len(fill) == 1 else tuple(fill)
+def _dtype_repr(dtype, scale):
+    return f"ToDtype({dtype}, scale={scale})"
 

@@ -30,7 +30,7 @@ import torch
 
 from .. import rng
 from .color import _table
-from .functional import OPS
+from .functional import OPS, solarize_threshold
 
 __all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide"]
 
@@ -52,9 +52,9 @@ _PHOTOMETRIC = {
     "Contrast": ("contrast", lambda m: 1.0 + m),
     "Sharpness": ("sharpness", lambda m: 1.0 + m),
     "Posterize": ("posterize", np.trunc),  # int(magnitude)
-    # _max_value(uint8) * magnitude, as the uint8 threshold it decides: x >= t <=> x >= ceil(t) for integer x. In
-    # float32 255 * 2/3 = 170.0000051 would become 170.0 and solarize the pixels at 170, which torchvision does not.
-    "Solarize": ("solarize", lambda m: np.ceil(255.0 * m)),
+    # _max_value(uint8) * magnitude (a Python float), as the integer threshold that decides the same pixels
+    # (solarize_threshold: torch compares the uint8 image with it in float32).
+    "Solarize": ("solarize", lambda m: solarize_threshold(255.0 * m)),
     "AutoContrast": ("autocontrast", lambda m: 0.0 * m),
     "Equalize": ("equalize", lambda m: 0.0 * m),
     "Invert": ("invert", lambda m: 0.0 * m),
@@ -163,18 +163,25 @@ _PIL_INTERPOLATIONS = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "
 
 
 def _check_interpolation(interpolation):
-    """torchvision's _check_interpolation (same exceptions): the mode's name."""
+    """torchvision's _check_interpolation (same exceptions): the mode's name, "nearest" or "bilinear". The others
+    torchvision accepts here and refuses at the first tensor image a geometric op moves (ValueError): fastload's
+    images are tensors, so it refuses them at once."""
     if isinstance(interpolation, str):
         if interpolation not in _INTERPOLATIONS:
             raise ValueError(f"Invalid interpolation mode: '{interpolation}'. "
                              f"Supported string values are: {list(_INTERPOLATIONS)}.")
-        return interpolation
-    if isinstance(interpolation, int):
-        return _PIL_INTERPOLATIONS[interpolation]  # KeyError for other ints, as torchvision
-    if type(interpolation).__name__ == "InterpolationMode":  # torchvision's enum, not imported: an optional dep
-        return interpolation.value
-    raise ValueError(f"Argument interpolation should be an `InterpolationMode` or a corresponding Pillow integer "
-                     f"constant, but got {interpolation}.")
+        mode = interpolation
+    elif isinstance(interpolation, int):
+        mode = _PIL_INTERPOLATIONS[interpolation]  # KeyError for other ints, as torchvision
+    elif type(interpolation).__name__ == "InterpolationMode":  # torchvision's enum (fastload.transforms re-exports it)
+        mode = interpolation.value
+    else:
+        raise ValueError(f"Argument interpolation should be an `InterpolationMode` or a corresponding Pillow integer "
+                         f"constant, but got {interpolation}.")
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"Interpolation mode '{mode}' is unsupported with Tensor input (use NEAREST, the default, "
+                         f"or BILINEAR)")
+    return mode
 
 
 def _check_fill(fill):
