@@ -286,6 +286,8 @@ def test_fma_matches_torch_add(photos, device):
     (lambda x: F.adjust_hue(x, torch.tensor([0.0, 0.0, 0.0, 0.6, 0.0, 0.0])),
      lambda x: TF.adjust_hue(x[3], 0.6), r"hue_factor\[3\] \(0.6"),
     (lambda x: F.posterize(x, torch.tensor([8, 9, 8, 8, 8, 8])), lambda x: TF.posterize(x[1], 9), r"bits\[1\]"),
+    (lambda x: F.posterize(x, 3.0), lambda x: TF.posterize(x[0], 3.0), "bits must be"),
+    (lambda x: F.posterize(x, float("nan")), lambda x: TF.posterize(x[0], float("nan")), "bits must be"),
     (lambda x: F.solarize(x, 256.0), lambda x: TF.solarize(x[0], 256.0), "Threshold"),
     (lambda x: F.gaussian_blur(x, 4), lambda x: TF.gaussian_blur(x[0], 4), "odd and positive"),
     (lambda x: F.gaussian_blur(x, 3, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0])),

@@ -544,3 +544,14 @@ def test_reversed_ranges_fail_the_first_batch_as_torchvision_fails_the_first_ima
     loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, transform=ours)
     with pytest.raises(RuntimeError, match=r"Random(Affine|Rotation|Erasing)\(.*uniform_"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("make", [lambda m: m.CenterCrop((3.5, 4.2)), lambda m: m.RandomCrop((8.0, 8)),
+                                  lambda m: m.Resize("10"), lambda m: m.Resize((16, 12.5)),
+                                  lambda m: m.RandomResizedCrop([7.0])])
+def test_sizes_that_are_not_ints_are_a_type_error(make):
+    """torchvision keeps them and raises TypeError at the first image; fastload raises it when it is built."""
+    with pytest.raises(TypeError):
+        make(T2)(torch.zeros(3, 40, 50, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="sequence of ints"):
+        make(G)

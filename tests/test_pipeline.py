@@ -119,6 +119,7 @@ def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_pat
 
 @pytest.mark.parametrize("bad, error, words", [
     (lambda: T.Compose([T.RandomResizedCrop(32), lambda im: im]), TypeError, "not a fastload transform"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.Lambda(lambda im: im)]), TypeError, "a Python function"),
     (lambda: T.Compose([T.RandomResizedCrop(32), TV.ColorJitter(0.4)]), TypeError, "fastload.transforms.ColorJitter"),
     (lambda: T.Compose([T.RandomResizedCrop(32), TV.ElasticTransform()]), TypeError, "no equivalent"),
     (lambda: T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(32)]), ValueError, "geometry first"),
@@ -336,6 +337,25 @@ def test_float_casts_uint8_no_ops_and_typed_fills_run_as_torchvision_means_them(
     assert half.dtype == torch.float16 and torch.equal(half, f32.half())
     assert torch.equal(first(*crop, *norm, T.ToDtype(torch.float32, scale=True)), f32)
     assert torch.equal(first(*crop, T.ToDtype(torch.uint8), *norm), f32)
+    assert torch.equal(first(*crop, T.Identity(), *norm, T.ToPureTensor()), f32)  # (a position is a stream)
     plain = first(T.CenterCrop(24), T.Pad(4, fill=128))
     typed = first(T.CenterCrop(24), T.Pad(4, fill={tv_tensors.Image: 128, "others": 0}))
     assert torch.equal(plain, typed) and int((plain[:, :, 0, :] == 128).sum()) == 8 * 3 * 32
+
+
+def test_interpolation_mode_is_torchvisions_vocabulary():
+    """``T.InterpolationMode`` as torchvision's (names and values); the policies refuse, at construction, the
+    modes torchvision refuses at the first tensor image it moves (ValueError), and run the two it runs."""
+    assert {m.name: m.value for m in T.InterpolationMode} == {m.name: m.value for m in TV.InterpolationMode}
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    for name in ("BICUBIC", "LANCZOS", "BOX", "NEAREST_EXACT", "HAMMING"):
+        with pytest.raises(ValueError):  # torchvision: at the first geometric op it draws
+            torch.manual_seed(0)
+            for _ in range(50):
+                TV.RandAugment(interpolation=TV.InterpolationMode[name])(image)
+        for mode in (T.InterpolationMode[name], TV.InterpolationMode[name]):
+            with pytest.raises(ValueError, match="unsupported with Tensor input"):
+                T.RandAugment(interpolation=mode)
+    for name in ("NEAREST", "BILINEAR"):
+        assert T.TrivialAugmentWide(interpolation=T.InterpolationMode[name])._interpolation == name.lower()
+        assert T.RandomRotation(10, interpolation=T.InterpolationMode[name]).interpolation == T.InterpolationMode[name]

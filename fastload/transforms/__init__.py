@@ -22,8 +22,8 @@ from .geometry import (CenterCrop, Pad, RandomAffine, RandomCrop, RandomHorizont
                        RandomRotation, RandomVerticalFlip, Resize)
 from .containers import RandomApply, RandomChoice, RandomOrder
 from .mixing import CutMix, MixUp
-from .pipeline import Compose, Normalize, PILToTensor, Pipeline, ToDtype, ToImage
-from .policies import AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
+from .pipeline import Compose, Identity, Lambda, Normalize, PILToTensor, Pipeline, ToDtype, ToImage, ToPureTensor
+from .policies import AutoAugment, AutoAugmentPolicy, InterpolationMode, RandAugment, TrivialAugmentWide
 
 __all__ = [
     "Compose", "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop", "Pad", "RandomHorizontalFlip",
@@ -31,5 +31,6 @@ __all__ = [
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
-    "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice", "RandomApply", "RandomOrder", "Pipeline",
+    "ToPureTensor", "Identity", "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
+    "RandomApply", "RandomOrder", "Pipeline", "InterpolationMode", "Lambda",
 ]

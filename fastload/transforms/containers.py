@@ -95,7 +95,10 @@ class RandomChoice(_Container):
             p = [1] * len(transforms)
         elif len(p) != len(transforms):
             raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != {len(transforms)}")
-        if not all(prob >= 0 for prob in p) or not sum(p) > 0:  # torchvision's multinomial raises at the first call
+        # torchvision divides by sum(p) when built, and its multinomial raises at the first call
+        if sum(p) == 0:
+            raise ZeroDivisionError(f"RandomChoice: p sums to 0: {list(p)}")
+        if not all(prob >= 0 for prob in p) or not sum(p) > 0:
             raise RuntimeError(f"RandomChoice: p must hold non-negative weights with a positive sum, got {list(p)}")
         self.kind = self._adopt(transforms, ("photometric", "batch"))
         total = sum(p)

@@ -391,6 +391,8 @@ def posterize(x, bits):
     _check_image(x, "posterize", channels=None)
     check = lambda v: (~((v >= 0) & (v <= 8) & (v == v.floor())),
                        (TypeError, "{name} must be a positive integer in the range [0, 8], got {v} instead."))
+    if isinstance(bits, numbers.Real) and not isinstance(bits, numbers.Integral):  # torchvision: int bits only
+        raise TypeError(f"bits must be a positive integer in the range [0, 8], got {bits} instead.")
     if isinstance(bits, Tensor) and bits.is_floating_point() and bits.device != torch.device("cpu"):
         raise TypeError("posterize: bits must be an integer tensor (or a CPU tensor, checked to hold integers)")
     return _posterize(x, _param(x, bits, "bits", check, dtype=torch.int64))

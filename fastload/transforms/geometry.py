@@ -60,6 +60,9 @@ def _setup_size(size, error_msg):
         size = (size[0], size[0])
     elif len(size) != 2:
         raise ValueError(error_msg)
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size):
+        # torchvision keeps them and fails at the first image (TypeError from the resize/crop)
+        raise TypeError(f"size should be an int or a sequence of ints, got {size!r}")
     size = tuple(int(s) for s in size)
     if min(size) <= 0:
         raise ValueError(f"size must be positive, got {size}")
@@ -254,6 +257,8 @@ class Resize(_Geometry):
             size = [size]
         elif isinstance(size, collections.abc.Sequence) and len(size) in {1, 2}:
             size = list(size)
+            if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size):
+                raise TypeError(f"size should be an int or a sequence of ints, got {size!r}")  # torchvision: at run
         elif size is None:
             if not isinstance(max_size, int):
                 raise ValueError(f"max_size must be an integer when size is None, but got {max_size} instead.")

@@ -154,7 +154,7 @@ class _Mix:
                 bad = (y < 0) | (y >= self.num_classes)
                 if bad.any():
                     s = int(bad.nonzero()[0, 0])
-                    raise ValueError(f"label {int(y[s])} of sample {s} of the batch is outside [0, num_classes="
+                    raise RuntimeError(f"label {int(y[s])} of sample {s} of the batch is outside [0, num_classes="
                                      f"{self.num_classes})")
 
     def plan(self, seed, epoch, batch_index, size, height, width):

@@ -117,9 +117,38 @@ class PILToTensor(ToImage):
         return "PILToTensor()"
 
 
+class Identity(ToImage):
+    """torchvision's ``Identity``: a no-op."""
+
+    def __repr__(self):
+        return "Identity()"
+
+
+class ToPureTensor(ToImage):
+    """torchvision's ``ToPureTensor``: a no-op here (the loader's batches are plain tensors)."""
+
+    def __repr__(self):
+        return "ToPureTensor()"
+
+
+class Lambda:
+    """torchvision's ``Lambda(lambd, *types)``, so that a pipeline moves over unchanged up to the loader, which
+    refuses it naming it: fastload plans every transform before decoding and cannot call Python on each image."""
+
+    kind = None
+
+    def __init__(self, lambd, *types):
+        if not callable(lambd):
+            raise TypeError(f"Argument lambd should be callable, got {repr(type(lambd).__name__)}")
+        self.lambd, self.types = lambd, types or (object,)
+
+    def __repr__(self):
+        return f"Lambda({getattr(self.lambd, '__name__', self.lambd)})"
+
+
 def _supported_names():
     from . import __all__ as names
-    not_transforms = ("CropPlan", "Pipeline", "PhotometricTable", "AutoAugmentPolicy", "InterpolationMode")
+    not_transforms = ("CropPlan", "Pipeline", "PhotometricTable", "AutoAugmentPolicy", "InterpolationMode", "Lambda")
     return ", ".join(n for n in names if n[0].isupper() and n not in not_transforms)
 
 
@@ -131,6 +160,9 @@ def _refuse(t, why):
 
 
 def _check_transform(t):
+    if isinstance(t, Lambda):
+        raise _refuse(t, "a Python function on each image: fastload plans every transform before decoding, so it "
+                         "cannot call arbitrary Python on each image")
     kind = getattr(t, "kind", None)
     if kind is None or not type(t).__module__.startswith("fastload."):
         if type(t).__module__.startswith("torchvision."):

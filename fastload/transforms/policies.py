@@ -32,7 +32,19 @@ from .. import rng
 from .color import _table
 from .functional import OPS, solarize_threshold
 
-__all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide"]
+__all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide", "InterpolationMode"]
+
+
+class InterpolationMode(Enum):
+    """torchvision's ``InterpolationMode`` (the same names and values; fastload's transforms take either enum, its
+    strings or Pillow's constants). The geometric transforms run BILINEAR and NEAREST; the others are refused."""
+    NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
 
 
 class AutoAugmentPolicy(Enum):
@@ -173,7 +185,7 @@ def _check_interpolation(interpolation):
         mode = interpolation
     elif isinstance(interpolation, int):
         mode = _PIL_INTERPOLATIONS[interpolation]  # KeyError for other ints, as torchvision
-    elif type(interpolation).__name__ == "InterpolationMode":  # torchvision's enum (fastload.transforms re-exports it)
+    elif type(interpolation).__name__ == "InterpolationMode":  # torchvision's enum or fastload's copy of it
         mode = interpolation.value
     else:
         raise ValueError(f"Argument interpolation should be an `InterpolationMode` or a corresponding Pillow integer "
