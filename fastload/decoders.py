@@ -304,13 +304,14 @@ class Cores:
 
 # What Engines knows of each sample (one int8 per sample, kept for the loader's life).
 UNKNOWN, CORES, HEADER_OK, VERIFIED = -1, 0, 1, 2
-# read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these samplings.
+# read_header fields of JPEGs the hardware decoder takes: baseline Huffman YCbCr, these luma samplings with 1x1
+# chroma (the named subsamplings).
 _HARDWARE_SAMPLING = {(1, 1), (2, 1), (2, 2), (1, 2)}
 
 
 def _hardware_decodable(header):
     return (header["status"] == ops.OK and header["components"] == 3 and header["color_space"] == 3
-            and not header["progressive"] and not header["arithmetic"]
+            and not header["progressive"] and not header["arithmetic"] and header["chroma_1x1"]
             and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
 
 

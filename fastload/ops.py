@@ -79,7 +79,8 @@ def read_header(data, *, strict=True, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES
     if h["status"] != OK:
         _raise(h["status"], h["message"], sample)
     _warn(h["message"], sample)
-    subsampling = "gray" if h["components"] == 1 else _SUBSAMPLING.get((h["h_samp"], h["v_samp"]), "other")
+    subsampling = ("gray" if h["components"] == 1 else
+                   _SUBSAMPLING.get((h["h_samp"], h["v_samp"]), "other") if h["chroma_1x1"] else "other")
     return JpegInfo(h["height"], h["width"], h["components"], _COLOR_SPACES.get(h["color_space"], "unknown"),
                     subsampling, h["progressive"], h["arithmetic"], h["adobe"])
 

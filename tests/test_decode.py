@@ -462,3 +462,53 @@ def test_decode_crops_checks_expected_crcs(kinds):
     _, _, _, status, messages = ops.decode_crops([data] * 3, windows, crcs=[good, good ^ 1, -1])
     assert status.tolist() == [ops.OK, ops.CORRUPT, ops.OK]
     assert "checksum mismatch" in messages[1] and f"{good ^ 1:08x}" in messages[1]
+
+
+# Legal sampling layouts outside the named subsamplings (cjpeg -sample): libjpeg-turbo 2.1's column crop at DCT
+# scale 1/2 and 1/4 returns other pixels for them (different ones from call to call), so such files decode whole
+# rows at those scales (jpeg_decoder.cpp, crop_is_exact). Found by fuzzing.
+@pytest.mark.parametrize("sample, extra", [("1x4,2x1,1x1", ()), ("2x2,1x4,1x1", ()), ("4x1,1x1,1x2", ("-restart", "1")),
+                                           ("1x2,2x1,1x1", ())])
+def test_unusual_sampling_layouts_decode_windows_exactly(sample, extra):
+    from bench.corpus import _cjpeg, _crop, _photos
+    photo = _crop(np.random.default_rng(3), _photos()[1], 203, 317)
+    data = _cjpeg(photo, "-sample", sample, *extra)
+    info = ops.read_header(data)
+    header = ops.C.read_header(data, ops.MAX_PIXELS)
+    assert info.subsampling == "other" and not header["chroma_1x1"]
+    from fastload.decoders import _hardware_decodable  # nor do they go to the JPEG engines (4:2:0 by luma alone)
+    assert not _hardware_decodable(header) and _hardware_decodable(ops.C.read_header(_cjpeg(photo), ops.MAX_PIXELS))
+    h, w = info.height, info.width
+    with Image.open(io.BytesIO(data)) as im:
+        assert np.array_equal(ops.decode_crop(data, 0, 0, h, w).numpy(), np.asarray(im.convert("RGB")))
+    windows = [(0, 40, h, 30), (33, 58, 39, 32), (10, 20, 40, 40), (101, 150, 97, 160)]
+    for d in (1, 2, 4, 8):
+        full = ops.decode_crop(data, 0, 0, h, w, downscale=d).numpy()
+        batch = [[t, left, wh, ww, d] for t, left, wh, ww in windows]
+        out, offsets, shapes, status, _ = ops.decode_crops([data] * len(batch), batch, threads=2)
+        assert not status.any()
+        for k, (t, left, wh, ww) in enumerate(windows):
+            crop = ops.decode_crop(data, t, left, wh, ww, downscale=d).numpy()
+            assert np.array_equal(crop, full[t // d:t // d + crop.shape[0], left // d:left // d + crop.shape[1]]), (d, k)
+            n = crop.size
+            assert np.array_equal(out[int(offsets[k]):int(offsets[k]) + n].view(crop.shape).numpy(), crop), (d, k)
+
+
+def test_cmyk_without_an_intact_adobe_marker_decodes_as_pillow_does():
+    """Pillow reads every CMYK JPEG as Adobe's inverted CMYK: one whose APP14 marker is missing or damaged decodes
+    as the intact file, and so does fastload (it inverted only with the marker: every value wrong)."""
+    from bench.corpus import _crop, _photos, _to_cmyk
+    buf = io.BytesIO()
+    _to_cmyk(_crop(np.random.default_rng(5), _photos()[2], 64, 96)).save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    at = data.index(b"\xff\xee")  # APP14 "Adobe"
+    length = int.from_bytes(data[at + 2:at + 4], "big")
+    assert data[at + 4:at + 9] == b"Adobe"
+    variants = {"no APP14": data[:at] + data[at + 2 + length:],
+                "damaged id": data[:at + 4] + b"Adobf" + data[at + 9:]}
+    intact = ops.decode_crop(data, 0, 0, 64, 96).numpy()
+    for name, bad in variants.items():
+        with Image.open(io.BytesIO(bad)) as im:
+            pillow = np.asarray(im.convert("RGB"))
+        assert np.array_equal(pillow, intact), name  # Pillow's reading, the reference
+        assert np.array_equal(ops.decode_crop(bad, 0, 0, 64, 96).numpy(), pillow), name

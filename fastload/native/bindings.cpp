@@ -324,6 +324,7 @@ py::dict header_dict(int status, const char* message, const JpegHeader& h) {
   d["color_space"] = h.color_space;
   d["h_samp"] = h.h_samp;
   d["v_samp"] = h.v_samp;
+  d["chroma_1x1"] = h.chroma_1x1;
   d["progressive"] = h.progressive;
   d["arithmetic"] = h.arithmetic;
   d["adobe"] = h.adobe;

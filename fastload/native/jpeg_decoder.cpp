@@ -68,6 +68,20 @@ int output_space(j_decompress_ptr cinfo, J_COLOR_SPACE* space, int* components, 
   return kOk;
 }
 
+// Whether jpeg_crop_scanline gives the columns a full-width decode gives. libjpeg-turbo 2.1's column crop with DCT
+// scaling 1/2 or 1/4 returns other pixels (and reads memory it never wrote: they change from call to call) for
+// legal but unusual sampling layouts, e.g. luma 1x4 with a 2x1 chroma plane (found by fuzzing with cjpeg -sample);
+// the layouts named 4:4:4, 4:2:2, 4:4:0, 4:2:0 and 4:1:1 (chroma 1x1) and grayscale decode exactly. The others
+// decode whole rows and copy the window's columns out.
+bool crop_is_exact(j_decompress_ptr cinfo, int downscale) {
+  if (downscale == 1 || downscale == 8 || cinfo->num_components == 1) return true;
+  const int h = cinfo->comp_info[0].h_samp_factor, v = cinfo->comp_info[0].v_samp_factor;
+  if (!((h == 1 || h == 2) && (v == 1 || v == 2)) && !(h == 4 && v == 1)) return false;
+  for (int c = 1; c < cinfo->num_components; ++c)
+    if (cinfo->comp_info[c].h_samp_factor != 1 || cinfo->comp_info[c].v_samp_factor != 1) return false;
+  return true;
+}
+
 void fill_header(j_decompress_ptr cinfo, JpegHeader* out) {
   out->height = static_cast<int32_t>(cinfo->image_height);
   out->width = static_cast<int32_t>(cinfo->image_width);
@@ -75,6 +89,9 @@ void fill_header(j_decompress_ptr cinfo, JpegHeader* out) {
   out->color_space = cinfo->jpeg_color_space;
   out->h_samp = cinfo->comp_info[0].h_samp_factor;
   out->v_samp = cinfo->comp_info[0].v_samp_factor;
+  out->chroma_1x1 = true;
+  for (int c = 1; c < cinfo->num_components; ++c)
+    out->chroma_1x1 &= cinfo->comp_info[c].h_samp_factor == 1 && cinfo->comp_info[c].v_samp_factor == 1;
   out->progressive = cinfo->progressive_mode;
   out->arithmetic = cinfo->arith_code;
   out->adobe = cinfo->saw_Adobe_marker;
@@ -87,12 +104,11 @@ inline int muldiv255(int a, int b) {
   return ((t >> 8) + t) >> 8;
 }
 
-void cmyk_to_rgb(const uint8_t* in, uint8_t* out, int64_t n, bool inverted) {
+// Pillow reads every CMYK JPEG as Adobe's inverted CMYK (raw mode "CMYK;I"), with or without an Adobe marker (so
+// one whose marker is damaged or missing decodes as the intact file does there): undone here too.
+void cmyk_to_rgb(const uint8_t* in, uint8_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i, in += 4, out += 3) {
-    int c = in[0], m = in[1], y = in[2], k = in[3];
-    if (inverted) {  // Adobe stores CMYK inverted; Pillow's "CMYK;I" raw mode undoes it
-      c = 255 - c; m = 255 - m; y = 255 - y; k = 255 - k;
-    }
+    const int c = 255 - in[0], m = 255 - in[1], y = 255 - in[2], k = 255 - in[3];
     const int nk = 255 - k;
     out[0] = clip8(nk - muldiv255(c, nk));
     out[1] = clip8(nk - muldiv255(m, nk));
@@ -195,7 +211,6 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
     return status;
   }
   cinfo.out_color_space = space;
-  const bool inverted = nc == 4 && cinfo.saw_Adobe_marker;
   cinfo.scale_num = 1;
   cinfo.scale_denom = static_cast<unsigned int>(d);
   cinfo.dct_method = JDCT_ISLOW;  // Pillow's default: needed for bit-identical output
@@ -227,7 +242,7 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
   if (cinfo.progressive_mode) context = static_cast<JDIMENSION>(2 * cinfo.max_h_samp_factor * dct_scaled);
   JDIMENSION xoffset = col0 > context ? col0 - context : 0;
   JDIMENSION crop_width = std::min<JDIMENSION>(col0 + cols + context, cinfo.output_width) - xoffset;
-  if (crop_width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &crop_width);
+  if (crop_width < cinfo.output_width && crop_is_exact(&cinfo, d)) jpeg_crop_scanline(&cinfo, &xoffset, &crop_width);
   else xoffset = 0;
   const JDIMENSION skip_cols = col0 - xoffset;
   if (row0 > 0 && jpeg_skip_scanlines(&cinfo, row0) != row0) {
@@ -269,7 +284,7 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
     const uint8_t* src = scratch[0] + before;
     if (nc == 3) std::memcpy(dst, src, out_stride);
     else if (nc == 1) gray_to_rgb(src, dst, cols);
-    else cmyk_to_rgb(src, dst, cols, inverted);
+    else cmyk_to_rgb(src, dst, cols);
   }
   // Rows below the window are never decoded; jpeg_destroy_decompress aborts the rest cleanly. A window that
   // reaches the last row has read the whole scan: finishing reads up to EOI, where libjpeg reports leftover

@@ -34,6 +34,7 @@ struct JpegHeader {
   int32_t height = 0, width = 0, components = 0;
   int32_t color_space = 0;  // J_COLOR_SPACE of the file (1 gray, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK)
   int32_t h_samp = 0, v_samp = 0;  // luma sampling factors: 2,2 = 4:2:0; 2,1 = 4:2:2; 1,2 = 4:4:0; 1,1 = 4:4:4
+  bool chroma_1x1 = true;           // every other component sampled 1x1 (what the named subsamplings mean)
   bool progressive = false, arithmetic = false, adobe = false;
 };
 
