@@ -341,22 +341,28 @@ def affine_nearest_(images, samples, matrices, fill=0.0):
     return images
 
 
-def nearest_maps(samples, matrices, batch, device):
+def nearest_maps(samples, matrices, batch, device, slots=None, num_slots=1):
     """(samples int64 [N], matrices float32 [N, 2, 3]) on ``device`` for the ops that take nearest maps
-    (affine_nearest_, and photometric, which reads the listed samples through them). Host samples are checked here
-    (distinct indices into a batch of ``batch``); device ones are trusted (a CUDA kernel skips indices outside, and
-    reads a sample listed twice through one of its matrices)."""
+    (affine_nearest_, and photometric, which reads the listed samples through them, each at its entry of
+    ``slots``: a host list of N non-decreasing slot indices below ``num_slots``, None: all at slot 0). Host samples
+    are checked here (indices into a batch of ``batch``, distinct within a slot); device ones are trusted (a CUDA
+    kernel skips indices outside, and reads a sample listed twice in a slot through one of its matrices)."""
     samples = torch.as_tensor(samples, dtype=torch.int64)
     matrices = torch.as_tensor(matrices, dtype=torch.float32)
     if samples.dim() != 1 or matrices.shape != (len(samples), 2, 3):
         raise ValueError(f"samples must be [N] and matrices [N, 2, 3], got {tuple(samples.shape)} and "
                          f"{tuple(matrices.shape)}")
+    slot = np.zeros(len(samples), np.int64) if slots is None else np.asarray(slots, dtype=np.int64).reshape(-1)
+    if len(slot) != len(samples):
+        raise ValueError(f"slots must give one slot per listed sample ({len(samples)}), got {len(slot)}")
+    if len(slot) and (slot.min() < 0 or slot.max() >= max(num_slots, 1) or (np.diff(slot) < 0).any()):
+        raise ValueError(f"slots must be non-decreasing slot indices below {max(num_slots, 1)}, got {slot.tolist()}")
     if samples.device.type == "cpu" and len(samples):  # numpy: a few microseconds (the stage calls this per batch)
         index = samples.numpy()
         if index.min() < 0 or index.max() >= batch:
             raise ValueError(f"samples must index the batch of {batch}, got {index.tolist()}")
-        if np.bincount(index, minlength=batch).max() > 1:
-            raise ValueError(f"samples must be distinct, got {index.tolist()}")
+        if np.unique(slot * batch + index).size < len(index):
+            raise ValueError(f"samples must be distinct within a slot, got {index.tolist()} at slots {slot.tolist()}")
     return samples.to(device, non_blocking=True), matrices.to(device, non_blocking=True).contiguous()
 
 

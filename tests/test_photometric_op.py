@@ -466,3 +466,102 @@ def test_cuda_sample_listed_twice_is_read_through_one_map(decoded):
     either = [F.photometric(x, table, out_dtype=torch.uint8, nearest=(samples, mm, 0.0))
               for mm in (m, maps[[6, 1, 2, 3, 4, 5]])]  # sample 0 with its own map or with the second one
     assert not torch.equal(*either) and any(torch.equal(out, e) for e in either)
+
+
+def _slot_maps(n, slots, h, w):
+    """Maps spread over the slots (the policies' geometric ops: each moves its slot's input): samples 0, 2, 3 at
+    slot 0, samples 0, 5, 7 at the last slot (sample 0 moved twice), sample 6 in the middle one; ordered by slot."""
+    samples, m = _maps(n, h, w)  # rows: samples 0, 2, 3, 5, 6, 7
+    rows = [0, 1, 2, 0, 3, 5, 4] if slots >= 3 else [0, 1, 2, 0, 3, 5]
+    listed = torch.tensor([0, 2, 3, 0, 5, 7, 6][:len(rows)])
+    where = [0, 0, 0, slots - 1, slots - 1, slots - 1, 1][:len(rows)]
+    order = np.argsort(where, kind="stable")
+    return listed[order], m[rows][order], [where[k] for k in order]
+
+
+def _moved_at_slots(x, table, samples, m, slots, fill):
+    """The reference: slot by slot, the slot's listed samples moved by affine_nearest_ first, then the slot alone
+    (the op without maps, tested against apply_table above; gaussian_blur within 1 level of it)."""
+    y = x.clone()
+    for s in range(table.ops.shape[1]):
+        sel = [k for k, at in enumerate(slots) if at == s]
+        if sel:
+            ops.affine_nearest_(y, samples[sel], m[sel], fill)
+        y = _run(y, PhotometricTable(table.ops[:, s:s + 1], table.params[:, s:s + 1]), torch.uint8)
+    return y
+
+
+@pytest.mark.parametrize("size", [(33, 47), (64, 80)], ids=str)
+def test_maps_move_the_input_of_their_slot(decoded, size):
+    """nearest=(samples, matrices, fill, slots): each map moves its slot's input, as affine_nearest_ between the
+    slots would (a sample moved at two slots resamples twice, as torchvision does), every op in every slot."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    matters = []
+    for seed, slots in [(3, 2), (4, 3), (5, 3)]:
+        table = _table(len(x), slots, h, w, seed)
+        samples, m, where = _slot_maps(len(x), slots, h, w)
+        ref = _moved_at_slots(x, table, samples, m, where, 17.0)
+        got = F.photometric(x, table, out_dtype=torch.uint8, nearest=(samples, m, 17.0, where))
+        _assert_equal(got, ref)
+        got = F.photometric(x, table, mean=MEAN, std=STD, channels_last=True, nearest=(samples, m, 17.0, where))
+        _assert_equal(got, _normalise(ref, MEAN, STD, 1.0 / 255, torch.float32).contiguous(
+            memory_format=torch.channels_last))
+        # where a map is matters: samples 5 and 7 moved before slot 0 instead of the last slot
+        late = [k for k, at in enumerate(where) if int(samples[k]) in (5, 7)]
+        early = _moved_at_slots(x, table, samples[late], m[late], [0] * len(late), 17.0)
+        matters.append(not torch.equal(early[[5, 7]], ref[[5, 7]]))
+    assert any(matters)
+
+
+def test_slot_lists_are_checked(decoded):
+    x = _batch(decoded, 16, 16)
+    table = _table(len(x), 2, 16, 16, 0)
+    samples, m, where = _slot_maps(len(x), 2, 16, 16)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        F.photometric(x, table, nearest=(samples, m, 0.0, where[::-1]))
+    with pytest.raises(ValueError, match="below 2"):
+        F.photometric(x, table, nearest=(samples, m, 0.0, [0] * (len(where) - 1) + [2]))
+    with pytest.raises(ValueError, match="distinct within a slot"):
+        F.photometric(x, table, nearest=(samples, m, 0.0, [0] * len(where)))  # sample 0 twice in slot 0
+    op = torch.ops.fastload.photometric
+    one, zero = torch.ones(3), torch.zeros(3)
+    with pytest.raises(RuntimeError, match="non-decreasing"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, where[::-1])
+    with pytest.raises(RuntimeError, match="is not a slot"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, [5] * len(where))
+    with pytest.raises(RuntimeError, match="one slot per listed sample"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, where[:2])
+    with pytest.raises(RuntimeError, match="listed twice"):
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, [0] * len(where))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_opcheck_with_slot_maps(decoded, device):
+    x = _batch(decoded, 8, 12).to(device)
+    table = _table(len(x), 3, 8, 12, 4)
+    samples, m, where = _slot_maps(len(x), 3, 8, 12)
+    torch.library.opcheck(torch.ops.fastload.photometric.default,
+                          (x, table.ops.to(device), table.params.to(device), torch.rand(3, device=device),
+                           torch.rand(3, device=device), torch.float32, True, samples.to(device), m.to(device), 5.0,
+                           where))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", [(7, 5), (33, 47), (176, 176)], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.uint8], ids=str)
+def test_cuda_slot_maps_equal_cpu(decoded, size, out_dtype):
+    """The CUDA launches of a slot read its listed samples through their maps (stats and pixels): bit for bit the
+    CPU op, every op in every slot, maps at the first, a middle and the last slot."""
+    h, w = size
+    x = _batch(decoded, h, w)
+    norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
+    for seed, slots in [(3, 2), (4, 3), (5, 3)]:
+        table = _table(len(x), slots, h, w, seed)
+        samples, m, where = _slot_maps(len(x), slots, h, w)
+        for channels_last in (False, True):
+            cpu = F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last,
+                                nearest=(samples, m, 9.0, where), **norm)
+            cuda = F.photometric(x.cuda(), table, out_dtype=out_dtype, channels_last=channels_last,
+                                 nearest=(samples.cuda(), m.cuda(), 9.0, where), **norm)
+            _assert_equal(cuda.cpu(), cpu)

@@ -222,7 +222,8 @@ def test_geometric_matrix_resamples_like_torchvision(policy, size, photo):
           P.AutoAugment: v2.AutoAugment}[type(policy)](fill=policy.fill)
     n = 4000
     op, magnitude, applied = policy.draws(3, 0, np.arange(n), h, w)
-    _, extra = policy.plan(3, 0, np.arange(n), h, w)
+    _, maps = policy.plan(3, 0, np.arange(n), h, w)
+    extra = P.composed(maps)
     names = np.array(policy.op_names)
     geometric = np.isin(names[op], P._GEOMETRIC) & applied
     single = geometric.sum(1) == 1
@@ -259,18 +260,25 @@ def test_rotate_90_on_a_square_canvas_matches_torchvisions_rot90(photo):
                 assert np.array_equal(got, expected)
 
 
-def test_two_geometric_ops_compose_in_order():
-    """RandAugment's samples with two geometric ops: extra = first op's matrix @ second op's matrix (output ->
-    second op's input = first op's output -> first op's input)."""
+def test_two_geometric_ops_keep_their_slots_and_compose_in_order():
+    """RandAugment's samples with two geometric ops: each op's map in its own slot (the stage resamples twice, as
+    torchvision does), the identity elsewhere; composed (BILINEAR: into the warp) = first op's matrix @ second op's
+    (output -> second op's input = first op's output -> first op's input)."""
     ra = P.RandAugment()
     n = 5000
     op, magnitude, applied = ra.draws(11, 0, np.arange(n), H, W)
-    _, extra = ra.plan(11, 0, np.arange(n), H, W)
+    table, maps = ra.plan(11, 0, np.arange(n), H, W)
+    extra = P.composed(maps)
     names = np.array(ra.op_names)
-    both = np.flatnonzero(np.isin(names[op], P._GEOMETRIC).all(1))
+    geometric = np.isin(names[op], P._GEOMETRIC) & applied
+    assert maps.shape == (n, 2, 3, 3)
+    assert np.array_equal(maps[~geometric], np.broadcast_to(np.eye(3), (int((~geometric).sum()), 3, 3)))
+    assert (table.ops.numpy()[geometric] == 0).all()  # the identity op in a geometric op's slot
+    both = np.flatnonzero(geometric.all(1))
     assert len(both) > 50
     for i in both[:60]:
         m = [P.geometric_matrices(names[op[i, s]], magnitude[i, s:s + 1], H, W)[0] for s in range(2)]
+        np.testing.assert_allclose(maps[i], np.stack(m), rtol=0, atol=1e-12)
         np.testing.assert_allclose(extra[i], m[0] @ m[1], rtol=0, atol=1e-9)
     # and a shear followed by a translation is not the translation followed by the shear
     sx, tx = P.geometric_matrices("ShearX", [0.3], H, W)[0], P.geometric_matrices("TranslateY", [10.0], H, W)[0]

@@ -1,8 +1,9 @@
 // `fastload::photometric`: a PhotometricTable (functional.apply_table's semantics on uint8) applied to a batch,
 // then the output cast cast(v * alpha[c] + beta[c]) (the pipeline's ToDtype + Normalize). Schema, the checks
 // both backends share, and the CPU kernel: one sample per task, its slots in turn through two scratch planes.
-// Listed samples (samples/matrices) are first moved by their nearest maps (affine_nearest.h), as if
-// affine_nearest_ had run on x, without touching x: the stage's policy rotate/shear/translate, read on the way in.
+// Listed samples (samples/matrices) have their input to slot map_slots[k] moved by their nearest maps
+// (affine_nearest.h), as if affine_nearest_ had run on that slot's input, without touching x: the stage's policy
+// rotate/shear/translate, between the ops torchvision applies before and after them.
 // The per-pixel maths is augment.h's, shared with the CUDA kernels (augment_cuda.cu).
 
 // torch computes each float op with one rounding; a contracted a * b + c would round once where it rounds twice.
@@ -111,6 +112,22 @@ void check_photometric_maps(const at::Tensor& x, const std::optional<at::Tensor>
   FL_CHECK(x.size(2) <= nearest::kMaxSide && x.size(3) <= nearest::kMaxSide,
            "photometric: images read through nearest maps must be at most %d a side, got %lld x %lld",
            nearest::kMaxSide, static_cast<long long>(x.size(2)), static_cast<long long>(x.size(3)));
+}
+
+// map_slots (host): the slot whose input each listed sample's map moves, one per entry, non-decreasing, below
+// max(S, 1) (S = 0: the cast alone, "slot 0"); empty: every entry at slot 0. Returns one entry's slot each.
+std::vector<int64_t> photometric_map_slots(at::IntArrayRef map_slots, int64_t listed, int64_t slots) {
+  if (map_slots.empty()) return std::vector<int64_t>(listed, 0);
+  FL_CHECK(static_cast<int64_t>(map_slots.size()) == listed,
+           "photometric: map_slots must give one slot per listed sample (%lld), got %lld",
+           static_cast<long long>(listed), static_cast<long long>(map_slots.size()));
+  const int64_t bound = std::max<int64_t>(slots, 1);
+  for (size_t k = 0; k < map_slots.size(); ++k) {
+    FL_CHECK(map_slots[k] >= 0 && map_slots[k] < bound, "photometric: map_slots[%lld] = %lld is not a slot (%lld)",
+             static_cast<long long>(k), static_cast<long long>(map_slots[k]), static_cast<long long>(bound));
+    FL_CHECK(k == 0 || map_slots[k] >= map_slots[k - 1], "photometric: map_slots must be non-decreasing");
+  }
+  return std::vector<int64_t>(map_slots.begin(), map_slots.end());
 }
 
 namespace {
@@ -419,21 +436,36 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
   }
 }
 
-// One sample: its slots in turn through the two scratch images, then the output cast into dst.
+// A sample's nearest maps, per slot: rows[s * stride] is the row of `mats` that moves slot s's input, or -1.
+struct SlotMaps {
+  const int64_t* rows;  // null: none
+  int64_t stride;
+  const float* mats;
+  double fill;
+  int64_t at(int64_t s) const { return rows ? rows[s * stride] : -1; }
+};
+
+// One sample: its slots in turn through the two scratch images (a slot with a map first gathers its input into
+// one), then the output cast into dst.
 template <bool avx2, typename out_t>
 __attribute__((always_inline)) inline void run_sample(const uint8_t* src, const int64_t* op, const float* p,
                                                       int64_t slots, int h, int w, const out_t (*cast)[256],
                                                       const float* a, const float* bt, bool channels_last,
-                                                      out_t* dst, Scratch& scratch) {
+                                                      out_t* dst, Scratch& scratch, const SlotMaps& maps) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   int64_t last = -1;  // the last slot that changes anything
   for (int64_t s = 0; s < slots; ++s)
-    if (op[s] != kIdentity) last = s;
+    if (op[s] != kIdentity || maps.at(s) >= 0) last = s;
   // A last slot that maps values through a table folds into the output cast: one pass over the planes, not two.
   const out_t(*table)[256] = cast;
   out_t folded[3][256];
   int written = 0;  // ping-pong between the two scratch images; an identity slot writes nothing
   for (int64_t s = 0; s <= last; ++s) {
+    if (maps.at(s) >= 0) {
+      uint8_t* moved = scratch.image[written++ % 2].data();
+      nearest_gather_u8(src, moved, h, w, maps.mats + maps.at(s) * 6, maps.fill, scratch.source, scratch.staged);
+      src = moved;
+    }
     const int code = static_cast<int>(op[s]);
     if (code == kIdentity) continue;
     uint8_t lut[3][256];
@@ -479,16 +511,16 @@ template <typename out_t>
 __attribute__((target("avx2,fma"))) void run_sample_fma(const uint8_t* src, const int64_t* op, const float* p,
                                                          int64_t slots, int h, int w, const out_t (*cast)[256],
                                                          const float* a, const float* bt, bool channels_last,
-                                                         out_t* dst, Scratch& scratch) {
-  run_sample<true>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+                                                         out_t* dst, Scratch& scratch, const SlotMaps& maps) {
+  run_sample<true>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch, maps);
 }
 #endif
 
 template <typename out_t>
 void run_sample_base(const uint8_t* src, const int64_t* op, const float* p, int64_t slots, int h, int w,
                      const out_t (*cast)[256], const float* a, const float* bt, bool channels_last, out_t* dst,
-                     Scratch& scratch) {
-  run_sample<false>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch);
+                     Scratch& scratch, const SlotMaps& maps) {
+  run_sample<false>(src, op, p, slots, h, w, cast, a, bt, channels_last, dst, scratch, maps);
 }
 
 bool cpu_has_fma() {
@@ -500,6 +532,8 @@ bool cpu_has_fma() {
 #endif
 }
 
+// moved_as: [max(S, 1) * B], entry s * B + i: the row of mats that moves sample i's slot-s input, or -1 (empty:
+// no maps). With S = 0 (the cast alone) a "slot 0" map moves the sample before the cast.
 template <typename out_t>
 void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                           const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out,
@@ -528,14 +562,15 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
     for (auto& image : scratch.image) image.resize(3 * hw);
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* sample = in + i * 3 * hw;
-      if (!moved_as.empty() && moved_as[i] >= 0) {  // read through its map: moved into scratch first
+      const SlotMaps maps{moved_as.empty() ? nullptr : moved_as.data() + i, batch, mats, fill};
+      if (slots == 0 && maps.at(0) >= 0) {  // the cast alone, of the moved sample
         scratch.moved.resize(3 * hw);
-        nearest_gather_u8(sample, scratch.moved.data(), h, w, mats + moved_as[i] * 6, fill, scratch.source,
+        nearest_gather_u8(sample, scratch.moved.data(), h, w, mats + maps.at(0) * 6, fill, scratch.source,
                           scratch.staged);
         sample = scratch.moved.data();
       }
       run(sample, op + i * slots, p + i * slots * 3, slots, h, w, cast, a, bt, channels_last, o + i * 3 * hw,
-          scratch);
+          scratch, maps);
     }
   });
 }
@@ -543,18 +578,24 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
 at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                            const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
                            bool channels_last, const std::optional<at::Tensor>& samples,
-                           const std::optional<at::Tensor>& matrices, double fill) {
+                           const std::optional<at::Tensor>& matrices, double fill, at::IntArrayRef map_slots) {
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
   check_photometric_maps(x, samples, matrices);
   check_table(ops, params, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)));
+  const int64_t listed = samples ? samples->size(0) : 0, batch = x.size(0);
+  const std::vector<int64_t> slot_of = photometric_map_slots(map_slots, listed, ops.size(1));
   if (out.numel() == 0) return out;
-  std::vector<int64_t> moved_as;  // per sample: its row in matrices, or -1
+  std::vector<int64_t> moved_as;  // [slot * B + sample]: its row in matrices, or -1
   const float* mats = nullptr;
-  if (samples && samples->numel() > 0) {
-    check_sample_list(*samples, x.size(0), "photometric");
-    moved_as.assign(x.size(0), -1);
+  if (listed > 0) {
     const int64_t* index = samples->data_ptr<int64_t>();
-    for (int64_t k = 0; k < samples->size(0); ++k) moved_as[index[k]] = k;
+    for (int64_t first = 0, k = 0; k <= listed; ++k) {  // each slot's entries: distinct samples of the batch
+      if (k < listed && slot_of[k] == slot_of[first]) continue;
+      check_sample_list(samples->narrow(0, first, k - first), batch, "photometric");
+      first = k;
+    }
+    moved_as.assign(std::max<int64_t>(ops.size(1), 1) * batch, -1);
+    for (int64_t k = 0; k < listed; ++k) moved_as[slot_of[k] * batch + index[k]] = k;
     mats = matrices->data_ptr<float>();
   }
   switch (out_dtype) {
@@ -573,7 +614,7 @@ at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at:
 TORCH_LIBRARY_FRAGMENT(fastload, m) {
   m.def(
       "photometric(Tensor x, Tensor ops, Tensor params, Tensor alpha, Tensor beta, ScalarType out_dtype, "
-      "bool channels_last, Tensor? samples=None, Tensor? matrices=None, float fill=0.) -> Tensor");
+      "bool channels_last, Tensor? samples=None, Tensor? matrices=None, float fill=0., int[] map_slots=[]) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("photometric", &photometric_cpu); }

@@ -7,8 +7,8 @@
 //                 last slot's launch writes the output dtype/layout (cast(v * alpha + beta)), the others a uint8
 //                 scratch batch (two, ping-pong, from the caching allocator).
 // Listed samples (samples/matrices: the policies' NEAREST rotate/shear/translate) are read through their maps by
-// the first launch (slot 0's stats and apply), pixel by pixel, so the moved batch is never written: the stage
-// skips affine_nearest_'s copy and gather passes.
+// the launches of their slot (map_slots: its stats and apply), pixel by pixel, so the moved batch is never
+// written: the stage skips affine_nearest_'s copy and gather passes.
 // The table is on the device, so its values are not checked here (that would synchronise): a sample whose slot
 // holds an unknown op code or an undefined blur is left unchanged by that slot (functional.photometric checks
 // the host table before copying it).
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "affine_nearest.h"
 #include "augment.h"
@@ -38,6 +39,7 @@ at::Tensor prepare_photometric_output(const at::Tensor& x, const at::Tensor& ops
                                       bool channels_last);
 void check_photometric_maps(const at::Tensor& x, const std::optional<at::Tensor>& samples,
                             const std::optional<at::Tensor>& matrices);
+std::vector<int64_t> photometric_map_slots(at::IntArrayRef map_slots, int64_t listed, int64_t slots);
 
 namespace {
 
@@ -72,13 +74,14 @@ __device__ __forceinline__ int slot_op(const int64_t* ops, int b, int slots, int
   return op >= 0 && op < kNumOps ? static_cast<int>(op) : kIdentity;
 }
 
-// The nearest maps of the listed samples, for the first launch (map_of null: none, or a later slot).
+// The nearest maps of one slot's launch (map_of null: none in this slot). The entries of all slots are one list,
+// ordered by slot; this slot's are [start, start + n).
 struct Moves {
-  const int32_t* map_of;   // [B]: the sample's row in mats, or -1
-  const float* mats;       // [N, 2, 3]
+  const int32_t* map_of;   // [B]: the sample's row in mats for this slot, or -1
+  const float* mats;       // [N, 2, 3], all slots'
   uint8_t fill;
-  const int64_t* samples;  // [N]
-  int n;
+  const int64_t* samples;  // [N], all slots'
+  int start, n;
 };
 
 // A listed sample as the first slot reads it: pixel (u, v) is input pixel `source(u, v)` or the fill.
@@ -113,18 +116,27 @@ struct Moved {
 
 __device__ __forceinline__ int moved_row(const Moves& moves, int b) { return moves.map_of ? moves.map_of[b] : -1; }
 
-// The first launch's set-up, one kernel: the stats records zeroed (16 bytes a thread where possible) and, with
-// listed samples, map_of[b] = the last k with samples[k] == b, or -1 (an index outside the batch matches nothing).
+// The set-up, one kernel: the stats records zeroed (16 bytes a thread where possible) and, with listed samples,
+// each slot's map_of: map_of[s * B + b] = the last k of slot s's entries [start[s], start[s + 1]) with samples[k] ==
+// b, or -1 (an index outside the batch matches nothing). starts: the S + 1 entry bounds, by value.
+struct SlotStarts {
+  static constexpr int kMax = 16;  // slots with maps per launch (more: further launches)
+  int first_slot, count, start[kMax + 1];
+};
+
 __global__ void prepare_kernel(uint8_t* __restrict__ stats, int64_t stats_bytes, const int64_t* __restrict__ samples,
-                               int n, int64_t batch, int32_t* __restrict__ map_of) {
+                               SlotStarts starts, int64_t batch, int32_t* __restrict__ map_of) {
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = first; i < stats_bytes / 16; i += step) reinterpret_cast<uint4*>(stats)[i] = make_uint4(0, 0, 0, 0);
   for (int64_t i = stats_bytes / 16 * 16 + first; i < stats_bytes; i += step) stats[i] = 0;
   if (!map_of) return;
-  for (int64_t b = first; b < batch; b += step) {
-    int found = -1;
-    for (int k = 0; k < n; ++k) found = samples[k] == b ? k : found;
-    map_of[b] = found;
+  for (int j = 0; j < starts.count; ++j) {
+    int32_t* slot_map = map_of + (starts.first_slot + j) * batch;
+    for (int64_t b = first; b < batch; b += step) {
+      int found = -1;
+      for (int k = starts.start[j]; k < starts.start[j + 1]; ++k) found = samples[k] == b ? k : found;
+      slot_map[b] = found;
+    }
   }
 }
 
@@ -468,10 +480,11 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
                  const int64_t* __restrict__ samples, int64_t batch, int block_rows) {
   int b;
   if constexpr (kMoved) {
-    const int64_t listed = samples[blockIdx.z];
-    // an index outside the batch, or a sample listed twice (the Python wrapper checks host indices): one listing
-    // writes it, the one the stats kernel used (prepare_kernel's)
-    if (listed < 0 || listed >= batch || moves.map_of[listed] != static_cast<int>(blockIdx.z)) return;
+    const int k = moves.start + static_cast<int>(blockIdx.z);  // this slot's entry z
+    const int64_t listed = samples[k];
+    // an index outside the batch, or a sample listed twice in the slot (the Python wrapper checks host indices):
+    // one listing writes it, the one the stats kernel used (prepare_kernel's)
+    if (listed < 0 || listed >= batch || moves.map_of[listed] != k) return;
     b = static_cast<int>(listed);
   } else {
     b = blockIdx.z;
@@ -486,7 +499,8 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
                                           {alpha[0], alpha[1], alpha[2]}, {beta[0], beta[1], beta[2]}, hw};
   const auto put = [&](int c, int i, uint8_t v) { sink.put(c, i, v); };
   // The sample's pixels: as stored, or through the map.
-  const Moved mv(s, h, w, kMoved ? moves.mats + static_cast<int64_t>(blockIdx.z) * 6 : nullptr, moves.fill);
+  const Moved mv(s, h, w, kMoved ? moves.mats + static_cast<int64_t>(moves.start + blockIdx.z) * 6 : nullptr,
+                 moves.fill);
   const auto at = [&](int c, int x, int y) -> uint8_t {
     if constexpr (kMoved) return mv.at(c, x, y);
     else return s[c * hw + y * w + x];
@@ -614,7 +628,7 @@ void launch_apply(dim3 grid, cudaStream_t stream, bool channels_last, const uint
                                                      kcap, alpha, beta, quads, moves, moves.samples, batch,
                                                      block_rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (!moves.map_of) return;
+  if (!moves.map_of || moves.n == 0) return;
   auto moved = channels_last ? apply_kernel<out_t, kFinal, true, true> : apply_kernel<out_t, kFinal, false, true>;
   const dim3 listed(grid.x, grid.y, static_cast<unsigned>(moves.n));
   moved<<<listed, dim3(kTile, kBlockY), 0, stream>>>(src, dst, out, ops, params, slots, slot, h, w, stats, weights,
@@ -623,9 +637,10 @@ void launch_apply(dim3 grid, cudaStream_t stream, bool channels_last, const uint
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// moves: the listed entries (map_of: [max(S, 1) * B], filled here); slot_of: each entry's slot, non-decreasing.
 template <typename out_t>
 void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, const at::Tensor& alpha,
-         const at::Tensor& beta, at::Tensor& out, Moves moves, int32_t* map_of) {
+         const at::Tensor& beta, at::Tensor& out, Moves moves, int32_t* map_of, const std::vector<int64_t>& slot_of) {
   const int64_t batch = x.size(0), slots = ops.size(1);
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int hw = h * w;
@@ -645,16 +660,36 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   // Scratch from the caching allocator: stats (zeroed by prepare_kernel, one record per slot and sample), blur
   // weights, two uint8 batches.
   at::Tensor stats = at::empty({slots * batch * static_cast<int64_t>(sizeof(Stats))}, x.options().dtype(at::kByte));
+  // Each slot's entries [begin[s], begin[s + 1]) of the listed samples (host: slot_of is a host list).
+  const int64_t slot_count = std::max<int64_t>(slots, 1);
+  std::vector<int> begin(slot_count + 1, 0);
+  for (int64_t s = 0, k = 0; s < slot_count; ++s) {
+    while (k < static_cast<int64_t>(slot_of.size()) && slot_of[k] == s) ++k;
+    begin[s + 1] = static_cast<int>(k);
+  }
   if (slots > 0 || map_of) {
     const int64_t work = std::max<int64_t>(stats.numel() / 16, map_of ? batch : 0);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 512));
-    prepare_kernel<<<std::max(blocks, 1u), 256, 0, stream>>>(stats.data_ptr<uint8_t>(), stats.numel(), moves.samples,
-                                                             moves.n, batch, map_of);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    for (int64_t s0 = 0; s0 < (map_of ? slot_count : 1); s0 += SlotStarts::kMax) {  // one launch for <= 16 slots
+      SlotStarts starts{static_cast<int>(s0), 0, {}};
+      if (map_of) {
+        starts.count = static_cast<int>(std::min<int64_t>(SlotStarts::kMax, slot_count - s0));
+        for (int j = 0; j <= starts.count; ++j) starts.start[j] = begin[s0 + j];
+      }
+      prepare_kernel<<<std::max(blocks, 1u), 256, 0, stream>>>(stats.data_ptr<uint8_t>(), s0 == 0 ? stats.numel() : 0,
+                                                               moves.samples, starts, batch, map_of);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   }
+  // Slot s's moves: its entries, and map_of's row for it (none listed: no map).
+  const auto slot_moves = [&](int64_t s) {
+    const int n = begin[s + 1] - begin[s];
+    return n > 0 ? Moves{map_of + s * batch, moves.mats, moves.fill, moves.samples, begin[s], n}
+                 : Moves{nullptr, nullptr, 0, nullptr, 0, 0};
+  };
   if (slots == 0) {
     launch_apply<out_t, true>(grid, stream, channels_last, src, nullptr, out.data_ptr<out_t>(), op, p, 0, -1, h, w,
-                              nullptr, nullptr, 0, a, bt, quads, moves);
+                              nullptr, nullptr, 0, a, bt, quads, slot_moves(0));
     return;
   }
   const int kcap = 2 * std::max(h, w) - 1;  // the largest kernel reflect padding allows
@@ -666,7 +701,7 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   Stats* all_stats = reinterpret_cast<Stats*>(stats.data_ptr<uint8_t>());
   for (int s = 0; s < slots; ++s) {
     Stats* st = all_stats + s * batch;
-    const Moves first = s == 0 ? moves : Moves{nullptr, nullptr, 0, nullptr, 0};  // later slots read slot 0's output
+    const Moves first = slot_moves(s);  // this slot reads its input through these samples' maps
     stats_kernel<<<dim3(chunks, static_cast<unsigned>(batch)), kThreads, 0, stream>>>(
         src, op, p, static_cast<int>(slots), s, h, w, st, taps.data_ptr<double>(), weights.data_ptr<float>(), kcap,
         quads, first);
@@ -687,28 +722,32 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
 at::Tensor photometric_cuda(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                             const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
                             bool channels_last, const std::optional<at::Tensor>& samples,
-                            const std::optional<at::Tensor>& matrices, double fill) {
+                            const std::optional<at::Tensor>& matrices, double fill, at::IntArrayRef map_slots) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
   check_photometric_maps(x, samples, matrices);
+  const int64_t listed = samples ? samples->size(0) : 0;
+  const std::vector<int64_t> slot_of = photometric_map_slots(map_slots, listed, ops.size(1));
   if (out.numel() == 0) return out;
-  Moves moves{nullptr, nullptr, nearest::fill_value<uint8_t>(fill), nullptr, 0};
+  Moves moves{nullptr, nullptr, nearest::fill_value<uint8_t>(fill), nullptr, 0, 0};
   at::Tensor map_of;
-  if (samples && samples->numel() > 0) {
-    FL_CHECK(samples->size(0) <= x.size(0), "photometric: %lld samples listed for a batch of %lld",
-             static_cast<long long>(samples->size(0)), static_cast<long long>(x.size(0)));
-    map_of = at::empty({x.size(0)}, x.options().dtype(at::kInt));  // filled by run's prepare_kernel
+  if (listed > 0) {
+    FL_CHECK(listed <= std::max<int64_t>(ops.size(1), 1) * x.size(0),
+             "photometric: %lld samples listed for a batch of %lld", static_cast<long long>(listed),
+             static_cast<long long>(x.size(0)));
+    // filled by run's prepare_kernel: a row per slot
+    map_of = at::empty({std::max<int64_t>(ops.size(1), 1) * x.size(0)}, x.options().dtype(at::kInt));
     moves.map_of = map_of.data_ptr<int32_t>();
     moves.mats = matrices->data_ptr<float>();
     moves.samples = samples->data_ptr<int64_t>();
-    moves.n = static_cast<int>(samples->size(0));
+    moves.n = static_cast<int>(listed);
   }
   int32_t* map_out = map_of.defined() ? map_of.data_ptr<int32_t>() : nullptr;
   switch (out_dtype) {
-    case at::kFloat: run<float>(x, ops, params, alpha, beta, out, moves, map_out); break;
-    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out, moves, map_out); break;
-    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out, moves, map_out); break;
-    default: run<uint8_t>(x, ops, params, alpha, beta, out, moves, map_out); break;
+    case at::kFloat: run<float>(x, ops, params, alpha, beta, out, moves, map_out, slot_of); break;
+    case at::kHalf: run<c10::Half>(x, ops, params, alpha, beta, out, moves, map_out, slot_of); break;
+    case at::kBFloat16: run<c10::BFloat16>(x, ops, params, alpha, beta, out, moves, map_out, slot_of); break;
+    default: run<uint8_t>(x, ops, params, alpha, beta, out, moves, map_out, slot_of); break;
   }
   return out;
 }

@@ -612,9 +612,10 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
     """Run a PhotometricTable on a uint8 batch x [B, 3, H, W] and write ``cast((v * in_scale - mean) / std)`` in
     ``out_dtype`` (NCHW, or channels_last): apply_table then ToDtype + Normalize in one native op.
 
-    ``nearest`` (samples [N], matrices [N, 2, 3], fill): the listed samples are read through their nearest maps,
-    equal to running ``ops.affine_nearest_(x, samples, matrices, fill)`` first, without writing x (the stage's
-    policy rotate/shear/translate: no pass of its own).
+    ``nearest`` (samples [N], matrices [N, 2, 3], fill[, slots]): slot ``slots[k]`` (a host list, non-decreasing;
+    default all 0) reads sample ``samples[k]``'s input through its nearest map, as if ``ops.affine_nearest_`` had
+    moved that slot's input first (fill outside), without writing x or a pass of its own: the stage's policy
+    rotate/shear/translate, between the ops torchvision applies before and after them.
 
     Equal to ``apply_table`` followed by the pipeline's normalisation bit for bit, except gaussian_blur (its
     weights and sums in another order: within 1 level on uint8). A uint8 output holds the 0-255 pixels (no
@@ -644,9 +645,10 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
     params = params.to(device=x.device, dtype=torch.float32, non_blocking=True).contiguous()
     maps = {}
     if nearest is not None:
-        samples, matrices, fill = nearest
-        samples, matrices = nearest_maps(samples, matrices, x.shape[0], x.device)
-        maps = {"samples": samples, "matrices": matrices, "fill": float(fill)}
+        samples, matrices, fill, *slots = nearest
+        slots = slots[0] if slots and slots[0] is not None else [0] * len(samples)
+        samples, matrices = nearest_maps(samples, matrices, x.shape[0], x.device, slots, ops.shape[1])
+        maps = {"samples": samples, "matrices": matrices, "fill": float(fill), "map_slots": [int(s) for s in slots]}
     return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last, **maps)
 
 
@@ -684,6 +686,7 @@ def _check_blur_sizes(table, x, name):
 
 
 @torch.library.register_fake("fastload::photometric")
-def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last, samples=None, matrices=None, fill=0.0):
+def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last, samples=None, matrices=None, fill=0.0,
+                      map_slots=()):
     out = x.new_empty(x.shape, dtype=out_dtype)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .. import ops
+from .policies import composed
 
 __all__ = ["Compose", "Normalize", "ToDtype", "ToImage", "PILToTensor", "Pipeline"]
 
@@ -176,31 +177,33 @@ def _check_transform(t):
 
 
 class NearestMaps(NamedTuple):
-    """The samples of a batch whose policies drew a rotate/shear/translate (NEAREST) and their maps: samples int64
-    [N] and matrices float32 [N, 2, 3] (output -> input pixel index on the output canvas), both views of one int32
-    buffer so that a GPU stage gets them with one copy (``on``)."""
+    """The policies' rotate/shear/translate (NEAREST) of a batch, one entry per (sample, slot) that drew one,
+    ordered by slot: samples int64 [N] and matrices float32 [N, 2, 3] (output -> input pixel index on the output
+    canvas), both views of one int32 buffer so that a GPU stage gets them with one copy (``on``), and slots, a
+    host list of N ints (the photometric table's slot whose input the map moves)."""
     samples: torch.Tensor
     matrices: torch.Tensor
     packed: torch.Tensor
+    slots: list
 
     @classmethod
-    def make(cls, samples, matrices, *, pin=False):
+    def make(cls, samples, matrices, slots, *, pin=False):
         n = len(samples)
         packed = torch.empty(8 * n, dtype=torch.int32, pin_memory=pin)
         packed[:2 * n].view(torch.int64).copy_(torch.as_tensor(samples, dtype=torch.int64))
         packed[2 * n:].view(torch.float32).copy_(torch.as_tensor(matrices, dtype=torch.float32).reshape(-1))
-        return cls._views(packed)
+        return cls._views(packed, [int(s) for s in slots])
 
     @classmethod
-    def _views(cls, packed):
+    def _views(cls, packed, slots):
         n = len(packed) // 8
-        return cls(packed[:2 * n].view(torch.int64), packed[2 * n:].view(torch.float32).view(n, 2, 3), packed)
+        return cls(packed[:2 * n].view(torch.int64), packed[2 * n:].view(torch.float32).view(n, 2, 3), packed, slots)
 
     def on(self, device):
-        """(samples, matrices) on ``device`` (one non-blocking copy from pinned memory for a GPU)."""
+        """(samples, matrices, slots), the tensors on ``device`` (one non-blocking copy from pinned memory)."""
         if self.packed.device == torch.device(device):
-            return self.samples, self.matrices
-        return self._views(self.packed.to(device, non_blocking=True))[:2]
+            return self.samples, self.matrices, self.slots
+        return self._views(self.packed.to(device, non_blocking=True), self.slots)[:2] + (self.slots,)
 
 
 class SampleParams(NamedTuple):
@@ -361,39 +364,65 @@ class Pipeline:
         return sum(t.slots for t in self.photometric if t.kind != "augmix")
 
     def plan(self, heights, widths, seed, epoch, indices):
-        """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped), the policies' geometric ops
-        composed after every geometric step."""
+        """Geometry of a batch: GeometryPlan (windows, matrices, fill, flipped). BILINEAR policies' geometric ops
+        compose after every geometric step; with NEAREST ones a moved sample's window covers what its first
+        gather reads (``_nearest_entries``)."""
         size = self.size_at(epoch)
         geometry = self._geometries[size]
         if not self._policies:
             return geometry.plan(heights, widths, seed, epoch, indices)
-        extra = self._policy_maps(seed, epoch, indices)
-        if not self._nearest or extra is None:
-            return geometry.plan(heights, widths, seed, epoch, indices, extra=extra)
-        return geometry.plan(heights, widths, seed, epoch, indices, read=_gathered_box(extra, *size))
+        if not self._nearest:
+            return geometry.plan(heights, widths, seed, epoch, indices, extra=self._policy_maps(seed, epoch, indices))
+        reads = self._nearest_entries(seed, epoch, indices)[3]
+        return geometry.plan(heights, widths, seed, epoch, indices, read=_gathered_box(reads, *size))
 
     def _policy_maps(self, seed, epoch, indices):
         """The policies' geometric ops composed (float64 [B, 3, 3], output -> input pixel index on the epoch's
-        canvas), or None when no policy has any."""
-        extra = None
+        canvas): what a BILINEAR pipeline folds into the warp."""
+        extra = np.broadcast_to(np.eye(3), (len(indices), 3, 3)).copy()
         h, w = self.size_at(epoch)
         for p in self._policies:
-            _, m = self._policy_plan(p, seed, epoch, indices, h, w)
-            if m is not None:
-                extra = m if extra is None else extra @ m  # out -> p's input -> earlier policies' input
+            extra = extra @ composed(self._policy_plan(p, seed, epoch, indices, h, w)[1])  # earlier ones first
         return extra
 
+    def _nearest_entries(self, seed, epoch, indices):
+        """The NEAREST policies' maps as the stage runs them: (samples [N], slots [N], matrices [N, 3, 3]) of every
+        (sample, slot) with a geometric op, ordered by slot (slots of the photometric table that holds the
+        policies: the first segment's, AugMix coming after them), and reads float64 [B, 3, 3]: the map that reads
+        each sample's warped crop, where its first gather comes before any op that changes pixels, else the
+        identity (the whole crop: an op before the gather may need all of it, equalize's histogram say)."""
+        h, w = self.size_at(epoch)
+        indices = np.asarray(indices, dtype=np.int64)
+        b = len(indices)
+        parts, offset = [], 0
+        changed = np.zeros(b, dtype=bool)  # a slot before this one changes the sample's pixels
+        reads = np.broadcast_to(np.eye(3), (b, 3, 3)).copy()
+        for t in self._segments()[0][0]:
+            if t.kind != "policy":
+                changed |= (t.table(seed, epoch, indices).ops != 0).any(1).numpy()
+                offset += t.slots
+                continue
+            table, maps = self._policy_plan(t, seed, epoch, indices, h, w)
+            codes = table.ops.numpy()
+            for s in range(maps.shape[1]):
+                moved = np.flatnonzero((maps[:, s] != np.eye(3)).any(axis=(1, 2)))
+                first = moved[~changed[moved]]
+                reads[first] = maps[first, s]
+                changed[moved] = True
+                changed |= codes[:, s] != 0
+                parts.append((moved, np.full(len(moved), offset + s), maps[moved, s]))
+            offset += t.slots
+        samples, slots, matrices = (np.concatenate(c) for c in zip(*parts))
+        return samples, slots, matrices, reads
+
     def _nearest_maps(self, seed, epoch, indices, pin):
-        """SampleParams.nearest: the samples whose policies drew a geometric op and their maps, or None."""
+        """SampleParams.nearest: the NEAREST policies' maps (NearestMaps), or None where no sample drew one."""
         if not self._nearest:
             return None
-        extra = self._policy_maps(seed, epoch, indices)
-        if extra is None:
+        samples, slots, matrices, _ = self._nearest_entries(seed, epoch, indices)
+        if not len(samples):
             return None
-        moved = np.flatnonzero((extra != np.eye(3)).any(axis=(1, 2)))
-        if not len(moved):
-            return None
-        return NearestMaps.make(moved, extra[moved, :2, :], pin=pin)
+        return NearestMaps.make(samples, matrices[:, :2, :], slots, pin=pin)
 
     def _policy_plan(self, policy, seed, epoch, indices, h, w):
         """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's planner,
@@ -474,17 +503,18 @@ class Pipeline:
                             channels=channels)
         if params is None:
             return x
-        # The policies' rotate/shear/translate on the warped uint8 crop: read through their maps by the first
-        # photometric op (no pass of their own), or, before AugMix, moved in place first.
-        nearest = None if params.nearest is None else (*params.nearest.on(x.device), self.fill[0])
-        if nearest is not None and params.augmix:
-            ops.affine_nearest_(x, *nearest)
-            nearest = None
+        # The policies' rotate/shear/translate: each map moves the input of its slot of the table that holds the
+        # policies (the first: before any AugMix), read through by that slot's op (no pass of their own).
+        nearest = None
+        if params.nearest is not None:
+            samples, matrices, slots = params.nearest.on(x.device)
+            nearest = (samples, matrices, self.fill[0], slots)
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
             for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix
                 if before is not None:
-                    x = run_table(x, before, out_dtype=torch.uint8)
+                    x = run_table(x, before, out_dtype=torch.uint8, nearest=nearest)
+                    nearest = None
                 x = augmix.apply(x, mix)
             table = params.table if params.table is not None else PhotometricTable.identity(x.shape[0])  # the cast
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,

@@ -5,23 +5,22 @@ magnitude bins (computed with the same ``torch.linspace`` calls, so the values a
 probabilities. Unlike torchvision on a batch, every sample draws its own ops and magnitudes, from
 ``fastload.rng.uniforms`` on the policy's ``stream``.
 
-``plan(seed, epoch, indices, height, width) -> (PhotometricTable, extra)`` splits each sample's ops:
-- photometric ops take their slot in the table (slot k = the k-th op the sample draws; a geometric op or an op
-  that was not applied leaves the identity in its slot), with the parameters torchvision's
-  ``_apply_image_or_video_transform`` passes to the functional op (factor 1 + magnitude, posterize bits
-  int(magnitude), solarize threshold 255 * magnitude on the uint8
-  image, rounded up to the integer that makes the same decisions on uint8 pixels);
-- geometric ops (ShearX/Y, TranslateX/Y, Rotate) become ``extra``, float64 [B, 3, 3] mapping output pixel-index
-  coordinates (pixel centres at integers) of the height x width canvas to input pixel-index coordinates: the
-  mapping torchvision's ``affine_image``/``rotate_image`` sample with (the inverse affine matrix about the image
-  centre, evaluated on ``_affine_grid``'s centred pixel grid; ShearX/Y about the corner, ``center=[0, 0]``).
-  A sample's geometric ops compose in the order drawn; no geometric op gives the identity.
+``plan(seed, epoch, indices, height, width) -> (PhotometricTable, maps)`` splits each sample's ops by slot (slot k =
+the k-th op the sample draws):
+- a photometric op takes its slot in the table, with the parameters torchvision's ``_apply_image_or_video_transform``
+  passes to the functional op (factor 1 + magnitude, posterize bits int(magnitude), solarize threshold 255 *
+  magnitude as the integer that inverts the same uint8 pixels); an op that was not applied leaves the identity;
+- a geometric op (ShearX/Y, TranslateX/Y, Rotate) leaves the identity op in its slot and its map in ``maps[:, k]``,
+  float64 [B, S, 3, 3] mapping output pixel-index coordinates (pixel centres at integers) of the height x width
+  canvas to input pixel-index coordinates: the mapping torchvision's ``affine_image``/``rotate_image`` sample with
+  (the inverse affine matrix about the image centre, evaluated on ``_affine_grid``'s centred pixel grid; ShearX/Y
+  about the corner, ``center=[0, 0]``); other slots hold the identity map.
 
-The loader applies ``extra`` before the photometric slots (CONTRACT.md). With ``interpolation=NEAREST`` (the
-default) as torchvision does: a nearest-neighbour gather from the warped (resized) crop, ``ops.affine_nearest``;
-with BILINEAR inside the one warp (one resample with the warp's filter instead of one per op). Either way a
-photometric op that torchvision applies before a geometric op of the same sample (e.g. AutoAugment's
-("Posterize", "Rotate")) sees the fill pixels too. AugMix, whose chains cannot fold into the warp, is in augmix.py.
+With ``interpolation=NEAREST`` (the default) the stage runs each map where its slot is, as torchvision does: a
+nearest-neighbour gather of the slot's input (``ops.affine_nearest``'s maths, fill outside), so the ops before and
+after it see what torchvision's see (the photometric ops before it never see the fill; two geometric ops resample
+twice). With BILINEAR the maps compose (``composed``) into the one warp instead (one resample with the warp's
+filter, before every photometric op). AugMix, whose chains cannot fold into the warp, is in augmix.py.
 """
 from enum import Enum
 
@@ -32,7 +31,7 @@ from .. import rng
 from .color import _table
 from .functional import OPS, solarize_threshold
 
-__all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide", "InterpolationMode"]
+__all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide", "InterpolationMode", "composed"]
 
 
 class InterpolationMode(Enum):
@@ -271,6 +270,15 @@ def geometric_matrices(name, magnitude, height, width):
     return c @ m @ c_inv
 
 
+def composed(maps):
+    """Per-slot maps [B, S, 3, 3] -> float64 [B, 3, 3]: output -> the first slot's input (out -> the last op's
+    input = the op before's output -> ... : earlier slots multiply on the left)."""
+    out = np.broadcast_to(np.eye(3), (len(maps), 3, 3)).copy()
+    for s in range(maps.shape[1]):
+        out = out @ maps[:, s]
+    return out
+
+
 class _Policy:
     """What the three policies share: interpolation/fill arguments, the magnitude tables and ``plan``."""
 
@@ -305,17 +313,19 @@ class _Policy:
         return out
 
     def plan(self, seed, epoch, indices, height, width):
-        """(PhotometricTable [B, slots], extra float64 [B, 3, 3]) for the samples ``indices``."""
+        """(PhotometricTable [B, slots], maps float64 [B, slots, 3, 3]) for the samples ``indices``: a slot where a
+        sample drew a geometric op holds the identity op and that op's map (output -> input pixel index, applied to
+        the slot's input, as torchvision moves the image between the ops before and after it); the other slots
+        hold the identity map. ``composed(maps)``: all of a sample's ops as one map."""
         op, magnitude, applied = self.draws(seed, epoch, indices, height, width)
         B, S = op.shape
         codes, params = np.zeros((B, S), np.int64), np.zeros((B, S, 3))
-        extra = np.broadcast_to(np.eye(3), (B, 3, 3)).copy()
+        maps = np.broadcast_to(np.eye(3), (B, S, 3, 3)).copy()
         for s in range(S):
             moved = applied[:, s] & self._geometric[op[:, s]]
             if moved.any():  # all of the slot's geometric ops in one call
-                # out -> this op's input -> earlier ops' input: earlier ops multiply on the left
                 names = np.array(self._names)[op[moved, s]]
-                extra[moved] = extra[moved] @ geometric_matrices(names, magnitude[moved, s], height, width)
+                maps[moved, s] = geometric_matrices(names, magnitude[moved, s], height, width)
             for k, name in enumerate(self._names):
                 sel = applied[:, s] & (op[:, s] == k)
                 if self._geometric[k] or not sel.any():
@@ -323,7 +333,7 @@ class _Policy:
                 code, param = _PHOTOMETRIC[name]
                 codes[sel, s] = OPS[code]
                 params[sel, s, 0] = param(magnitude[sel, s])
-        return _table(codes, params), extra
+        return _table(codes, params), maps
 
     def draws(self, seed, epoch, indices, height, width):
         """Each sample's ops as torchvision's ``_apply_image_or_video_transform`` would receive them:
