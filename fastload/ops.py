@@ -330,9 +330,9 @@ def affine_nearest(images, matrices, fill=0.0):
 
 def affine_nearest_(images, samples, matrices, fill=0.0):
     """``affine_nearest`` in place on the samples ``samples`` (int [N], distinct) of images, with matrices [N, 2, 3];
-    the other samples are not touched. Returns images. The stage reads the samples whose policy drew a
-    rotate/shear/translate through the same maps inside the photometric op (``functional.photometric(...,
-    nearest=)``), and runs this only before AugMix (transforms/pipeline.py). Host-side samples are checked here; a
+    the other samples are not touched. Returns images. The stage uses the same maths inside the photometric op
+    (``functional.photometric(..., nearest=)``: a policy's rotate/shear/translate read at its slot), not this op.
+    Host-side samples are checked here; a
     CUDA kernel skips indices outside the batch (a sample listed twice there: undefined)."""
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")

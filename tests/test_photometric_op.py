@@ -514,6 +514,14 @@ def test_maps_move_the_input_of_their_slot(decoded, size):
     assert any(matters)
 
 
+def test_a_bad_table_value_names_the_op_sample_and_slot(decoded):
+    x = _batch(decoded, 16, 16)
+    table = _table(len(x), 2, 16, 16, 0, codes=[OPS["contrast"]])
+    table.params[3, 1, 0] = -0.5
+    with pytest.raises(ValueError, match=r"^photometric: sample 3, slot 1: contrast_factor \(-0.5\) is not non-negative"):
+        F.photometric(x, table)
+
+
 def test_slot_lists_are_checked(decoded):
     x = _batch(decoded, 16, 16)
     table = _table(len(x), 2, 16, 16, 0)

@@ -139,6 +139,11 @@ def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_pat
     (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True),
                         T.Normalize(IMAGENET_MEAN, IMAGENET_STD), T.ToDtype(torch.uint8, scale=True)]),
      ValueError, "converts the image once"),
+    # torchvision would carry (and normalise) values rounded to the narrower type
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.bfloat16, scale=True), T.ToDtype(torch.float32)]),
+     ValueError, "rounded to torch.bfloat16"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.ToDtype(torch.float16),
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]), ValueError, "after a float-to-float ToDtype"),
 ])
 def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error, words):
     ds = fl.FolderDataset(imagenet_dir)
@@ -359,3 +364,11 @@ def test_interpolation_mode_is_torchvisions_vocabulary():
     for name in ("NEAREST", "BILINEAR"):
         assert T.TrivialAugmentWide(interpolation=T.InterpolationMode[name])._interpolation == name.lower()
         assert T.RandomRotation(10, interpolation=T.InterpolationMode[name]).interpolation == T.InterpolationMode[name]
+
+
+def test_a_policy_of_no_ops_runs_as_torchvision_runs_it(imagenet_dir):
+    """RandAugment(num_ops=0) (torchvision: the image unchanged) with NEAREST: no slots, no maps, the crops as they
+    are."""
+    ds = fl.FolderDataset(imagenet_dir)
+    first = lambda *tf: next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, seed=2, transform=T.Compose(tf))))[0]
+    assert torch.equal(first(T.RandomResizedCrop(32), T.RandAugment(num_ops=0)), first(T.RandomResizedCrop(32)))

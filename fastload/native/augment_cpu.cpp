@@ -165,7 +165,7 @@ void check_table(const at::Tensor& ops, const at::Tensor& params, int h, int w) 
 // Per-thread scratch: two uint8 images (the slots ping-pong between them) and the blur's rows and weights.
 struct Scratch {
   std::vector<uint8_t> image[2];
-  std::vector<uint8_t> moved;  // a listed sample after its nearest map (the slots' input)
+  std::vector<uint8_t> moved;  // a listed sample after its nearest map, with no slots (the cast's input)
   std::vector<uint8_t> staged;  // nearest_gather_u8's copy of a listed sample
   std::vector<int> source;
   std::vector<float> rows;     // the blur's horizontal sums, a plane

@@ -84,7 +84,7 @@ struct Moves {
   int start, n;
 };
 
-// A listed sample as the first slot reads it: pixel (u, v) is input pixel `source(u, v)` or the fill.
+// A listed sample as its slot reads it: pixel (u, v) is input pixel `source(u, v)` or the fill.
 struct Moved {
   const uint8_t* s;
   int h, w, hw;

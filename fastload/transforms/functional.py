@@ -583,9 +583,9 @@ def _check_table_params(ops, params, x, name):
         bad &= ops == code
         if bad.any():
             i, s = _first(bad)
-            name = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
+            factor = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
             raise exc(f"{name}: sample {i}, slot {s}: "
-                      + message.format(name=name.get(code, ""), v=float(p0[i, s])))
+                      + message.format(name=factor.get(code, ""), v=float(p0[i, s])))
     blur = ops == 12
     if blur.any():
         size, sigma = params[..., :2], params[..., 2]

@@ -5,11 +5,10 @@ batch, in three places (CONTRACT.md beside this file):
 - before decoding, on the host: every geometric step is composed into one 2x3 matrix per sample, from which the
   decode window and DCT scale follow (``Pipeline.plan``); the policies' rotate/shear/translate too where a policy
   asks for BILINEAR;
-- after decoding, in the stage (GPU or CPU): one warp, then the policies' NEAREST rotate/shear/translate (their
-  default) as torchvision applies them to the resized crop (affine_nearest_'s maths, on the samples that drew one:
-  read through their maps by the photometric op, so they cost no pass of their own), then the photometric table
-  (``functional.photometric``) on the uint8 image, as torchvision's uint8 pipelines do, then ToDtype + Normalize,
-  then RandomErasing
+- after decoding, in the stage (GPU or CPU): one warp, then the photometric table (``functional.photometric``) on
+  the uint8 image, as torchvision's uint8 pipelines do, with the policies' NEAREST rotate/shear/translate (their
+  default) at the slots where the samples drew them (affine_nearest_'s maths: each such slot reads its input through
+  the sample's map, so they cost no pass of their own), then ToDtype + Normalize, then RandomErasing
   (AugMix, which mixes whole images, splits the table: the ops before it, AugMix itself, then the ops after it
   fused with ToDtype + Normalize);
 - in the training loop's hand-off: batch ops (MixUp, CutMix) on the finished batch, fused with the last
@@ -266,7 +265,7 @@ class Pipeline:
         # with another pipeline (at another position) must not change that pipeline's draws.
         items = [copy.deepcopy(t) for t in items]  # one by one: a transform listed twice draws twice
         geometry, photometric, erasing, batch_ops = [], [], [], []
-        dtype, scale, mean, std = None, False, None, None
+        dtype, scale, mean, std, cast = None, False, None, None, False
         for position, t in enumerate(items):
             kind = _check_transform(t)
             t.stream = _STREAM_BASE + position
@@ -281,8 +280,8 @@ class Pipeline:
             elif kind in ("photometric", "policy", "augmix"):
                 if kind == "policy" and any(p.kind == "augmix" for p in photometric):
                     # its geometric ops fold into the warp, which runs before AugMix
-                    raise ValueError(f"{t!r} comes after AugMix: fastload folds a policy's geometric ops into the "
-                                     f"warp before AugMix. Put it before AugMix.")
+                    raise ValueError(f"{t!r} comes after AugMix: fastload runs a policy's geometric ops in the warp "
+                                     f"or the photometric table before AugMix. Put it before AugMix.")
                 if dtype in _FLOAT_DTYPES or mean is not None or erasing:
                     # torchvision would run it on the float image, where some arguments mean other things (a
                     # solarize threshold on 0-1) and nothing rounds to levels: refused rather than approximated.
@@ -292,15 +291,21 @@ class Pipeline:
             elif kind == "dtype":
                 if dtype in (None, torch.uint8):  # (uint8 to uint8 is a no-op)
                     dtype, scale = t.dtype, t.scale
-                elif dtype in _FLOAT_DTYPES and t.dtype in _FLOAT_DTYPES:
-                    dtype = t.dtype  # float to float: a cast, values unchanged (scale is a no-op between floats)
+                elif dtype == torch.float32 and t.dtype in _FLOAT_DTYPES:
+                    # float32 to a float: the output's cast (scale is a no-op between floats); torchvision would
+                    # normalise narrowed values after it, hence only after Normalize (below)
+                    dtype, cast = t.dtype, True
                 else:
-                    raise ValueError(f"{t!r} after {_dtype_repr(dtype, scale)}: fastload converts the image once "
-                                     f"(uint8 to float, or to another float type); remove one of them")
+                    raise ValueError(f"{t!r} after {_dtype_repr(dtype, scale)}: fastload converts the image once, "
+                                     f"then may cast float32 to the output's float type; torchvision would carry "
+                                     f"the values rounded to {dtype} on")
             elif kind == "normalize":
                 if dtype is None or dtype == torch.uint8 or not scale:
                     raise ValueError("Normalize needs a float image on the 0-1 scale first: put "
                                      "ToDtype(torch.float32, scale=True) before it (torchvision raises on uint8 input)")
+                if cast:
+                    raise ValueError(f"{t!r} after a float-to-float ToDtype: torchvision normalises the values "
+                                     f"rounded to that type, fastload in float32; put the cast after Normalize")
                 if mean is not None:
                     raise ValueError(f"{t!r} after another Normalize: fastload folds one normalisation into the "
                                      f"warp; combine them into one (mean m1 + m2 * s1, std s1 * s2)")
@@ -412,6 +417,8 @@ class Pipeline:
                 changed |= codes[:, s] != 0
                 parts.append((moved, np.full(len(moved), offset + s), maps[moved, s]))
             offset += t.slots
+        if not parts:  # policies of no slots (RandAugment(num_ops=0))
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3, 3)), reads
         samples, slots, matrices = (np.concatenate(c) for c in zip(*parts))
         return samples, slots, matrices, reads
 
