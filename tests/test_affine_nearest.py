@@ -228,8 +228,8 @@ def test_policy_ops_run_in_torchvisions_order(imagenet_dir, policy, theirs, devi
     moves what the ops before it made (an Invert then a Rotate fills the corners with 0, not 255) and two geometric
     ops resample twice. The loader's uint8 batch against torchvision's _apply_image_or_video_transform replayed op
     by op on the same resized crops. Allowed: pixels whose source lands on a rounding tie of a nearest map (there
-    torchvision's float32 grid may pick the other neighbour), and 1 level where a Color/Contrast/Sharpness factor
-    1 + magnitude is not a float32 (the table carries float32)."""
+    torchvision's float32 grid may pick the other neighbour). (A Color/Contrast/Sharpness factor 1 + magnitude that
+    is no float32 once put AutoAugment's samples a level apart: the table now carries its 1 - factor too.)"""
     import torchvision.transforms.v2 as TV
     ds = fl.FolderDataset(imagenet_dir)
     n = len(ds)
@@ -259,10 +259,10 @@ def test_policy_ops_run_in_torchvisions_order(imagenet_dir, policy, theirs, devi
                                                            interpolation=tv.interpolation, fill=tv._fill)
         diff = (image.int() - x[i].int()).abs()
         exact += int(diff.max() == 0)
-        assert (diff.amax(0) > 1).float().mean() < 0.02, (i, [names[op[i, s]] for s in range(op.shape[1])])
+        assert (diff.amax(0) > 0).float().mean() < 0.02, (i, [names[op[i, s]] for s in range(op.shape[1])])
         kinds = ["g" if np.isin(names[op[i, s]], P._GEOMETRIC) else "p" for s in range(op.shape[1]) if applied[i, s]]
         orders.add("".join(kinds))
-    assert exact >= 0.85 * n
+    assert exact >= 0.9 * n
     # drawn: a geometric op after a photometric one, two geometric ops (what composing every map before the first
     # slot got wrong; TrivialAugmentWide draws one op)
     assert any("pg" in o or "gg" in o for o in orders) or isinstance(policy, T.TrivialAugmentWide)

@@ -101,7 +101,7 @@ RANDOM_APPLY = [  # (fastload, torchvision, op, parameter torchvision passes to 
     # torch compares the uint8 image with the threshold in float32: 170.0000051 is 170.0, the pixels at 170 invert
     (C.RandomSolarize(255 * 0.6666666865348816, p=0.2), v2.RandomSolarize(255 * 0.6666666865348816, p=0.2), "solarize",
      170.0),
-    (C.RandomAdjustSharpness(2.5), v2.RandomAdjustSharpness(2.5), "sharpness", 2.5),
+    (C.RandomAdjustSharpness(2.5), v2.RandomAdjustSharpness(2.5), "sharpness", (2.5, -1.5)),  # p1: 1 - factor
 ]
 
 
@@ -112,7 +112,8 @@ def test_random_apply_rate_and_parameter(ours, tv, op, param):
     table = ours.table(0, 0, np.arange(N))
     applied = (table.ops[:, 0] == OPS[op]).numpy()
     assert ((table.ops[:, 0] == 0).numpy() | applied).all()
-    assert (table.params[applied, 0] == torch.tensor([param, 0.0, 0.0])).all()
+    param = param if isinstance(param, tuple) else (param, 0.0)
+    assert (table.params[applied, 0] == torch.tensor([*param, 0.0])).all()
     assert (table.params[~applied] == 0).all()
     assert stats.binomtest(int(applied.sum()), N, tv.p).pvalue > 0.001
     calls = []

@@ -193,6 +193,8 @@ def _random_table(batch, dtype, generator):
     p[sol] = u[sol] * (255.0 if dtype == torch.uint8 else 1.0)
     p[blur] = torch.stack([(u[blur][:, 0] * 4).floor() * 2 + 1, (u[blur][:, 1] * 4).floor() * 2 + 1,
                            0.1 + u[blur][:, 2] * 2], dim=1)
+    blend = (ops == F.OPS["contrast"]) | (ops == F.OPS["saturation"]) | (ops == F.OPS["sharpness"])
+    p[..., 1] = torch.where(blend, 0.0, p[..., 1])  # a blend's p1 = 0: 1 - p0 (CONTRACT.md)
     return F.PhotometricTable(ops, p.float())
 
 

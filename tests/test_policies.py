@@ -176,7 +176,10 @@ def test_table_holds_what_torchvision_passes_to_each_op(pair, monkeypatch):
                 assert torch.equal(pixels.float() >= param[0], solarized), (i, s, kwargs)
                 assert param[0] == int(param[0])
             else:
-                assert param == [float(np.float32(expected)), 0.0, 0.0], (i, s, name, kwargs)
+                # a blend's p1: 1 - the factor torchvision was given, from its double (CONTRACT.md)
+                one_minus = float(np.float32(1.0 - expected)) if fl_op in ("contrast", "saturation", "sharpness") \
+                    else 0.0
+                assert param == [float(np.float32(expected)), one_minus, 0.0], (i, s, name, kwargs)
     assert len(seen) >= 5 and seen & {"rotate", "affine"}
 
 

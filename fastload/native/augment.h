@@ -61,6 +61,11 @@ FL_HD uint8_t clamp_trunc_u8(float v) {
 // 1 - factor computed in float64 as Python does, then the float32 torch computes with.
 FL_HD float one_minus(float factor) { return to_float(1.0 - static_cast<double>(factor)); }
 
+// A blend's 1 - factor from a table slot (contrast, saturation, sharpness): p1 where the table carries it (the
+// float32 of 1 - the double factor torchvision was given: a policy's 1 + magnitude is often no float32, so p0 alone
+// cannot give it), else one_minus(p0) (p1 = 0 means 1 - factor = 0 exactly, which that gives too).
+FL_HD float blend_one_minus(const float* p) { return p[1] != 0.f ? p[1] : one_minus(p[0]); }
+
 // ---- per-pixel ops ---------------------------------------------------------------------------------------------
 
 // _gray: r * 0.2989, then g and b added with alpha (fused multiply-adds), unrounded.

@@ -287,11 +287,10 @@ __attribute__((target("avx2,fma"))) void sharpen_row_avx2(const uint8_t* up, con
 #endif
 
 template <bool avx2>
-FL_SAMPLE void sharpness(float factor, const uint8_t* src, uint8_t* dst, int h, int w) {
+FL_SAMPLE void sharpness(float om, const uint8_t* src, uint8_t* dst, int h, int w) {
   const int64_t hw = static_cast<int64_t>(h) * w;
   std::memcpy(dst, src, 3 * hw);  // borders (and images of side <= 2) stay as they are
   if (h <= 2 || w <= 2) return;
-  const float om = one_minus(factor);
   for (int c = 0; c < 3; ++c) {
     const uint8_t* s = src + c * hw;
     uint8_t* d = dst + c * hw;
@@ -325,12 +324,11 @@ FL_SAMPLE void hue_planes(float factor, const uint8_t* __restrict__ r8, const ui
 
 // Saturation on whole planes: restrict-qualified (src and dst never overlap: the slots ping-pong between two scratch
 // images), so the loop vectorises.
-FL_SAMPLE void saturation_planes(float factor, const uint8_t* __restrict__ r, const uint8_t* __restrict__ g,
+FL_SAMPLE void saturation_planes(float factor, float om, const uint8_t* __restrict__ r, const uint8_t* __restrict__ g,
                                  const uint8_t* __restrict__ b, uint8_t* __restrict__ dst, int64_t hw) {
   uint8_t* __restrict__ dr = dst;
   uint8_t* __restrict__ dg = dst + hw;
   uint8_t* __restrict__ db = dst + 2 * hw;
-  const float om = one_minus(factor);
   for (int64_t i = 0; i < hw; ++i) {
     const float gr = floorf(gray(r[i], g[i], b[i]));
     dr[i] = blend(r[i], gr, factor, om);
@@ -378,7 +376,7 @@ FL_SAMPLE bool slot_lut(int op, const float* p, const uint8_t* src, int64_t hw, 
         for (int64_t i = start; i < stop; ++i) part += static_cast<int32_t>(floorf(gray(r[i], g[i], b[i])));
         sum += part;
       }
-      const float mean = contrast_mean(sum, hw), om = one_minus(p[0]);
+      const float mean = contrast_mean(sum, hw), om = blend_one_minus(p);
       for (int v = 0; v < 256; ++v) lut[0][v] = blend(static_cast<uint8_t>(v), mean, p[0], om);
       break;
     }
@@ -426,11 +424,11 @@ FL_SAMPLE void apply_slot(int op, const float* p, const uint8_t* src, uint8_t* d
   uint8_t lut[3][256];
   if (slot_lut(op, p, src, hw, lut)) return map_planes(src, dst, hw, lut);
   switch (op) {
-    case kSaturation: return saturation_planes(p[0], r, g, b, dst, hw);
+    case kSaturation: return saturation_planes(p[0], blend_one_minus(p), r, g, b, dst, hw);
     case kHue:
       return hue_planes(p[0], r, g, b, dst, hw);
     case kGrayscale: return grayscale_planes(r, g, b, dst, hw);
-    case kSharpness: return sharpness<avx2>(p[0], src, dst, h, w);
+    case kSharpness: return sharpness<avx2>(blend_one_minus(p), src, dst, h, w);
     case kGaussianBlur: return blur(p, src, dst, h, w, scratch);
     default: std::memcpy(dst, src, 3 * hw); return;  // identity
   }

@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
   // The op's per-sample constants.
   __shared__ uint8_t lut[3][256];
   SlotConsts k{op, p ? p[0] : 0.f, 0.f, 0.f, {0, 0, 0}, {0, 0, 0}, lut};
-  if (op == kContrast || op == kSaturation || op == kSharpness) k.om = one_minus(k.p0);
+  if (op == kContrast || op == kSaturation || op == kSharpness) k.om = blend_one_minus(p);
   if (op == kContrast) k.mean = contrast_mean(static_cast<int64_t>(stats[b].gray_sum), hw);
   if (op == kAutocontrast) {
 #pragma unroll

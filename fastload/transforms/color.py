@@ -20,8 +20,16 @@ __all__ = ["ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "Rando
            "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize"]
 
 
+_BLENDS = (OPS["contrast"], OPS["saturation"], OPS["sharpness"])
+
+
 def _table(ops, params):
-    """PhotometricTable from numpy int [B, S] codes and float [B, S, 3] parameters."""
+    """PhotometricTable from numpy int [B, S] codes and float64 [B, S, 3] parameters. A blend's p1 is 1 - factor,
+    computed here from the double factor as torchvision computes it (CONTRACT.md): 1 + a policy magnitude is often
+    no float32, and then float32(1 - float32(factor)) is not torchvision's float32(1 - factor)."""
+    params = np.array(params, dtype=np.float64)
+    blend = np.isin(ops, _BLENDS)
+    params[..., 1] = np.where(blend, 1.0 - params[..., 0], params[..., 1])
     return PhotometricTable(torch.from_numpy(np.ascontiguousarray(ops, dtype=np.int64)),
                             torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32)))
 
@@ -242,7 +250,9 @@ class ColorJitter(_Photometric):
         codes = np.array([OPS[name] for name, _ in self._active], np.int64)
         lo = np.array([r[0] for _, r in self._active])
         hi = np.array([r[1] for _, r in self._active])
-        factors = lo + (hi - lo) * u[:, n:]  # [B, n], column k for adjustment k
+        # [B, n], column k for adjustment k; float32 numbers, as torchvision's uniform_ draws them (its 1 - factor
+        # then is 1 - the float32 too)
+        factors = (lo + (hi - lo) * u[:, n:]).astype(np.float32).astype(np.float64)
         ops[:] = codes[order]
         params[:, :, 0] = np.take_along_axis(factors, order, axis=1)
 

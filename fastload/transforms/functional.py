@@ -22,7 +22,7 @@ statistics kernel and an apply kernel on CUDA) and writes the normalised output:
 """
 import math
 import numbers
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -85,10 +85,12 @@ def _gray(x):
     return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3)
 
 
-def _blend(x, other, ratio):
-    """torchvision's _blend: x * ratio + other * (1 - ratio), clamped, truncated to uint8 for uint8 images."""
+def _blend(x, other, ratio, one_minus=None):
+    """torchvision's _blend: x * ratio + other * (1 - ratio), clamped, truncated to uint8 for uint8 images.
+    ``one_minus``: 1 - ratio where the caller has it more exactly than ratio (a table's p1), else computed."""
     dt = _cdtype(x)
-    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, (1.0 - ratio).to(dt)).clamp_(0, _bound(x))
+    om = (1.0 - ratio) if one_minus is None else one_minus
+    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, om.to(dt)).clamp_(0, _bound(x))
     return out.to(x.dtype)
 
 
@@ -128,7 +130,7 @@ def _brightness(x: Tensor, factor: Tensor) -> Tensor:
 
 
 @_op("adjust_contrast")
-def _contrast(x: Tensor, factor: Tensor) -> Tensor:
+def _contrast(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) -> Tensor:
     fp = x.is_floating_point()
     if x.shape[-3] == 3:
         gray = _gray(x)
@@ -136,21 +138,21 @@ def _contrast(x: Tensor, factor: Tensor) -> Tensor:
             gray = gray.floor_()
     else:
         gray = x.to(_cdtype(x))
-    return _blend(x, gray.mean(dim=(-3, -2, -1), keepdim=True), factor)
+    return _blend(x, gray.mean(dim=(-3, -2, -1), keepdim=True), factor, one_minus)
 
 
 @_op("adjust_saturation")
-def _saturation(x: Tensor, factor: Tensor) -> Tensor:
+def _saturation(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) -> Tensor:
     if x.shape[-3] == 1:  # torchvision (and PIL): a grayscale image is returned as is
         return x.clone()
     gray = _gray(x)
     if not x.is_floating_point():
         gray = gray.floor_()
-    return _blend(x, gray, factor)
+    return _blend(x, gray, factor, one_minus)
 
 
 @_op("adjust_sharpness")
-def _sharpness(x: Tensor, factor: Tensor) -> Tensor:
+def _sharpness(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) -> Tensor:
     c, h, w = x.shape[-3:]
     if x.numel() == 0 or h <= 2 or w <= 2:
         return x.clone()
@@ -169,7 +171,7 @@ def _sharpness(x: Tensor, factor: Tensor) -> Tensor:
         k[1, 1] = 5.0
         blurred = conv2d(out, k.expand(c, 1, 3, 3), groups=c).div_(13.0).round_()
     inner = out[..., 1:-1, 1:-1]
-    inner.copy_(_fma(inner, blurred.sub_(inner), (1.0 - factor).to(dt)))
+    inner.copy_(_fma(inner, blurred.sub_(inner), ((1.0 - factor) if one_minus is None else one_minus).to(dt)))
     return out.clamp_(0, _bound(x)).to(x.dtype)
 
 
@@ -481,12 +483,17 @@ def gaussian_blur(x, kernel_size, sigma=None):
 
 # op code -> kernel(x [n, C, H, W], parameter rows p [n, 3] on x's device); 12 (gaussian_blur) is applied by
 # apply_table itself, which also groups its samples by kernel size.
+def _table_one_minus(p):
+    """A blend slot's 1 - factor (float64 [N]): p1 where the table carries it, else 1 - p0 (CONTRACT.md)."""
+    return torch.where(p[:, 1] != 0, p[:, 1].double(), 1.0 - p[:, 0].double())
+
+
 _TABLE_OPS = {
     1: lambda x, p: _brightness(x, p[:, 0].double()),
-    2: lambda x, p: _contrast(x, p[:, 0].double()),
-    3: lambda x, p: _saturation(x, p[:, 0].double()),
+    2: lambda x, p: _contrast(x, p[:, 0].double(), _table_one_minus(p)),
+    3: lambda x, p: _saturation(x, p[:, 0].double(), _table_one_minus(p)),
     4: lambda x, p: _hue(x, p[:, 0].double()),
-    5: lambda x, p: _sharpness(x, p[:, 0].double()),
+    5: lambda x, p: _sharpness(x, p[:, 0].double(), _table_one_minus(p)),
     6: lambda x, p: _posterize(x, p[:, 0].round().long()),
     7: lambda x, p: _solarize(x, p[:, 0].double()),
     8: lambda x, p: _autocontrast(x),
