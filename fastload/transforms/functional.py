@@ -85,12 +85,16 @@ def _gray(x):
     return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3)
 
 
+def _one_minus(ratio, one_minus=None):
+    """A blend's 1 - ratio: ``one_minus`` where the caller has it more exactly than ratio (a table's p1)."""
+    return (1.0 - ratio) if one_minus is None else one_minus
+
+
 def _blend(x, other, ratio, one_minus=None):
     """torchvision's _blend: x * ratio + other * (1 - ratio), clamped, truncated to uint8 for uint8 images.
     ``one_minus``: 1 - ratio where the caller has it more exactly than ratio (a table's p1), else computed."""
     dt = _cdtype(x)
-    om = (1.0 - ratio) if one_minus is None else one_minus
-    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, om.to(dt)).clamp_(0, _bound(x))
+    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, _one_minus(ratio, one_minus).to(dt)).clamp_(0, _bound(x))
     return out.to(x.dtype)
 
 
@@ -171,7 +175,7 @@ def _sharpness(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) ->
         k[1, 1] = 5.0
         blurred = conv2d(out, k.expand(c, 1, 3, 3), groups=c).div_(13.0).round_()
     inner = out[..., 1:-1, 1:-1]
-    inner.copy_(_fma(inner, blurred.sub_(inner), ((1.0 - factor) if one_minus is None else one_minus).to(dt)))
+    inner.copy_(_fma(inner, blurred.sub_(inner), _one_minus(factor, one_minus).to(dt)))
     return out.clamp_(0, _bound(x)).to(x.dtype)
 
 

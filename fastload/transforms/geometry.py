@@ -52,6 +52,13 @@ class GeometryPlan(NamedTuple):
 
 # ---------------------------------------------------------------- torchvision's argument checks
 
+def _check_int_sizes(size):
+    """TypeError for a size sequence that holds anything but ints (torchvision keeps it and fails at the first
+    image, with a TypeError from the resize or crop)."""
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size):
+        raise TypeError(f"size should be an int or a sequence of ints, got {size!r}")
+
+
 def _setup_size(size, error_msg):
     """torchvision's _setup_size, plus a check that the sizes are positive ints (a zero size fails later there)."""
     if isinstance(size, numbers.Number):
@@ -60,9 +67,7 @@ def _setup_size(size, error_msg):
         size = (size[0], size[0])
     elif len(size) != 2:
         raise ValueError(error_msg)
-    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size):
-        # torchvision keeps them and fails at the first image (TypeError from the resize/crop)
-        raise TypeError(f"size should be an int or a sequence of ints, got {size!r}")
+    _check_int_sizes(size)
     size = tuple(int(s) for s in size)
     if min(size) <= 0:
         raise ValueError(f"size must be positive, got {size}")
@@ -257,8 +262,7 @@ class Resize(_Geometry):
             size = [size]
         elif isinstance(size, collections.abc.Sequence) and len(size) in {1, 2}:
             size = list(size)
-            if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size):
-                raise TypeError(f"size should be an int or a sequence of ints, got {size!r}")  # torchvision: at run
+            _check_int_sizes(size)
         elif size is None:
             if not isinstance(max_size, int):
                 raise ValueError(f"max_size must be an integer when size is None, but got {max_size} instead.")

@@ -238,7 +238,7 @@ class Pipeline:
         # every decode window within the crop's. Otherwise (a BILINEAR policy among them) their ops compose into
         # the warp.
         self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
-        self._memo = threading.local()  # _policy_plan's last result per policy, per planning thread
+        self._memo = threading.local()  # _once_per_batch: the last batch's plans, per planning thread
         from .geometry import GeometryPlanner, fill_triple
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
@@ -395,9 +395,14 @@ class Pipeline:
         (sample, slot) with a geometric op, ordered by slot (slots of the photometric table that holds the
         policies: the first segment's, AugMix coming after them), and reads float64 [B, 3, 3]: the map that reads
         each sample's warped crop, where its first gather comes before any op that changes pixels, else the
-        identity (the whole crop: an op before the gather may need all of it, equalize's histogram say)."""
+        identity (the whole crop: an op before the gather may need all of it, equalize's histogram say).
+        Computed once per batch (``plan`` wants the reads, ``sample_params`` the entries)."""
         h, w = self.size_at(epoch)
         indices = np.asarray(indices, dtype=np.int64)
+        return self._once_per_batch("nearest", (seed, epoch, h, w, indices.tobytes()),
+                                    lambda: self._make_nearest_entries(seed, epoch, indices, h, w))
+
+    def _make_nearest_entries(self, seed, epoch, indices, h, w):
         b = len(indices)
         parts, offset = [], 0
         changed = np.zeros(b, dtype=bool)  # a slot before this one changes the sample's pixels
@@ -437,11 +442,16 @@ class Pipeline:
         on_error="skip" replaced samples, with other indices: a new key). The last result per policy is kept per
         thread."""
         indices = np.asarray(indices, dtype=np.int64)
-        key = (id(policy), seed, epoch, h, w, indices.tobytes())
-        memo = self._memo.__dict__.setdefault("plans", {})
-        hit = memo.get(id(policy))
+        return self._once_per_batch(id(policy), (seed, epoch, h, w, indices.tobytes()),
+                                    lambda: policy.plan(seed, epoch, indices, h, w))
+
+    def _once_per_batch(self, name, key, make):
+        """make() for this key, kept per planning thread under ``name`` until another key comes: a batch's
+        planning asks for the same values from several places (one entry per name, so memory stays flat)."""
+        memo = self._memo.__dict__.setdefault("batch", {})
+        hit = memo.get(name)
         if hit is None or hit[0] != key:
-            hit = memo[id(policy)] = (key, policy.plan(seed, epoch, indices, h, w))
+            hit = memo[name] = (key, make())
         return hit[1]
 
     def _segments(self):
