@@ -139,7 +139,7 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0):
+            workers=None, reserve=0, warmup_epochs=1):
     device = torch.device("cuda")
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
@@ -156,9 +156,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     events = []
     spies = []
     images, start = 0, None
-    for epoch in range(epochs + 1):
+    for epoch in range(epochs + warmup_epochs):
         loader.set_epoch(epoch)
-        if epoch == 1:
+        if epoch == warmup_epochs:
             torch.cuda.synchronize()
             probe.start()
             if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
@@ -178,11 +178,11 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             except StopIteration:
                 break
             t1 = time.perf_counter()
-            if epoch >= 1:
+            if epoch >= warmup_epochs:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
             step(x, y)
-            if epoch >= 1:
+            if epoch >= warmup_epochs:
                 e1.record()
                 events.append((e0, e1))
                 waits.append(t1 - t0)
@@ -206,6 +206,10 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if p is not None:
             p.wait(timeout=60)
     rate = images / seconds
+    if "decoder_trial" in stats:  # decoder="auto": what it measured while warming up, and what it chose
+        trial = stats["decoder_trial"]
+        decoder = f"auto: {trial['chosen'] or 'still measuring'} (" + ", ".join(
+            f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
@@ -224,7 +228,9 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=160)
     p.add_argument("--decoder", nargs="+", default=["cpu"])
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=4, help="timed epochs after one warm-up epoch")
+    p.add_argument("--epochs", type=int, default=4, help="timed epochs after the warm-up epochs")
+    p.add_argument("--warmup-epochs", type=int, default=1,
+                   help="untimed epochs first (decoder=auto: enough for its trial, ~120 batches)")
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, help="FastLoader(threads=)")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
@@ -250,7 +256,7 @@ def main(argv=None):
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 args.switch_interval, args.threads, args.workers, args.reserve)
+                                 args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"

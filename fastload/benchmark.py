@@ -299,8 +299,11 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
                                 size=size, progress=progress, step=step, decoder=decoder, transform=transform)
     config["threads"] = stats["threads"]  # FastLoader's choice unless given
-    how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(decoder) or (
+    how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(stats["decoder"]) or (
         f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
+    if "decoder_trial" in stats:  # decoder="auto" measured: the timed epochs include its trial
+        rates = ", ".join(f"{name} {rate:,.0f}" for name, rate in stats["decoder_trial"]["rates"].items())
+        how = f"decoder='auto' chose {stats['decoder']} ({rates} img/s): {how}"
     rows.append({"pipeline": f"{fed}fastload FastLoader ({how})", "kind": "fastload",
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":

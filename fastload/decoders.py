@@ -14,7 +14,8 @@ Batch decoders (what ``decoder=`` names; each makes whole batches):
   * ``Alternating`` ("hybrid"): batch k of an epoch by its second decoder when k % period == period - 1, else by
     its first: the engines and the cores on different batches, picked by index alone, never by timing.
 ``KINDS`` says, per name, how to build one and the worker/thread defaults the loader gives it; ``resolve``
-turns "auto" (and a name the device cannot run) into one of them, in one place.
+turns "auto" (and a name the device cannot run) into one of them, in one place, and where the GPU has JPEG
+engines, "auto"'s ``Trial`` then measures every kind inside the training loop and keeps the fastest.
 """
 import io
 import os
@@ -144,8 +145,8 @@ class JpegCrops:
     """libjpeg-turbo crop decode on ``threads`` native threads: read, CRC check and decode in one native call per
     batch, GIL released; the Python side sees only the samples that failed or warned."""
 
-    def __init__(self, threads, strict, max_pixels):
-        self.threads, self.strict, self.max_pixels = threads, strict, max_pixels
+    def __init__(self, maker):
+        self.maker = maker  # its threads, strict and max_pixels (threads change when decoder="auto" switches)
 
     def read(self, reader, indices):
         """(sources, crcs, unreadable {position: message}) of these samples."""
@@ -156,7 +157,7 @@ class JpegCrops:
     def decode(self, sources, crcs, windows, out, unreadable=None):
         """Decodes the windows [n, 5] of ``sources`` into ``out`` (1-D uint8, laid out in order from 0)."""
         offsets, shapes, status, messages, warned = ops.C.decode_batch(  # checks windows: int64 [n, 5]
-            sources, windows, out, self.threads, self.strict, self.max_pixels, ops.MAX_BYTES,
+            sources, windows, out, self.maker.threads, self.maker.strict, self.maker.max_pixels, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
         for k, message in (unreadable or {}).items():  # decoded as empty buffers: report them as what they are
             status[k] = ops.CORRUPT
@@ -203,7 +204,7 @@ class Cores:
 
     def __init__(self, maker):
         self.maker = maker
-        self.crops = JpegCrops(maker.threads, maker.strict, maker.max_pixels)
+        self.crops = JpegCrops(maker)
         self.pillow = PillowImages(maker.ds, maker.max_pixels)
 
     def make(self, indices, epoch, slot, k=0, plan=None):
@@ -483,20 +484,25 @@ class Kind:
     threads: Callable        # threads(cores, workers, cuda) -> native decode threads per producer
 
 
+# The parts are built once per BatchMaker (BatchMaker.part), so the kinds decoder="auto" tries share them: one
+# hardware decoder handle and one set of the engines' per-sample verdicts.
+def _cores(maker):
+    return maker.part("cores", lambda: Cores(maker))
+
+
 def _engines(maker):
-    return Engines(maker, Cores(maker))
+    return maker.part("engines", lambda: Engines(maker, _cores(maker)))
 
 
 def _hybrid(maker):
-    cores = Cores(maker)
-    return Alternating(Engines(maker, cores), cores, HYBRID_PERIOD, HYBRID_ENGINE_BATCHES)
+    return Alternating(_engines(maker), _cores(maker), HYBRID_PERIOD, HYBRID_ENGINE_BATCHES)
 
 
 KINDS = {
     # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
     # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
     # CUDA").
-    "cpu": Kind("cpu", Cores, False,
+    "cpu": Kind("cpu", _cores, False,
                 workers=lambda cores, cuda: min(4, max(2, cores // 4)) if cuda else 2,
                 threads=lambda cores, workers, cuda: max(1, cores // max(1, workers)) if cuda else cores),
     # One producer has the engines while the other reads and plans; more contend for the GIL and the engines
@@ -511,8 +517,8 @@ KINDS = {
 }
 
 
-# decoder="auto" takes the cores where the process has at least this many (per GPU), else the JPEG engines where
-# the GPU has them. Measured inside training on an H200 (bench/RESULTS.md, 'decoder="auto"'): ResNet-18 at 160 px
+# decoder="auto" starts with the cores where the process has at least this many (per GPU), else the JPEG engines
+# where the GPU has them (then measures: Trial). Measured inside training on an H200 (bench/RESULTS.md, 'decoder="auto"'): ResNet-18 at 160 px
 # fed by the cores / the engines reaches 0.87 / 0.67 of its ceiling with 16 cores, 0.69 / 0.73 with 12, 0.37-0.42
 # / 0.63-0.65 with 8, 0.26 / 0.71 with 4; ResNet-50 at 160 px with 8 cores: 0.99 / 0.91.
 AUTO_CORES = 12
@@ -534,3 +540,78 @@ def resolve(decoder, device, cores=None):
     if decoder == "auto":
         return KINDS["cpu"]
     raise RuntimeError(f"decoder={decoder!r} cannot be used on {device}: {why}")
+
+
+# decoder="auto" where the GPU has JPEG engines: every kind feeds the training loop in turn, AUTO_WARMUP batches
+# untimed after each switch (the new producers fill their queues), then AUTO_MEASURE timed; the fastest stays unless
+# it beats the rule's choice (tried first) by less than AUTO_MARGIN, within what two runs of one decoder differ by.
+AUTO_WARMUP, AUTO_MEASURE, AUTO_MARGIN = 8, 32, 0.05
+
+
+def trial(decoder, kind, device):
+    """The Trial decoder="auto" runs on ``device``, ``kind`` (resolve's rule) first; None where there is nothing to
+    choose: another decoder named, a CPU device, or a GPU without JPEG engines."""
+    if decoder != "auto" or device.type != "cuda" or not nvjpeg.available(device)[0]:
+        return None
+    return Trial([kind.name] + [name for name in KINDS if name != kind.name])
+
+
+class Trial:
+    """Which decoder makes this training loop fastest, measured in it: each candidate makes the loop's batches in
+    turn, timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
+    epochs, where the loop validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
+    decoder was making batches when the loop took it; a run's pixels depend on the measurement, so name a decoder
+    where they must not."""
+
+    def __init__(self, candidates, warmup=None, measure=None, margin=None):
+        self.candidates = list(candidates)
+        self.warmup = AUTO_WARMUP if warmup is None else warmup
+        self.measure = AUTO_MEASURE if measure is None else measure
+        self.margin = AUTO_MARGIN if margin is None else margin
+        self.rates = {}  # img/s of every candidate measured so far
+        self.chosen = None
+        self.phase = 0
+        self._reset()
+
+    def _reset(self):
+        self.taken_since_switch, self.timed, self.images, self.elapsed = 0, 0, 0, 0.0
+
+    @property
+    def current(self):
+        """The decoder making batches now."""
+        return self.chosen or self.candidates[self.phase]
+
+    def adopt(self, name):
+        """A choice made before (a state_dict's): no trial."""
+        if name not in self.candidates:
+            raise ValueError(f"state chose decoder {name!r}, which this loader cannot run (it can: "
+                             f"{', '.join(self.candidates)})")
+        self.chosen = name
+
+    def taken(self, images, interval):
+        """The loop took a batch of ``images``, ``interval`` seconds after the one before (None: the first of an
+        epoch or of a new iteration). Returns the decoder to switch to now, or None."""
+        if self.chosen is not None:
+            return None
+        self.taken_since_switch += 1
+        if self.taken_since_switch > self.warmup and interval is not None:
+            self.timed += 1
+            self.images += images
+            self.elapsed += interval
+        if self.timed < self.measure:
+            return None
+        self.rates[self.current] = self.images / max(self.elapsed, 1e-9)
+        self._reset()
+        if self.phase + 1 < len(self.candidates):
+            self.phase += 1
+            return self.current
+        best = self.candidates[0]
+        for name in self.candidates[1:]:
+            if self.rates[name] > self.rates[best] * (1 + self.margin):
+                best = name
+        last, self.chosen = self.current, best
+        return None if best == last else best
+
+    def summary(self):
+        """For stats(): the img/s measured per decoder and the choice (None while measuring)."""
+        return {"rates": {name: round(rate, 1) for name, rate in self.rates.items()}, "chosen": self.chosen}

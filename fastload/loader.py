@@ -100,10 +100,16 @@ class FastLoader:
             "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
             (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
-            "auto": "cpu" where the process has 12 or more cores to decode on (per GPU, under torchrun), else
-            "nvjpeg" when the device has a hardware decoder, else "cpu": the crossover measured inside ResNet-18
-            and ResNet-50 training on an H200 with 4-16 cores (bench/RESULTS.md, 'decoder="auto"').
-            ``stats()["decoder"]`` says which it chose.
+            "auto": measures, inside the loop that iterates the loader, which decoder feeds it fastest. Where the
+            device has JPEG engines, the first ~120 batches the loop takes are made by each decoder in turn (40
+            each: 8 to settle, then 32 timed from the loop taking one batch to taking the next), starting with
+            the rule (the cores where the process has 12 or more to decode on, per GPU under torchrun, else the
+            engines: the crossover measured inside ResNet-18 and ResNet-50 training on an H200 with 4-16 cores,
+            bench/RESULTS.md, 'decoder="auto"'), and the fastest keeps going (another beats the rule only by more
+            than 5%). Without engines (or on the CPU) "auto" is "cpu". ``stats()["decoder"]`` says which decoder
+            runs, ``stats()["decoder_trial"]`` the img/s measured and the choice; ``state_dict`` keeps the choice,
+            so a resumed run does not measure again. Each batch is exactly the batch of the decoder that made it,
+            but which one that is depends on the measurement: name a decoder where runs must give equal pixels.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -134,13 +140,12 @@ class FastLoader:
         cores = len(self.cpus) if self.cpus is not None else \
             max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
-        self.decoder = kind.name
-        cuda = self.device.type == "cuda"
-        if workers is None:
-            workers = kind.workers(cores, cuda)
-        self.threads = threads or kind.threads(cores, workers, cuda)
+        self._trial = decoders.trial(decoder, kind, self.device)  # decoder="auto" with engines: measured choice
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
-            _check_positive_int(name, value)
+            if value is not None:
+                _check_positive_int(name, value)
+        self._layout = (cores, workers, threads)  # what _use_decoder derives a kind's workers and threads from
+        workers, threads = self._decoder_layout(kind)
         dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
         if len(dataset) == 0:
             raise ValueError("the dataset is empty")
@@ -157,7 +162,6 @@ class FastLoader:
         self.dtype = dtype
         self.channels_last = channels_last
         self.prefetch = prefetch
-        self.workers = workers
         self.drop_last = drop_last
         self.on_error = on_error
         if timeout is not None and timeout <= 0:
@@ -170,8 +174,9 @@ class FastLoader:
         # Repeated augmentation: the sampler hands out keys (index + copy * n); the producers read a view in which
         # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
         source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
-        self._maker = BatchMaker(source, self.pipeline, seed, self.threads, on_error, strict, max_pixels, self._stats,
+        self._maker = BatchMaker(source, self.pipeline, seed, threads, on_error, strict, max_pixels, self._stats,
                                  device=self.device, decoder=kind)
+        self._use_decoder(kind)
         if size_schedule is not None and not callable(size_schedule):
             raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")
         self.size_schedule = size_schedule
@@ -188,6 +193,18 @@ class FastLoader:
         self._finished_epoch = False
         self._pipe = None
         self._ahead = None  # the next epoch's iterator, started early (_start_next_epoch)
+
+    def _decoder_layout(self, kind):
+        """(workers, threads) for ``kind``: the ones passed to the loader, else the kind's defaults."""
+        cores, workers, threads = self._layout
+        workers = workers or kind.workers(cores, self.device.type == "cuda")
+        return workers, threads or kind.threads(cores, workers, self.device.type == "cuda")
+
+    def _use_decoder(self, kind):
+        """Producers started from now on decode with ``kind`` (none may be running)."""
+        self.decoder = kind.name
+        self.workers, self.threads = self._decoder_layout(kind)
+        self._maker.use(kind, self.threads)
 
     # --- epoch bookkeeping -------------------------------------------------------------------------------
     def set_epoch(self, epoch):
@@ -236,8 +253,11 @@ class FastLoader:
         sampler["epoch"] = epoch
         # the size of the epoch it resumes in (mid-epoch: the one that epoch started with), and set_size's
         size = self._running[1] if done and self._running[0] == epoch else self._size_for(epoch)
-        return {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
-                "sampler": sampler, "size": list(size), "next_size": list(self._size)}
+        state = {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
+                 "sampler": sampler, "size": list(size), "next_size": list(self._size)}
+        if self._trial is not None and self._trial.chosen is not None:
+            state["decoder"] = self._trial.chosen  # decoder="auto" resumes with its choice
+        return state
 
     def load_state_dict(self, state):
         missing = [k for k in ("epoch", "batches_done", "seed", "batch_size", "sampler") if k not in state]
@@ -253,6 +273,10 @@ class FastLoader:
             raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
                              f"{self._size_for(epoch)}")
         self.sampler.load_state_dict(state["sampler"])
+        if self._trial is not None and state.get("decoder") is not None:
+            self._trial.adopt(state["decoder"])
+            self.close()  # producers of the decoder it measured with, if any: the next iteration starts new ones
+            self._use_decoder(decoders.KINDS[state["decoder"]])
         if self.size_schedule is None:
             self._size = tuple(state.get("next_size", size))
         self._resume_size = size if int(state["batches_done"]) else None
@@ -288,8 +312,13 @@ class FastLoader:
 
     def stats(self):
         """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts, and
-        ``decoder``: the decoder this loader uses (what ``decoder="auto"`` resolved to)."""
-        return dict(self._stats.summary(), decoder=self.decoder)
+        ``decoder``: the decoder making batches now; with decoder="auto" on a GPU with JPEG engines,
+        ``decoder_trial``: {"rates": img/s the loop took batches at with each decoder measured so far,
+        "chosen": the decoder kept, None while measuring}."""
+        summary = dict(self._stats.summary(), decoder=self.decoder)
+        if self._trial is not None:
+            summary["decoder_trial"] = self._trial.summary()
+        return summary
 
     # --- iteration ---------------------------------------------------------------------------------------
     def __iter__(self):
@@ -667,6 +696,7 @@ class _EpochIterator:
         self.next_batch = start
         self.epoch = epoch
         self.paused = False  # stopped by loader.close(): the next __next__ starts producers at next_batch
+        self.last_taken = None  # decoder="auto": when the loop took the previous batch of this run of producers
         self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
         self.producers = _Producers(loader, batches, start, epoch)
 
@@ -725,7 +755,31 @@ class _EpochIterator:
             x, y = loader._device_pipe().receive(handle)
         loader._batches_done += 1
         loader._stats.add(images=len(y), batches=1, **counts)
+        if loader._trial is not None:
+            self._time_decoder(len(y))
         return x, y
+
+    def _time_decoder(self, images):
+        """decoder="auto": the loop's pace for the trial; on the trial's word, the next batches by another decoder
+        (the batches the old producers had queued are made again by the new ones)."""
+        now = time.perf_counter()
+        interval, self.last_taken = (None if self.last_taken is None else now - self.last_taken), now
+        switch = self.loader._trial.taken(images, interval)
+        if switch is None:
+            return
+        loader = self.loader
+        if loader._ahead is not None:  # the next epoch's producers, started early with the old decoder
+            loader._ahead.close()
+            loader._ahead = None
+        if self.next_batch >= len(self.batches):  # the epoch is made: the next one starts with the new decoder
+            loader._use_decoder(decoders.KINDS[switch])
+            return
+        self.producers.close()
+        loader._use_decoder(decoders.KINDS[switch])
+        loader.pipeline.set_epoch_size(self.epoch, self.size)
+        self.last_taken = None
+        self.producers = None
+        self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)
 
     def _finish(self):
         self.loader._finished_epoch = True
@@ -750,6 +804,7 @@ class _EpochIterator:
             return
         loader._start_batch, loader._resume_size, loader._paused = 0, None, None  # the position is ours again
         loader.pipeline.set_epoch_size(self.epoch, self.size)
+        self.last_taken = None
         self.producers = None
         self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)
 

@@ -102,7 +102,6 @@ class BatchMaker:
         self.ds = dataset
         self.pipeline = pipeline
         self.seed = seed
-        self.threads = threads
         self.on_error = on_error
         self.strict = strict
         self.max_pixels = max_pixels
@@ -114,15 +113,26 @@ class BatchMaker:
         self.device = device
         # Held by the one producer inside the hardware decoder at a time, and by a fork (_hold_decoders).
         self._hardware_lock = threading.Lock()
-        kind = decoders.KINDS[decoder] if isinstance(decoder, str) else decoder
-        self.decoder = kind.build(self)
+        self._parts = {}  # part(): the cores, the engines
+        self.use(decoders.KINDS[decoder] if isinstance(decoder, str) else decoder, threads)
         _makers.add(self)
+
+    def use(self, kind, threads):
+        """Decodes with ``kind`` (a decoders.Kind) on ``threads`` native threads from the next batch made: at
+        construction, and when decoder="auto" switches (no producer is running then)."""
+        self.threads = threads
+        self.decoder = kind.build(self)
+
+    def part(self, name, build):
+        """The decoder part ``name``, ``build()`` the first time: kinds built on one maker share their parts."""
+        if name not in self._parts:
+            self._parts[name] = build()
+        return self._parts[name]
 
     @property
     def _decodable(self):
-        """The engines' per-sample verdicts (decoders.engine_ready), where this maker's decoder has engines."""
-        engines = getattr(self.decoder, "first", self.decoder)
-        return engines.decodable
+        """The engines' per-sample verdicts (decoders.engine_ready), where this maker has built the engines."""
+        return self._parts["engines"].decodable
 
     def plan(self, indices, epoch):
         plan = self.pipeline.plan(self.heights[indices], self.widths[indices], self.seed, epoch, indices)

@@ -181,7 +181,7 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
             k["hybrid"].threads(16, 3, True)) == (4, 16, 16, 14)
 
 
-def test_hybrid_split_follows_its_two_constants(monkeypatch):
+def test_hybrid_split_follows_its_two_constants(monkeypatch, imagenet_dir):
     """decoder="hybrid": the engines take batch k when k % HYBRID_PERIOD < HYBRID_ENGINE_BATCHES (by index only),
     one producer per batch of the period, and the cores' threads shared among the producers that decode on them."""
     made = []
@@ -200,10 +200,70 @@ def test_hybrid_split_follows_its_two_constants(monkeypatch):
     monkeypatch.setattr(decoders, "HYBRID_ENGINE_BATCHES", 1)
     kind = decoders.KINDS["hybrid"]
     assert (kind.workers(16, True), kind.threads(16, 4, True)) == (4, 14 // 3)
-    monkeypatch.setattr(decoders, "Cores", lambda maker: "cores")
-    monkeypatch.setattr(decoders, "Engines", lambda maker, cores: f"engines beside {cores}")
-    built = decoders._hybrid(None)
-    assert (built.first, built.second, built.period, built.first_batches) == ("engines beside cores", "cores", 4, 1)
+    # Built on one maker, the kinds share its parts: hybrid's engines fall back on its cores, and decoder="auto"
+    # switching between kinds keeps one hardware handle and one set of verdicts.
+    maker = _maker(fl.FolderDataset(imagenet_dir))
+    built = decoders._hybrid(maker)
+    assert isinstance(built.first, decoders.Engines) and isinstance(built.second, decoders.Cores)
+    assert built.first.cores is built.second is maker.decoder and (built.period, built.first_batches) == (4, 1)
+    assert decoders._engines(maker) is built.first and maker._decodable is built.first.decodable
+    # the cores decode on the maker's threads at call time (decoder="auto" gives each kind its own count)
+    maker.use(decoders.KINDS["nvjpeg"], 7)
+    assert maker.decoder is built.first and maker.threads == 7
+
+
+def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
+    """decoder="auto"'s Trial: each candidate in turn, `warmup` batches untimed after its switch, then `measure`
+    timed intervals (an epoch's first batch, interval None, is not one); rates are images / summed intervals; the
+    fastest stays, but beats the first candidate (the rule's) only by more than `margin`."""
+    def run(trial, pace, epoch_every=None):
+        switches, k = [], 0
+        while trial.chosen is None:
+            first = epoch_every is not None and k % epoch_every == 0
+            switch = trial.taken(256, None if first else pace[trial.current])
+            if switch is not None:
+                switches.append((k, switch))
+            k += 1
+        return switches, k
+    pace = {"cpu": 256 / 20_000, "nvjpeg": 256 / 14_000, "hybrid": 256 / 16_000}
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05)
+    switches, taken = run(trial, pace)
+    # 5 batches a candidate; the cores were fastest and were last measured first: switching back to them ends it
+    assert switches == [(4, "nvjpeg"), (9, "hybrid"), (14, "cpu")] and taken == 15 and trial.current == "cpu"
+    assert trial.summary() == {"rates": {"cpu": 20_000.0, "nvjpeg": 14_000.0, "hybrid": 16_000.0}, "chosen": "cpu"}
+    assert trial.taken(256, 1.0) is None and trial.current == "cpu"  # decided: nothing more is timed
+    # An epoch's first batch inside a measuring window (k = 4, 8, 16) costs it one more batch; one in a warm-up
+    # (k = 12) costs nothing; the engines win by 20%.
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05)
+    switches, _ = run(trial, {"cpu": 256 / 10_000, "nvjpeg": 256 / 12_000, "hybrid": 256 / 11_000}, epoch_every=4)
+    assert switches == [(5, "nvjpeg"), (11, "hybrid"), (17, "nvjpeg")] and trial.chosen == "nvjpeg"
+    # Within the margin the rule's choice stays (run-to-run noise is not a reason to switch); a decoder chosen
+    # last stays without a switch.
+    trial = decoders.Trial(["nvjpeg", "cpu", "hybrid"], warmup=0, measure=2, margin=0.05)
+    switches, _ = run(trial, {"nvjpeg": 256 / 10_000, "cpu": 256 / 10_400, "hybrid": 256 / 9_000})
+    assert switches == [(1, "cpu"), (3, "hybrid"), (5, "nvjpeg")] and trial.chosen == "nvjpeg"
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=0, measure=1)
+    switches, _ = run(trial, {"cpu": 1.0, "nvjpeg": 1.0, "hybrid": 0.5})
+    assert switches == [(0, "nvjpeg"), (1, "hybrid")] and trial.chosen == "hybrid"
+    # A state_dict's choice: no trial; a decoder this loader cannot run is refused by name.
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"])
+    trial.adopt("hybrid")
+    assert trial.current == "hybrid" and trial.taken(256, 0.01) is None
+    with pytest.raises(ValueError, match="state chose decoder 'gpu', which this loader cannot run"):
+        decoders.Trial(["cpu", "nvjpeg"]).adopt("gpu")
+
+
+def test_auto_measures_nothing_where_there_is_nothing_to_choose(imagenet_dir):
+    """decoder="auto" on the CPU (or a GPU without JPEG engines) is the cores, with no trial: stats() has no
+    decoder_trial and state_dict no decoder."""
+    assert decoders.trial("auto", decoders.KINDS["cpu"], torch.device("cpu")) is None
+    assert decoders.trial("cpu", decoders.KINDS["cpu"], torch.device("cuda")) is None
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=16, decoder="auto",
+                           crop=fl.RandomResizedCrop(32))
+    batches = [y for _, y in loader]
+    stats = loader.stats()
+    assert len(batches) == len(loader) and stats["decoder"] == "cpu" and "decoder_trial" not in stats
+    assert "decoder" not in loader.state_dict()
 
 
 @pytest.mark.cuda

@@ -556,6 +556,53 @@ def test_hybrid_batches_are_the_cpu_decoders_or_the_hardware_decoders_by_index(i
 
 
 @hardware
+def test_auto_tries_each_decoder_in_the_loop_then_keeps_the_fastest(imagenet_dir, monkeypatch):
+    """decoder="auto" on a GPU with engines: every batch the loop takes is exactly the batch decoder="cpu",
+    "nvjpeg" or "hybrid" makes at that index, the one the trial was running (rule's first, then the others, one
+    phase each), then the fastest measured keeps going; stats() says which and what it measured; a state_dict
+    carries the choice, and a loader resumed from it measures nothing and decodes with the choice."""
+    monkeypatch.setattr(decoders, "AUTO_WARMUP", 1)
+    monkeypatch.setattr(decoders, "AUTO_MEASURE", 2)
+    ds = fl.FolderDataset(imagenet_dir)
+    common = dict(batch_size=8, seed=3, crop=fl.RandomResizedCrop(40), device="cuda")
+    loader = fl.FastLoader(ds, decoder="auto", **common)
+    refs = {d: fl.FastLoader(ds, decoder=d, **common) for d in decoders.KINDS}
+    trial = loader._trial
+    assert trial.candidates[0] == decoders.resolve("auto", torch.device("cuda"), loader._layout[0]).name
+    assert sorted(trial.candidates) == sorted(decoders.KINDS) and loader.decoder == trial.candidates[0]
+    made_by = []
+    for epoch in range(4):
+        expected = {d: [x.cpu() for x, _ in ref] for d, ref in refs.items()}
+        it = iter(loader)
+        for k in range(len(loader)):
+            name = loader.decoder  # the decoder of the producers running now made the next batch
+            x, _ = next(it)
+            made_by.append(name)
+            assert torch.equal(x.cpu(), expected[name][k]), (epoch, k, name)
+        with pytest.raises(StopIteration):
+            next(it)
+    # 6 batches an epoch: phases of 3 (one untimed, two timed), one more where an epoch's first batch is timed
+    phases = [name for i, name in enumerate(made_by) if i == 0 or made_by[i - 1] != name]
+    assert phases[:3] == trial.candidates and len(phases) <= 4
+    stats = loader.stats()
+    rates, chosen = stats["decoder_trial"]["rates"], stats["decoder_trial"]["chosen"]
+    assert set(rates) == set(decoders.KINDS) and all(r > 0 for r in rates.values())
+    best = trial.candidates[0]
+    for name in trial.candidates[1:]:
+        best = name if rates[name] > rates[best] * (1 + decoders.AUTO_MARGIN) else best
+    assert chosen == best == stats["decoder"] == made_by[-1]
+    # Resumed: the choice, at once (the first batch is already the chosen decoder's)
+    state = loader.state_dict()
+    assert state["decoder"] == chosen
+    resumed = fl.FastLoader(ds, decoder="auto", **common)
+    resumed.load_state_dict(state)
+    assert resumed.decoder == chosen and resumed.stats()["decoder_trial"]["chosen"] == chosen
+    x, _ = next(iter(resumed))
+    refs[chosen].set_epoch(state["epoch"])
+    assert torch.equal(x.cpu(), next(iter(refs[chosen]))[0].cpu())
+
+
+@hardware
 def test_other_kinds_and_damaged_records_take_the_cpu_path(imagenet_dir, tmp_path):
     # A progressive file is not for the hardware: the cores decode it, the engines the rest of its batch.
     root = tmp_path / "mixed"
