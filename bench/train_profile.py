@@ -230,7 +230,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=4, help="timed epochs after the warm-up epochs")
     p.add_argument("--warmup-epochs", type=int, default=1,
-                   help="untimed epochs first (decoder=auto: enough for its trial, ~120 batches)")
+                   help="untimed epochs first (decoder=auto: enough for its trial, ~150 batches)")
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, help="FastLoader(threads=)")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")

@@ -545,7 +545,10 @@ def resolve(decoder, device, cores=None):
 # decoder="auto" where the GPU has JPEG engines: every kind feeds the training loop in turn, AUTO_WARMUP batches
 # untimed after each switch (the new producers fill their queues), then AUTO_MEASURE timed; the fastest stays unless
 # it beats the rule's choice (tried first) by less than AUTO_MARGIN, within what two runs of one decoder differ by.
-AUTO_WARMUP, AUTO_MEASURE, AUTO_MARGIN = 8, 32, 0.05
+# The first AUTO_SETTLE batches of the loop are not timed either: a loop's start is slower whatever the decoder
+# (pinned and device buffers allocated, first reads of the files). Without them the cores, measured first, came
+# out at 11,100 img/s against 18,400 in steady state (ResNet-18 at 160 px, an H100 host, bench/RESULTS.md).
+AUTO_SETTLE, AUTO_WARMUP, AUTO_MEASURE, AUTO_MARGIN = 32, 8, 32, 0.05
 
 
 def trial(decoder, kind, device):
@@ -557,14 +560,15 @@ def trial(decoder, kind, device):
 
 
 class Trial:
-    """Which decoder makes this training loop fastest, measured in it: each candidate makes the loop's batches in
-    turn, timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
+    """Which decoder makes this training loop fastest, measured in it: after the loop's first ``settle`` batches,
+    each candidate makes the loop's batches in turn, timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
     epochs, where the loop validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
     decoder was making batches when the loop took it; a run's pixels depend on the measurement, so name a decoder
     where they must not."""
 
-    def __init__(self, candidates, warmup=None, measure=None, margin=None):
+    def __init__(self, candidates, warmup=None, measure=None, margin=None, settle=None):
         self.candidates = list(candidates)
+        self.settle = AUTO_SETTLE if settle is None else settle
         self.warmup = AUTO_WARMUP if warmup is None else warmup
         self.measure = AUTO_MEASURE if measure is None else measure
         self.margin = AUTO_MARGIN if margin is None else margin
@@ -594,7 +598,8 @@ class Trial:
         if self.chosen is not None:
             return None
         self.taken_since_switch += 1
-        if self.taken_since_switch > self.warmup and interval is not None:
+        untimed = self.warmup + (self.settle if self.phase == 0 else 0)
+        if self.taken_since_switch > untimed and interval is not None:
             self.timed += 1
             self.images += images
             self.elapsed += interval

@@ -101,8 +101,9 @@ class FastLoader:
             (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
             "auto": measures, inside the loop that iterates the loader, which decoder feeds it fastest. Where the
-            device has JPEG engines, the first ~120 batches the loop takes are made by each decoder in turn (40
-            each: 8 to settle, then 32 timed from the loop taking one batch to taking the next), starting with
+            device has JPEG engines, after the loop's first 32 batches (its start is slow whatever the decoder) the
+            next ~120 are made by each decoder in turn (40 each: 8 to settle, then 32 timed from the loop taking
+            one batch to taking the next), starting with
             the rule (the cores where the process has 12 or more to decode on, per GPU under torchrun, else the
             engines: the crossover measured inside ResNet-18 and ResNet-50 training on an H200 with 4-16 cores,
             bench/RESULTS.md, 'decoder="auto"'), and the fastest keeps going (another beats the rule only by more

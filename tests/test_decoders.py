@@ -226,7 +226,7 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
             k += 1
         return switches, k
     pace = {"cpu": 256 / 20_000, "nvjpeg": 256 / 14_000, "hybrid": 256 / 16_000}
-    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05)
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05, settle=0)
     switches, taken = run(trial, pace)
     # 5 batches a candidate; the cores were fastest and were last measured first: switching back to them ends it
     assert switches == [(4, "nvjpeg"), (9, "hybrid"), (14, "cpu")] and taken == 15 and trial.current == "cpu"
@@ -234,17 +234,22 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
     assert trial.taken(256, 1.0) is None and trial.current == "cpu"  # decided: nothing more is timed
     # An epoch's first batch inside a measuring window (k = 4, 8, 16) costs it one more batch; one in a warm-up
     # (k = 12) costs nothing; the engines win by 20%.
-    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05)
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=2, measure=3, margin=0.05, settle=0)
     switches, _ = run(trial, {"cpu": 256 / 10_000, "nvjpeg": 256 / 12_000, "hybrid": 256 / 11_000}, epoch_every=4)
     assert switches == [(5, "nvjpeg"), (11, "hybrid"), (17, "nvjpeg")] and trial.chosen == "nvjpeg"
     # Within the margin the rule's choice stays (run-to-run noise is not a reason to switch); a decoder chosen
     # last stays without a switch.
-    trial = decoders.Trial(["nvjpeg", "cpu", "hybrid"], warmup=0, measure=2, margin=0.05)
+    trial = decoders.Trial(["nvjpeg", "cpu", "hybrid"], warmup=0, measure=2, margin=0.05, settle=0)
     switches, _ = run(trial, {"nvjpeg": 256 / 10_000, "cpu": 256 / 10_400, "hybrid": 256 / 9_000})
     assert switches == [(1, "cpu"), (3, "hybrid"), (5, "nvjpeg")] and trial.chosen == "nvjpeg"
-    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=0, measure=1)
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=0, measure=1, settle=0)
     switches, _ = run(trial, {"cpu": 1.0, "nvjpeg": 1.0, "hybrid": 0.5})
     assert switches == [(0, "nvjpeg"), (1, "hybrid")] and trial.chosen == "hybrid"
+    # The loop's first `settle` batches are not timed (its start is slow whatever the decoder): only the first
+    # phase waits for them.
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=1, measure=2, settle=4)
+    switches, _ = run(trial, {"cpu": 1.0, "nvjpeg": 1.0, "hybrid": 0.5})
+    assert switches == [(6, "nvjpeg"), (9, "hybrid")] and trial.chosen == "hybrid"
     # A state_dict's choice: no trial; a decoder this loader cannot run is refused by name.
     trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"])
     trial.adopt("hybrid")

@@ -561,6 +561,7 @@ def test_auto_tries_each_decoder_in_the_loop_then_keeps_the_fastest(imagenet_dir
     "nvjpeg" or "hybrid" makes at that index, the one the trial was running (rule's first, then the others, one
     phase each), then the fastest measured keeps going; stats() says which and what it measured; a state_dict
     carries the choice, and a loader resumed from it measures nothing and decodes with the choice."""
+    monkeypatch.setattr(decoders, "AUTO_SETTLE", 0)
     monkeypatch.setattr(decoders, "AUTO_WARMUP", 1)
     monkeypatch.setattr(decoders, "AUTO_MEASURE", 2)
     ds = fl.FolderDataset(imagenet_dir)
