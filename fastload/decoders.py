@@ -585,11 +585,15 @@ class Trial:
         """The decoder making batches now."""
         return self.chosen or self.candidates[self.phase]
 
-    def adopt(self, name):
-        """A choice made before (a state_dict's): no trial."""
+    def check(self, name):
+        """Refuses a choice (a state_dict's) this loader cannot run."""
         if name not in self.candidates:
             raise ValueError(f"state chose decoder {name!r}, which this loader cannot run (it can: "
                              f"{', '.join(self.candidates)})")
+
+    def adopt(self, name):
+        """A choice made before (a state_dict's): no trial."""
+        self.check(name)
         self.chosen = name
 
     def taken(self, images, interval):
@@ -610,10 +614,10 @@ class Trial:
         if self.phase + 1 < len(self.candidates):
             self.phase += 1
             return self.current
-        best = self.candidates[0]
-        for name in self.candidates[1:]:
-            if self.rates[name] > self.rates[best] * (1 + self.margin):
-                best = name
+        rule = self.candidates[0]
+        best = max(self.candidates, key=self.rates.__getitem__)
+        if self.rates[best] <= self.rates[rule] * (1 + self.margin):
+            best = rule
         last, self.chosen = self.current, best
         return None if best == last else best
 

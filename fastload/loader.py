@@ -111,6 +111,8 @@ class FastLoader:
             runs, ``stats()["decoder_trial"]`` the img/s measured and the choice; ``state_dict`` keeps the choice,
             so a resumed run does not measure again. Each batch is exactly the batch of the decoder that made it,
             but which one that is depends on the measurement: name a decoder where runs must give equal pixels.
+            ``workers``/``threads``, when given, apply to every decoder tried. Under torchrun each process measures
+            and chooses for itself.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -143,7 +145,7 @@ class FastLoader:
         kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
         self._trial = decoders.trial(decoder, kind, self.device)  # decoder="auto" with engines: measured choice
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
-            if value is not None:
+            if value is not None or name != "workers":
                 _check_positive_int(name, value)
         self._layout = (cores, workers, threads)  # what _use_decoder derives a kind's workers and threads from
         workers, threads = self._decoder_layout(kind)
@@ -194,12 +196,24 @@ class FastLoader:
         self._finished_epoch = False
         self._pipe = None
         self._ahead = None  # the next epoch's iterator, started early (_start_next_epoch)
+        self._next_decoder = None  # load_state_dict's decoder="auto" choice, for the next iteration
 
     def _decoder_layout(self, kind):
         """(workers, threads) for ``kind``: the ones passed to the loader, else the kind's defaults."""
         cores, workers, threads = self._layout
         workers = workers or kind.workers(cores, self.device.type == "cuda")
         return workers, threads or kind.threads(cores, workers, self.device.type == "cuda")
+
+    def _switch_to_next_decoder(self):
+        """Applies load_state_dict's decoder="auto" choice once no iterator of this loader runs."""
+        if self._next_decoder is None:
+            return
+        if self._next_decoder != self.decoder:
+            if self._ahead is not None:  # started with the decoder being replaced
+                self._ahead.close()
+                self._ahead = None
+            self._use_decoder(decoders.KINDS[self._next_decoder])
+        self._next_decoder = None
 
     def _use_decoder(self, kind):
         """Producers started from now on decode with ``kind`` (none may be running)."""
@@ -268,16 +282,15 @@ class FastLoader:
         if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
             raise ValueError(f"state is for seed={state['seed']}, batch_size={state['batch_size']}; this loader has "
                              f"seed={self.seed}, batch_size={self.batch_size}")
+        choice = state.get("decoder") if self._trial is not None else None  # decoder="auto"'s earlier choice
+        if choice is not None:
+            self._trial.check(choice)
         epoch = int(state["epoch"])
         size = tuple(state.get("size", self.pipeline.out_size))  # states from before resolution schedules
         if self.size_schedule is not None and self._size_for(epoch) != size:
             raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
                              f"{self._size_for(epoch)}")
         self.sampler.load_state_dict(state["sampler"])
-        if self._trial is not None and state.get("decoder") is not None:
-            self._trial.adopt(state["decoder"])
-            self.close()  # producers of the decoder it measured with, if any: the next iteration starts new ones
-            self._use_decoder(decoders.KINDS[state["decoder"]])
         if self.size_schedule is None:
             self._size = tuple(state.get("next_size", size))
         self._resume_size = size if int(state["batches_done"]) else None
@@ -286,6 +299,12 @@ class FastLoader:
         self._epoch_set = True
         self._finished_epoch = False
         self._paused = None
+        if choice is not None:  # no trial; the next iteration decodes with it (a running one keeps its decoder)
+            self._trial.adopt(choice)
+            self._next_decoder = choice
+            current = self._iterator() if self._iterator is not None else None
+            if current is None or not current.live():
+                self._switch_to_next_decoder()
 
     def close(self):
         """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
@@ -326,6 +345,7 @@ class FastLoader:
         previous = self._iterator() if self._iterator is not None else None
         if previous is not None:
             previous.close()  # a new epoch (or a break and restart) ends the previous producers
+        self._switch_to_next_decoder()
         if not self._epoch_set and self._finished_epoch:
             self._epoch += 1
         self._epoch_set = self._finished_epoch = False

@@ -245,6 +245,10 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
     trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=0, measure=1, settle=0)
     switches, _ = run(trial, {"cpu": 1.0, "nvjpeg": 1.0, "hybrid": 0.5})
     assert switches == [(0, "nvjpeg"), (1, "hybrid")] and trial.chosen == "hybrid"
+    # The margin is against the rule's choice, not the runner-up: 6% and 10% faster, the fastest wins.
+    trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=0, measure=1, settle=0, margin=0.05)
+    switches, _ = run(trial, {"cpu": 1 / 100, "nvjpeg": 1 / 106, "hybrid": 1 / 110})
+    assert trial.chosen == "hybrid" and switches[-1] == (1, "hybrid")
     # The loop's first `settle` batches are not timed (its start is slow whatever the decoder): only the first
     # phase waits for them.
     trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=1, measure=2, settle=4)
@@ -256,6 +260,15 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
     assert trial.current == "hybrid" and trial.taken(256, 0.01) is None
     with pytest.raises(ValueError, match="state chose decoder 'gpu', which this loader cannot run"):
         decoders.Trial(["cpu", "nvjpeg"]).adopt("gpu")
+
+
+@pytest.mark.parametrize("name", ["batch_size", "prefetch", "workers"])
+def test_loader_sizes_must_be_positive_ints(imagenet_dir, name):
+    """batch_size and prefetch have no None default to fall back on (workers=None: the decoder's default)."""
+    ds = fl.FolderDataset(imagenet_dir)
+    for bad in ([None, 0] if name != "workers" else [0]):
+        with pytest.raises(ValueError, match=name):
+            fl.FastLoader(ds, **{name: bad})
 
 
 def test_auto_measures_nothing_where_there_is_nothing_to_choose(imagenet_dir):
