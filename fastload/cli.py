@@ -312,8 +312,8 @@ def add_bench(sub):
     p.add_argument("--decoder", choices=["cpu", "nvjpeg", "hybrid", "auto"], default="cpu",
                    help="FastLoader's JPEG decoder: cpu (libjpeg-turbo crop decode, default), nvjpeg (the GPU's "
                    "hardware decoder; --device cuda), hybrid (both, on different batches; --device cuda), auto "
-                   "(where the GPU has JPEG engines, each decoder in turn on ~40 batches of the timed loop, then the "
-                   "fastest; the table says what it chose and measured. Elsewhere cpu)")
+                   "(where the GPU has JPEG engines: after 32 batches, each decoder in turn on 40, then the fastest; "
+                   "the table says what it chose and measured. Elsewhere cpu)")
     p.add_argument("--size", type=_positive, default=224, metavar="S", help="crop size (default 224)")
     p.add_argument("--transform", choices=["plain", "trivialaugment", "randaugment", "autoaugment", "torchvision_v2",
                                            "colorjitter", "threeaugment"],
