@@ -1,10 +1,12 @@
 """decoder="hybrid" making batches alone on the GPU, per engines/cores split (issue 18: >= 40,000 img/s at 160 px).
 
 A split E/P gives the engines batch k when k % P < E and the cores the others, one producer per batch of the period
-(decoders.HYBRID_ENGINE_BATCHES / HYBRID_PERIOD, set here for each run); "cpu" and "nvjpeg" run beside them. Every
+(decoders.HYBRID_ENGINE_BATCHES / HYBRID_PERIOD, set here for each run); E/P:T also sets the loader's threads (per
+producer: the cores' decode threads, and the engines' producers' read and check threads) to T for that run; "cpu" and
+"nvjpeg" run beside them. Every
 run in turn, the order reversed each round, all in this one process; img/s over --epochs after a warm-up epoch.
 
-    python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4] [--rounds 2] [--threads N]
+    python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4 4/5:8] [--rounds 2] [--threads N]
 """
 import argparse
 
@@ -29,10 +31,12 @@ def main(argv=None):
     rates = {run: [] for run in runs}
     for r in range(args.rounds):
         for run in (runs if r % 2 == 0 else runs[::-1]):
-            split = default if "/" not in run else tuple(int(v) for v in run.split("/"))
+            split, _, threads = run.partition(":")
+            split = default if "/" not in split else tuple(int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = split
             decoder = "hybrid" if "/" in run else run
-            rate, stats = fastload_rate(ds, args.epochs, args.batch_size, args.threads, decoder,
+            rate, stats = fastload_rate(ds, args.epochs, args.batch_size, int(threads) if threads else args.threads,
+                                        decoder,
                                         crop=fl.RandomResizedCrop(args.size))
             rates[run].append(rate)
             print(f"{run:7s} {rate:9,.0f} img/s  "
