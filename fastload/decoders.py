@@ -33,9 +33,11 @@ from .rng import uniforms
 
 FORMAT_JPEG = 0
 # decoder="hybrid": the engines decode batch k of an epoch when k % HYBRID_PERIOD < HYBRID_ENGINE_BATCHES, the cores
-# the rest (today: k % 3 == 2 by the cores)
-HYBRID_PERIOD = 3
-HYBRID_ENGINE_BATCHES = 2
+# the rest (today: k % 5 == 4 by the cores). Four in five, with a third of the cores' threads, made 30,900 img/s at
+# 160 px where two in three with all but two made 22,200 and the engines alone 23,300 (H100 host, eighteenth session,
+# bench/RESULTS.md "GPU loaders alone").
+HYBRID_PERIOD = 5
+HYBRID_ENGINE_BATCHES = 4
 _MAX_REPLACEMENTS = 16  # tries to find a decodable replacement before giving up on a batch
 
 
@@ -509,11 +511,12 @@ KINDS = {
     # (bench/RESULTS.md, "The JPEG engines"). The cores decode only the few samples the engines cannot take.
     "nvjpeg": Kind("nvjpeg", _engines, True, workers=lambda cores, cuda: 2,
                    threads=lambda cores, workers, cuda: cores),
-    # One producer per batch of the period: P - E make the cores' batches, sharing the cores but one left to the
-    # engines' producers and one to the training loop (today, 2 of 3 by the engines: one cores' producer, 14 threads).
+    # One producer per batch of the period (today 4 engines' producers, one holding the engines while the others
+    # read and plan, and one cores' producer), each with a third of the cores' threads: more decode threads slow the
+    # engines' host-side submit more than they add (5 threads on 16 cores: 30,900 img/s; 8: 29,400; 14 with two
+    # batches in three: 22,200; bench/RESULTS.md).
     "hybrid": Kind("hybrid", _hybrid, True, workers=lambda cores, cuda: HYBRID_PERIOD,
-                   threads=lambda cores, workers, cuda: max(1, (cores - 2) // max(1, HYBRID_PERIOD -
-                                                                                HYBRID_ENGINE_BATCHES))),
+                   threads=lambda cores, workers, cuda: max(1, cores // 3)),
 }
 
 

@@ -70,7 +70,7 @@ class FastLoader:
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
             training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
-            Python work overlaps decoding; 2 with decoder="nvjpeg", 3 with "hybrid"). Each has a planner thread
+            Python work overlaps decoding; 2 with decoder="nvjpeg", 5 with "hybrid"). Each has a planner thread
             that prepares its next batch's crops and per-sample parameters while it decodes the current one.
         cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
             may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
@@ -97,8 +97,8 @@ class FastLoader:
             batch where nvJPEG itself fails is decoded whole by the cores. On an H200 it delivers more batches per second
             alone than the 16 cores, but inside a training loop less (bench/RESULTS.md, "The JPEG engines"): measure
             before using it.
-            "hybrid" (CUDA): both at once on different batches: the cores decode every third batch of an epoch
-            (batch k with k % 3 == 2, as decoder="cpu" would) and the hardware decoder the others (as
+            "hybrid" (CUDA): both at once on different batches: the cores decode every fifth batch of an epoch
+            (batch k with k % 5 == 4, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
             "auto": measures, inside the loop that iterates the loader, which decoder feeds it fastest. Where the
             device has JPEG engines, after the loop's first 32 batches (its start is slow whatever the decoder) the

@@ -160,9 +160,9 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
         def make(self, indices, epoch, slot, k=0, plan=None):
             made.append((self.name, k))
     hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), decoders.HYBRID_PERIOD)
-    for k in range(9):
+    for k in range(10):
         hybrid.make(None, 0, None, k)
-    assert [name for name, _ in made] == ["engines", "engines", "cores"] * 3
+    assert [name for name, _ in made] == ["engines"] * 4 + ["cores"] + ["engines"] * 4 + ["cores"]
     cpu = torch.device("cpu")
     assert decoders.resolve("auto", cpu) is decoders.KINDS["cpu"] and decoders.resolve("cpu", cpu).name == "cpu"
     # "auto" on CUDA with AUTO_CORES or more cores: the cores, whatever the GPU (no engine check needed)
@@ -176,14 +176,14 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
     # The loader's defaults come from the kind: today's numbers.
     k = decoders.KINDS
     assert (k["cpu"].workers(16, False), k["cpu"].workers(16, True), k["nvjpeg"].workers(16, True),
-            k["hybrid"].workers(16, True)) == (2, 4, 2, 3)
+            k["hybrid"].workers(16, True)) == (2, 4, 2, 5)
     assert (k["cpu"].threads(16, 4, True), k["cpu"].threads(16, 2, False), k["nvjpeg"].threads(16, 2, True),
-            k["hybrid"].threads(16, 3, True)) == (4, 16, 16, 14)
+            k["hybrid"].threads(16, 5, True), k["hybrid"].threads(2, 5, True)) == (4, 16, 16, 5, 1)
 
 
 def test_hybrid_split_follows_its_two_constants(monkeypatch, imagenet_dir):
     """decoder="hybrid": the engines take batch k when k % HYBRID_PERIOD < HYBRID_ENGINE_BATCHES (by index only),
-    one producer per batch of the period, and the cores' threads shared among the producers that decode on them."""
+    one producer per batch of the period, each with a third of the cores' threads."""
     made = []
 
     class Recorder:
@@ -199,7 +199,7 @@ def test_hybrid_split_follows_its_two_constants(monkeypatch, imagenet_dir):
     monkeypatch.setattr(decoders, "HYBRID_PERIOD", 4)
     monkeypatch.setattr(decoders, "HYBRID_ENGINE_BATCHES", 1)
     kind = decoders.KINDS["hybrid"]
-    assert (kind.workers(16, True), kind.threads(16, 4, True)) == (4, 14 // 3)
+    assert (kind.workers(16, True), kind.threads(16, 4, True)) == (4, 16 // 3)
     # Built on one maker, the kinds share its parts: hybrid's engines fall back on its cores, and decoder="auto"
     # switching between kinds keeps one hardware handle and one set of verdicts.
     maker = _maker(fl.FolderDataset(imagenet_dir))
@@ -291,7 +291,7 @@ def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
     if not torch.cuda.is_available() or not fl.nvjpeg.available("cuda")[0]:
         pytest.skip("no hardware JPEG decoder")
     ds = fl.FolderDataset(imagenet_dir)
-    common = dict(batch_size=16, shuffle=False, device="cuda", crop=fl.RandomResizedCrop(32))
+    common = dict(batch_size=8, shuffle=False, device="cuda", crop=fl.RandomResizedCrop(32))
     cpu = [(x, y) for x, y in fl.FastLoader(ds, **common)]
     for name in ("nvjpeg", "hybrid"):
         loader = fl.FastLoader(ds, decoder=name, **common)
@@ -299,7 +299,10 @@ def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
         got = [(x, y) for x, y in loader]
         assert [torch.equal(a[1], b[1]) for a, b in zip(got, cpu)] == [True] * len(cpu)
         gpu = loader.stats()["gpu_decoded"]
-        assert gpu == (len(ds) if name == "nvjpeg" else 2 * 16), (name, gpu)
+        by_engines = sum(len(y) for k, (_, y) in enumerate(cpu)
+                         if k % decoders.HYBRID_PERIOD < decoders.HYBRID_ENGINE_BATCHES)
+        assert 0 < by_engines < len(ds)  # 6 batches: the hybrid's engines make some, its cores the others
+        assert gpu == (len(ds) if name == "nvjpeg" else by_engines), (name, gpu)
 
 
 def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(imagenet_dir, monkeypatch):

@@ -538,19 +538,21 @@ def test_fastload_nvjpeg_batches_match_the_cpu_decoder(imagenet_dir):
 
 @hardware
 def test_hybrid_batches_are_the_cpu_decoders_or_the_hardware_decoders_by_index(imagenet_dir):
-    """decoder="hybrid": batch k of an epoch is exactly decoder="cpu"'s batch k when k % 3 == 2 and exactly
-    decoder="nvjpeg"'s otherwise, whatever the timing, epoch after epoch."""
+    """decoder="hybrid": batch k of an epoch is exactly decoder="cpu"'s batch k when k % HYBRID_PERIOD >=
+    HYBRID_ENGINE_BATCHES (today k % 5 == 4) and exactly decoder="nvjpeg"'s otherwise, whatever the timing, epoch
+    after epoch."""
     ds = fl.FolderDataset(imagenet_dir)
     common = dict(batch_size=4, seed=5, crop=fl.RandomResizedCrop(48), device="cuda")
     loaders = {d: fl.FastLoader(ds, decoder=d, **common) for d in ("hybrid", "cpu", "nvjpeg")}
-    assert loaders["hybrid"].workers == 3 and loaders["hybrid"].threads == max(1, os.cpu_count() - 2)
+    period, engines = decoders.HYBRID_PERIOD, decoders.HYBRID_ENGINE_BATCHES
+    assert loaders["hybrid"].workers == period and loaders["hybrid"].threads == max(1, fl.loader.usable_cores() // 3)
     for epoch in range(2):
         runs = {d: [(x.cpu(), y.cpu()) for x, y in loader] for d, loader in loaders.items()}
-        assert len(runs["hybrid"]) == len(runs["cpu"]) >= 3
+        assert len(runs["hybrid"]) == len(runs["cpu"]) >= 2 * period
         for k, (x, y) in enumerate(runs["hybrid"]):
-            xr, yr = runs["cpu" if k % 3 == 2 else "nvjpeg"][k]
+            xr, yr = runs["cpu" if k % period >= engines else "nvjpeg"][k]
             assert torch.equal(y, yr) and torch.equal(x, xr), (epoch, k)
-    cores_decoded = sum(len(y) for k, (_, y) in enumerate(runs["hybrid"]) if k % 3 == 2)
+    cores_decoded = sum(len(y) for k, (_, y) in enumerate(runs["hybrid"]) if k % period >= engines)
     stats = loaders["hybrid"].stats()
     assert stats["gpu_decoded"] == stats["images"] - 2 * cores_decoded  # cumulative over the two epochs
 
