@@ -7,6 +7,7 @@ producer: the cores' decode threads, and the engines' producers' read and check 
 run in turn, the order reversed each round, all in this one process; img/s over --epochs after a warm-up epoch.
 
     python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4 4/5:8] [--rounds 2] [--threads N]
+        [--nvjpeg-layouts 4:4 3:16]
 """
 import argparse
 
@@ -24,20 +25,26 @@ def main(argv=None):
     p.add_argument("--splits", nargs="+", default=["2/3", "4/6", "2/4"], metavar="E/P")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, help="decode threads per producer (default: the decoder's)")
+    p.add_argument("--nvjpeg-layouts", nargs="*", default=[], metavar="W:T",
+                   help="more runs of decoder=nvjpeg with W producers of T threads each")
     args = p.parse_args(argv)
     ds = benchmark.open_dataset(args.data)
-    runs = ["cpu", "nvjpeg"] + args.splits
+    runs = ["cpu", "nvjpeg"] + [f"nvjpeg {w}" for w in args.nvjpeg_layouts] + args.splits
     default = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     rates = {run: [] for run in runs}
     for r in range(args.rounds):
         for run in (runs if r % 2 == 0 else runs[::-1]):
-            split, _, threads = run.partition(":")
-            split = default if "/" not in split else tuple(int(v) for v in split.split("/"))
+            workers = None
+            if run.startswith("nvjpeg "):  # a layout: "nvjpeg W:T"
+                workers, threads = (int(v) for v in run.split()[1].split(":"))
+                decoder, split = "nvjpeg", default
+            else:
+                split, _, threads = run.partition(":")
+                split = default if "/" not in split else tuple(int(v) for v in split.split("/"))
+                decoder = "hybrid" if "/" in run else run
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = split
-            decoder = "hybrid" if "/" in run else run
             rate, stats = fastload_rate(ds, args.epochs, args.batch_size, int(threads) if threads else args.threads,
-                                        decoder,
-                                        crop=fl.RandomResizedCrop(args.size))
+                                        decoder, crop=fl.RandomResizedCrop(args.size), workers=workers)
             rates[run].append(rate)
             print(f"{run:7s} {rate:9,.0f} img/s  "
                   + "  ".join(f"{k} {stats[k]:.2f}" for k in ("read_s", "decode_s", "stage_s", "wait_s")), flush=True)
@@ -45,7 +52,7 @@ def main(argv=None):
     print(f"| decoder | {' | '.join(f'round {i + 1}' for i in range(args.rounds))} |")
     print("|---|" + "---:|" * args.rounds)
     for run in runs:
-        label = run if "/" not in run else f"hybrid, engines {run}"
+        label = f"hybrid, engines {run}" if "/" in run else run.replace(" ", ", workers:threads ")
         print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in rates[run]) + " |")
 
 
