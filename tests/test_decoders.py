@@ -254,6 +254,15 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
     trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"], warmup=1, measure=2, settle=4)
     switches, _ = run(trial, {"cpu": 1.0, "nvjpeg": 1.0, "hybrid": 0.5})
     assert switches == [(6, "nvjpeg"), (9, "hybrid")] and trial.chosen == "hybrid"
+    # One long interval (a recompile, a validation pass) does not decide: the longest 1 in 16 are left out, while a
+    # decoder's periodic wait (every 4th batch here) still counts.
+    trial = decoders.Trial(["cpu", "nvjpeg"], warmup=0, measure=32, settle=0)
+    for k in range(32):
+        trial.taken(256, 256 / 20_000 if k != 7 else 30.0)
+    for k in range(32):
+        trial.taken(256, 256 / 30_000 if k % 4 else 256 / 5_000)
+    assert trial.rates["cpu"] == pytest.approx(20_000) and trial.chosen == "cpu"
+    assert trial.rates["nvjpeg"] == pytest.approx(256 * 30 / (24 * 256 / 30_000 + 6 * 256 / 5_000))
     # A state_dict's choice: no trial; a decoder this loader cannot run is refused by name.
     trial = decoders.Trial(["cpu", "nvjpeg", "hybrid"])
     trial.adopt("hybrid")
