@@ -75,6 +75,10 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="fastload decode threads per producer (default: "
                    "FastLoader's, which shares the cores out among the local processes and their producers)")
+    p.add_argument("--decoder", choices=["cpu", "nvjpeg", "hybrid", "auto"], default="cpu",
+                   help="the training loader's JPEG decoder (FastLoader's decoder=; default cpu: the same pixels "
+                   "on every machine). auto (CUDA) measures each decoder inside this loop and keeps the fastest; "
+                   "the checkpoint keeps its choice. Evaluation always decodes on the cores")
     p.add_argument("--seed", type=int, default=0, help="model initialisation, shuffling and crops")
     p.add_argument("--checkpoint", default="checkpoint.pt", help="where checkpoints are written")
     p.add_argument("--save-every", type=int, default=1000, help="also checkpoint every N steps (0: epoch ends only)")
@@ -187,7 +191,7 @@ def main(argv=None):
     # MixUp/CutMix (torchvision_v2) make y [B, classes] soft targets, which CrossEntropyLoss takes as they are
     train_loader = fl.FastLoader(train_ds, batch_size=args.batch_size, shuffle=True, seed=args.seed,
                                  transform=recipe.train, device=device, channels_last=True, drop_last=True,
-                                 threads=threads, **recipe.loader_kwargs)
+                                 threads=threads, decoder=args.decoder, **recipe.loader_kwargs)
     val_loader = None
     if args.val:
         val_ds = open_dataset(args.val)
@@ -272,8 +276,10 @@ def main(argv=None):
         if limit_reached():  # stopped mid-epoch: the checkpoint resumes with the next batch
             checkpoint()
             break
+        trial = train_loader.stats().get("decoder_trial")  # --decoder auto: what it measured and chose
         log(f"epoch {epoch} done: mean loss {loss_sum.item() / max(1, steps):.4f}, "
-            f"{images / (time.perf_counter() - t):,.0f} img/s")
+            f"{images / (time.perf_counter() - t):,.0f} img/s" + (f"; decoder {train_loader.decoder}, measured "
+                                                                 f"{trial['rates']} img/s" if trial else ""))
         if val_loader is not None:
             top1, top5 = evaluate(model, val_loader, device)
             log(f"epoch {epoch} eval: top-1 {top1:.2%}, top-5 {top5:.2%} ({len(val_loader.dataset)} images)")

@@ -81,3 +81,17 @@ def test_torchvision_v2_recipe_trains_and_resumes_exactly(imagenet_dir, tmp_path
     assert a["step"] == b["step"] == 3 and a["loader"] == b["loader"] and a["loader"]["sampler"]["repeats"] == 4
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_decoder_auto_without_engines_trains_as_the_cores(straight, imagenet_dir, tmp_path, capsys):
+    """--decoder reaches the training loader: auto on a CPU (no JPEG engines to try) is decoder="cpu", so the run
+    ends with the same weights as the default one, and nothing was measured."""
+    path = tmp_path / "auto.pt"
+    _run(_example(), imagenet_dir, path, "--limit-steps", "8", "--decoder", "auto")
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["args"]["decoder"] == "auto" and "decoder" not in ckpt["loader"]
+    assert "measured" not in capsys.readouterr().out
+    for name, value in straight[0]["model"].items():
+        assert torch.equal(value, ckpt["model"][name]), name
+    with pytest.raises(ValueError, match="decoder='nvjpeg' decodes on the GPU"):  # it is FastLoader's decoder=
+        _run(_example(), imagenet_dir, tmp_path / "engines.pt", "--limit-steps", "1", "--decoder", "nvjpeg")
