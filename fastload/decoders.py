@@ -552,6 +552,7 @@ def resolve(decoder, device, cores=None):
 # (pinned and device buffers allocated, first reads of the files). Without them the cores, measured first, came
 # out at 11,100 img/s against 18,400 in steady state (ResNet-18 at 160 px, an H100 host, bench/RESULTS.md).
 AUTO_SETTLE, AUTO_WARMUP, AUTO_MEASURE, AUTO_MARGIN = 32, 8, 32, 0.05
+AUTO_OUTLIER = 10  # Trial._rate: an interval over 10x the mean of the others is a one-off of the loop's
 
 
 def trial(decoder, kind, device):
@@ -564,7 +565,7 @@ def trial(decoder, kind, device):
 
 class Trial:
     """Which decoder makes this training loop fastest, measured in it: after the loop's first ``settle`` batches,
-    each candidate makes the loop's batches in turn (the longest 1 in 16 intervals left out: _rate), timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
+    each candidate makes the loop's batches in turn (one-off stalls of the loop left out: _rate), timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
     epochs, where the loop validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
     decoder was making batches when the loop took it; a run's pixels depend on the measurement, so name a decoder
     where they must not."""
@@ -624,10 +625,13 @@ class Trial:
 
     @staticmethod
     def _rate(timed):
-        """Images per second over the intervals, the longest 1 in 16 left out: a one-off in the loop (a
-        torch.compile recompiling for a new shape, a validation pass, a garbage collection) must not decide
-        between decoders, while a decoder's own periodic wait (hybrid's cores on 1 batch in 5) still counts."""
-        kept = sorted(timed)[:len(timed) - len(timed) // 16] or timed
+        """Images per second over the intervals, leaving out any over AUTO_OUTLIER times the mean of the others: a
+        one-off in the loop (torch.compile recompiling for a new shape, a checkpoint save) must not decide between
+        decoders. A decoder's own waits stay in: batches that arrive in bursts (several producers, hybrid's cores
+        on 1 batch in 5) wait at most a few times the mean. (Leaving out a fixed share of the longest intervals
+        instead counted bursty decoders up to 1.5x their rate: eighteenth session, bench/RESULTS.md.)"""
+        total, n = sum(t for t, _ in timed), len(timed)
+        kept = [(t, images) for t, images in timed if n < 2 or t <= AUTO_OUTLIER * (total - t) / (n - 1)]
         return sum(images for _, images in kept) / max(sum(t for t, _ in kept), 1e-9)
 
     def summary(self):

@@ -103,8 +103,8 @@ class FastLoader:
             "auto": measures, inside the loop that iterates the loader, which decoder feeds it fastest. Where the
             device has JPEG engines, after the loop's first 32 batches (its start is slow whatever the decoder) the
             next ~120 are made by each decoder in turn (40 each: 8 to settle, then 32 timed from the loop taking
-            one batch to taking the next, the longest 2 left out: a recompile or a validation pass does not
-            decide), starting with the rule (the cores where the process has 12 or more to decode on, per GPU under torchrun, else the
+            one batch to taking the next; an interval over 10x the mean of the others, a recompile or a
+            checkpoint save, is left out), starting with the rule (the cores where the process has 12 or more to decode on, per GPU under torchrun, else the
             engines: the crossover measured inside ResNet-18 and ResNet-50 training on an H200 with 4-16 cores,
             bench/RESULTS.md, 'decoder="auto"'), and the fastest keeps going (another beats the rule only by more
             than 5%). Without engines (or on the CPU) "auto" is "cpu". ``stats()["decoder"]`` says which decoder
