@@ -107,23 +107,36 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None):
-    """Runs one warm-up epoch and `epochs` timed ones; returns images/s over the timed ones."""
+# Warm-up epochs go on past the first until ready() (decoder="auto": its trial has chosen), for at most this many
+# batches (a trial that cannot finish, e.g. one batch an epoch, leaves the timing to its first decoder).
+_MAX_WARMUP_BATCHES = 400
+
+
+def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, ready=None):
+    """Runs warm-up epochs (one, and more while ``ready()`` is False) and `epochs` timed ones; returns images/s over
+    the timed ones."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)
     bar = progress_lines(total * (epochs + 1), desc=label, unit="img", enabled=progress)
-    images, start = 0, None
+    images, start, epoch, warm_batches = 0, None, 0, 0
     try:
-        for epoch in range(epochs + 1):
-            if epoch == 1:
-                _sync(device)
-                start = time.perf_counter()
+        while True:  # warm-up
             for x, y in make_iter(epoch):
                 if step is not None:
                     step(x, y)
-                if epoch >= 1:
-                    images += len(y)
+                warm_batches += 1
+                bar.update(len(y))
+            epoch += 1
+            if ready is None or ready() or warm_batches >= _MAX_WARMUP_BATCHES:
+                break
+        _sync(device)
+        start = time.perf_counter()
+        for epoch in range(epoch, epoch + epochs):
+            for x, y in make_iter(epoch):
+                if step is not None:
+                    step(x, y)
+                images += len(y)
                 bar.update(len(y))
         _sync(device)
         seconds = time.perf_counter() - start
@@ -152,7 +165,10 @@ def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cp
     def run(epoch):
         loader.set_epoch(epoch)
         return loader
-    rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
+    def ready():  # decoder="auto": time what its trial chose, not the trial
+        trial = loader.stats().get("decoder_trial")
+        return trial is None or trial["chosen"] is not None
+    rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step, ready)
     loader.close()  # no producer thread left (the next epoch's start early) when the baseline forks its workers
     return rate, dict(loader.stats(), threads=loader.threads, workers=loader.workers)
 

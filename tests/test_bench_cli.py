@@ -134,3 +134,24 @@ def test_argument_checks_before_the_run_and_a_damaged_sample(imagenet_dir, tmp_p
     code = main(["bench", str(broken), *QUICK, "-q"])
     err = capsys.readouterr().err
     assert code == 1 and "fastload: error:" in err and victim.name in err and "Traceback" not in err, err
+
+
+def test_warm_up_lasts_until_ready_and_only_the_epochs_after_it_are_timed(monkeypatch):
+    """decoder="auto": the benchmark warms up until the loader's trial has chosen (ready()), then times `epochs`
+    epochs; a trial that cannot finish stops the warm-up after _MAX_WARMUP_BATCHES batches."""
+    seen = []
+
+    def make_iter(epoch):
+        seen.append(epoch)
+        return [(None, torch.zeros(4))] * 2  # two batches of 4 an epoch
+
+    calls = iter([False, False, True])
+    benchmark._timed_epochs(make_iter, 2, 8, "x", False, "cpu", ready=lambda: next(calls))
+    assert seen == [0, 1, 2, 3, 4]  # three warm-up epochs (ready after the third), then two timed
+    seen.clear()
+    monkeypatch.setattr(benchmark, "_MAX_WARMUP_BATCHES", 6)
+    benchmark._timed_epochs(make_iter, 1, 8, "x", False, "cpu", ready=lambda: False)
+    assert seen == [0, 1, 2, 3]  # 6 warm-up batches, then one timed epoch
+    seen.clear()
+    benchmark._timed_epochs(make_iter, 1, 8, "x", False, "cpu")
+    assert seen == [0, 1]
