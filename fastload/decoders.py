@@ -520,10 +520,10 @@ KINDS = {
 }
 
 
-# decoder="auto" starts with the cores where the process has at least this many (per GPU), else the JPEG engines
-# where the GPU has them (then measures: Trial). Measured inside training on an H200 (bench/RESULTS.md, 'decoder="auto"'): ResNet-18 at 160 px
-# fed by the cores / the engines reaches 0.87 / 0.67 of its ceiling with 16 cores, 0.69 / 0.73 with 12, 0.37-0.42
-# / 0.63-0.65 with 8, 0.26 / 0.71 with 4; ResNet-50 at 160 px with 8 cores: 0.99 / 0.91.
+# decoder="auto" starts with the cores where the process has at least this many (per GPU), else the JPEG engines where
+# the GPU has them (then measures: Trial). Measured inside training on an H200 (bench/RESULTS.md, 'decoder="auto"'):
+# ResNet-18 at 160 px fed by the cores / the engines reaches 0.87 / 0.67 of its ceiling with 16 cores, 0.69 / 0.73
+# with 12, 0.37-0.42 / 0.63-0.65 with 8, 0.26 / 0.71 with 4; ResNet-50 at 160 px with 8 cores: 0.99 / 0.91.
 AUTO_CORES = 12
 
 
@@ -565,8 +565,9 @@ def trial(decoder, kind, device):
 
 class Trial:
     """Which decoder makes this training loop fastest, measured in it: after the loop's first ``settle`` batches,
-    each candidate makes the loop's batches in turn (one-off stalls of the loop left out: _rate), timed from the loop taking one batch to taking the next (the step and any wait for the loader; between
-    epochs, where the loop validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
+    each candidate makes the loop's batches in turn, timed from the loop taking one batch to taking the next (the
+    step and any wait for the loader; one-off stalls of the loop left out: _rate; between epochs, where the loop
+    validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
     decoder was making batches when the loop took it; a run's pixels depend on the measurement, so name a decoder
     where they must not."""
 

@@ -102,17 +102,17 @@ class FastLoader:
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
             "auto": measures, inside the loop that iterates the loader, which decoder feeds it fastest. Where the
             device has JPEG engines, after the loop's first 32 batches (its start is slow whatever the decoder) the
-            next ~120 are made by each decoder in turn (40 each: 8 to settle, then 32 timed from the loop taking
-            one batch to taking the next; an interval over 10x the mean of the others, a recompile or a
-            checkpoint save, is left out), starting with the rule (the cores where the process has 12 or more to decode on, per GPU under torchrun, else the
-            engines: the crossover measured inside ResNet-18 and ResNet-50 training on an H200 with 4-16 cores,
-            bench/RESULTS.md, 'decoder="auto"'), and the fastest keeps going (another beats the rule only by more
-            than 5%). Without engines (or on the CPU) "auto" is "cpu". ``stats()["decoder"]`` says which decoder
-            runs, ``stats()["decoder_trial"]`` the img/s measured and the choice; ``state_dict`` keeps the choice,
-            so a resumed run does not measure again. Each batch is exactly the batch of the decoder that made it,
-            but which one that is depends on the measurement: name a decoder where runs must give equal pixels.
-            ``workers``/``threads``, when given, apply to every decoder tried. Under torchrun each process measures
-            and chooses for itself.
+            next ~120 are made by each decoder in turn (40 each: 8 to settle, then 32 timed from the loop taking one
+            batch to taking the next; an interval over 10x the mean of the others, a recompile or a checkpoint save,
+            is left out), starting with the rule (the cores where the process has 12 or more to decode on, per GPU
+            under torchrun, else the engines: the crossover measured inside ResNet-18 and ResNet-50 training on an
+            H200 with 4-16 cores, bench/RESULTS.md, 'decoder="auto"'), and the fastest keeps going (another beats
+            the rule only by more than 5%). Without engines (or on the CPU) "auto" is "cpu". ``stats()["decoder"]``
+            says which decoder runs, ``stats()["decoder_trial"]`` the img/s measured and the choice; ``state_dict``
+            keeps the choice, so a resumed run does not measure again. Each batch is exactly the batch of the
+            decoder that made it, but which one that is depends on the measurement: name a decoder where runs must
+            give equal pixels. ``workers``/``threads``, when given, apply to every decoder tried. Under torchrun
+            each process measures and chooses for itself.
         on_error: "raise" (DecodeError naming the sample) or "skip" (deterministic replacement, counted).
         timeout: seconds the training loop waits for one batch before a TimeoutError (a read stuck in the kernel,
             e.g. on a hung network file system, cannot be interrupted; this turns it into an error). None: no limit.
@@ -148,7 +148,6 @@ class FastLoader:
             if value is not None or name != "workers":
                 _check_positive_int(name, value)
         self._layout = (cores, workers, threads)  # what _use_decoder derives a kind's workers and threads from
-        workers, threads = self._decoder_layout(kind)
         dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
         if len(dataset) == 0:
             raise ValueError("the dataset is empty")
@@ -177,9 +176,9 @@ class FastLoader:
         # Repeated augmentation: the sampler hands out keys (index + copy * n); the producers read a view in which
         # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
         source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
-        self._maker = BatchMaker(source, self.pipeline, seed, threads, on_error, strict, max_pixels, self._stats,
-                                 device=self.device, decoder=kind)
-        self._use_decoder(kind)
+        self._maker = BatchMaker(source, self.pipeline, seed, self._decoder_layout(kind)[1], on_error, strict,
+                                 max_pixels, self._stats, device=self.device, decoder=kind)
+        self._use_decoder(kind)  # the loader's decoder, workers and threads
         if size_schedule is not None and not callable(size_schedule):
             raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")
         self.size_schedule = size_schedule
