@@ -16,9 +16,9 @@ from fastload.benchmark import open_dataset
 def rate(ds, decoder, size, images, batch_size=256):
     loader = fl.FastLoader(ds, batch_size=batch_size, device="cuda", decoder=decoder, channels_last=True,
                            drop_last=True, crop=fl.RandomResizedCrop(size))
-    for _ in loader:  # warm-up epoch
-        pass
+    warm = sum(len(y) for _, y in loader)  # warm-up epoch
     torch.cuda.synchronize()
+    assert warm == len(loader) * batch_size
     epochs = max(1, round(images / (len(loader) * batch_size)))
     n, firsts, start = 0, [], time.perf_counter()
     for _ in range(epochs):

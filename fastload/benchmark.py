@@ -119,25 +119,26 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, 
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)
     bar = progress_lines(total * (epochs + 1), desc=label, unit="img", enabled=progress)
-    images, start, epoch, warm_batches = 0, None, 0, 0
+
+    def run(epoch):  # (batches, images) of one epoch
+        batches = images = 0
+        for x, y in make_iter(epoch):
+            if step is not None:
+                step(x, y)
+            batches, images = batches + 1, images + len(y)
+            bar.update(len(y))
+        return batches, images
+
+    epoch, warm_batches = 0, 0
     try:
         while True:  # warm-up
-            for x, y in make_iter(epoch):
-                if step is not None:
-                    step(x, y)
-                warm_batches += 1
-                bar.update(len(y))
+            warm_batches += run(epoch)[0]
             epoch += 1
             if ready is None or ready() or warm_batches >= _MAX_WARMUP_BATCHES:
                 break
         _sync(device)
         start = time.perf_counter()
-        for epoch in range(epoch, epoch + epochs):
-            for x, y in make_iter(epoch):
-                if step is not None:
-                    step(x, y)
-                images += len(y)
-                bar.update(len(y))
+        images = sum(run(e)[1] for e in range(epoch, epoch + epochs))
         _sync(device)
         seconds = time.perf_counter() - start
     finally:
@@ -317,7 +318,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
     config["threads"] = stats["threads"]  # FastLoader's choice unless given
     how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(stats["decoder"]) or (
         f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
-    if "decoder_trial" in stats:  # decoder="auto" measured: the timed epochs include its trial
+    if "decoder_trial" in stats:  # decoder="auto": what it measured and chose (the timed epochs follow its trial)
         rates = ", ".join(f"{name} {rate:,.0f}" for name, rate in stats["decoder_trial"]["rates"].items())
         how = f"decoder='auto' chose {stats['decoder']} ({rates} img/s): {how}"
     rows.append({"pipeline": f"{fed}fastload FastLoader ({how})", "kind": "fastload",

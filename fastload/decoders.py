@@ -552,7 +552,7 @@ def resolve(decoder, device, cores=None):
 # (pinned and device buffers allocated, first reads of the files). Without them the cores, measured first, came
 # out at 11,100 img/s against 18,400 in steady state (ResNet-18 at 160 px, an H100 host, bench/RESULTS.md).
 AUTO_SETTLE, AUTO_WARMUP, AUTO_MEASURE, AUTO_MARGIN = 32, 8, 32, 0.05
-AUTO_OUTLIER = 10  # Trial._rate: an interval over 10x the mean of the others is a one-off of the loop's
+AUTO_OUTLIER = 10  # Trial._rate: an interval over 10x the mean of the others is a one-off stall of the loop
 
 
 def trial(decoder, kind, device):
@@ -567,9 +567,8 @@ class Trial:
     """Which decoder makes this training loop fastest, measured in it: after the loop's first ``settle`` batches,
     each candidate makes the loop's batches in turn, timed from the loop taking one batch to taking the next (the
     step and any wait for the loader; one-off stalls of the loop left out: _rate; between epochs, where the loop
-    validates or saves, nothing is timed). Batch k is then exactly the batch of whichever
-    decoder was making batches when the loop took it; a run's pixels depend on the measurement, so name a decoder
-    where they must not."""
+    validates or saves, nothing is timed). Batch k is then exactly the batch of whichever decoder was making batches
+    when the loop took it; a run's pixels depend on the measurement, so name a decoder where they must not."""
 
     def __init__(self, candidates, warmup=None, measure=None, margin=None, settle=None):
         self.candidates = list(candidates)

@@ -796,10 +796,14 @@ class _EpochIterator:
             return
         self.producers.close()
         loader._use_decoder(decoders.KINDS[switch])
-        loader.pipeline.set_epoch_size(self.epoch, self.size)
-        self.last_taken = None
+        self._restart_producers()
+
+    def _restart_producers(self):
+        """New producers from next_batch (after a pause, or with another decoder)."""
+        self.loader.pipeline.set_epoch_size(self.epoch, self.size)
+        self.last_taken = None  # the gap is no interval of the loop's
         self.producers = None
-        self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)
+        self.producers = _Producers(self.loader, self.batches, self.next_batch, self.epoch)
 
     def _finish(self):
         self.loader._finished_epoch = True
@@ -823,10 +827,7 @@ class _EpochIterator:
         if loader._paused is None or loader._paused() is not self:
             return
         loader._start_batch, loader._resume_size, loader._paused = 0, None, None  # the position is ours again
-        loader.pipeline.set_epoch_size(self.epoch, self.size)
-        self.last_taken = None
-        self.producers = None
-        self.producers = _Producers(loader, self.batches, self.next_batch, self.epoch)
+        self._restart_producers()
 
     def close(self):
         self.paused = False
