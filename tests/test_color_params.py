@@ -127,11 +127,11 @@ def test_random_apply_rate_and_parameter(ours, tv, op, param):
                   [1] * len(calls) + [0] * (N_TV - len(calls))) > 0.001
 
 
-def test_grayscale_always_and_three_channels_only():
-    table = C.Grayscale(num_output_channels=3).table(0, 0, np.arange(50))
-    assert (table.ops == OPS["grayscale"]).all()
-    with pytest.raises(ValueError, match="keep 3 channels"):
-        C.Grayscale()  # torchvision's default (1 channel) cannot be the loader's output
+def test_grayscale_always_with_torchvisions_default():
+    for n in (1, 3):  # 1 (the default) makes one-channel batches: test_pipeline's grayscale tests
+        table = C.Grayscale(num_output_channels=n).table(0, 0, np.arange(50))
+        assert (table.ops == OPS["grayscale"]).all()
+    assert C.Grayscale().num_output_channels == v2.Grayscale().num_output_channels == 1
     with pytest.raises(ValueError):
         C.Grayscale(2)
 

@@ -195,6 +195,7 @@ def _random_table(batch, dtype, generator):
                            0.1 + u[blur][:, 2] * 2], dim=1)
     blend = (ops == F.OPS["contrast"]) | (ops == F.OPS["saturation"]) | (ops == F.OPS["sharpness"])
     p[..., 1] = torch.where(blend, 0.0, p[..., 1])  # a blend's p1 = 0: 1 - p0 (CONTRACT.md)
+    p[..., 2] = torch.where(blend, 0.0, p[..., 2])  # contrast's p2 = 1: the image is grey (test_photometric_op)
     return F.PhotometricTable(ops, p.float())
 
 
@@ -264,6 +265,10 @@ def test_apply_table_refuses_bad_tables(photos):
     bad[2, 0] = F.OPS["gaussian_blur"]
     worse[2, 0] = torch.tensor([4.0, 3.0, 1.0])
     with pytest.raises(ValueError, match="sample 2, slot 0: kernel_size should have odd"):
+        F.apply_table(photos, bad, worse)
+    bad[2, 0] = F.OPS["contrast"]
+    worse[2, 0] = torch.tensor([1.5, 0.0, 0.5])
+    with pytest.raises(ValueError, match="sample 2, slot 0: contrast's p2 must be 0 .* or 1"):
         F.apply_table(photos, bad, worse)
     with pytest.raises(ValueError, match=r"ops \[B, S\] and params \[B, S, 3\]"):
         F.apply_table(photos, ops[:5], params[:5])

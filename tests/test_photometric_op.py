@@ -59,6 +59,8 @@ def _table(n, slots, h, w, seed, codes=range(len(OPS))):
     factor = (u[..., 0] * 2).where(u[..., 1] > 0.1, u[..., 1].round())  # some exact 0 and 1
     for name in ("brightness", "contrast", "saturation", "sharpness"):
         params[..., 0] = torch.where(ops == OPS[name], factor, params[..., 0])
+    # contrast of a grey image carried in three channels (after Grayscale(1)): the mean of channel 0
+    params[..., 2] = torch.where((ops == OPS["contrast"]) & (u[..., 2] < 0.5), 1.0, params[..., 2])
     params[..., 0] = torch.where(ops == OPS["hue"], u[..., 0] - 0.5, params[..., 0])
     params[..., 0] = torch.where(ops == OPS["posterize"], (u[..., 0] * 9).floor(), params[..., 0])
     params[..., 0] = torch.where(ops == OPS["solarize"], (u[..., 0] * 256).floor(), params[..., 0])
@@ -281,6 +283,23 @@ def test_opcheck(decoded, device):
 
 
 # --- CUDA: bit for bit the CPU op ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_contrast_of_a_grey_image_in_three_channels_is_torchvisions_on_its_one_channel(decoded, device):
+    """p2 = 1 (the slots after Grayscale(1)): the blend target is the mean of the one grey channel, as torchvision's
+    adjust_contrast computes it for a one-channel image (the floored luma of three equal channels is one level
+    lower: a different mean)."""
+    x = TF.rgb_to_grayscale(_batch(decoded, 64, 80), num_output_channels=1)
+    factors = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]  # exact in float32: p0 is torchvision's factor
+    ops_ = torch.full((8, 1), OPS["contrast"], dtype=torch.int64)
+    params = torch.tensor([[[f, 0.0, 1.0]] for f in factors], dtype=torch.float32)
+    out = F.photometric(x.expand(-1, 3, -1, -1).to(device), (ops_, params), out_dtype=torch.uint8).cpu()
+    ref = torch.stack([TF.adjust_contrast(x[i], f) for i, f in enumerate(factors)])
+    assert torch.equal(out, ref.expand(-1, 3, -1, -1))
+    luma = F.photometric(x.expand(-1, 3, -1, -1).to(device), (ops_, params * torch.tensor([1.0, 1.0, 0.0])),
+                         out_dtype=torch.uint8).cpu()
+    assert not torch.equal(luma, out)  # the flag is what makes the difference
+
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("size", SIZES + [(33, 47)], ids=str)

@@ -372,3 +372,101 @@ def test_a_policy_of_no_ops_runs_as_torchvision_runs_it(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)
     first = lambda *tf: next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, seed=2, transform=T.Compose(tf))))[0]
     assert torch.equal(first(T.RandomResizedCrop(32), T.RandAugment(num_ops=0)), first(T.RandomResizedCrop(32)))
+
+
+def _grey_pipeline(mean=(0.5,), std=(0.5,), extra=()):
+    return T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.Grayscale(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                      T.RandomAutocontrast(0.5), T.RandomGrayscale(0.5), T.ToDtype(torch.float32, scale=True),
+                      T.Normalize(mean, std), *extra])
+
+
+def _grey_reference(ds, loader, idx):
+    """The loader's first batch composed from torchvision on the one-channel image: the planned windows decoded and
+    warped to uint8, torchvision's rgb_to_grayscale(1), then the tables of the transforms after it as drawn
+    (apply_table on the one-channel image, which runs torchvision's ops: test_functional)."""
+    pipe = loader.pipeline
+    plan = pipe.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, idx)
+    with ds.reader() as r:
+        data, offsets, shapes, status, _ = ops.decode_crops([r.get(int(i)) for i in idx], plan.windows)
+    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8)
+    grey = TV.functional.rgb_to_grayscale(u8, num_output_channels=1)
+    after = pipe.photometric[[type(t) for t in pipe.photometric].index(T.Grayscale) + 1:]
+    tables = [t.table(0, 0, idx) for t in after]
+    return apply_table(grey, torch.cat([t.ops for t in tables], 1), torch.cat([t.params for t in tables], 1))
+
+
+def test_grayscale_one_channel_batches_are_torchvisions_one_channel_images(imagenet_dir):
+    """Grayscale() (torchvision's default, one channel) gives [B, 1, H, W] batches, and what follows it acts as
+    torchvision's ops act on a one-channel image: saturation, hue and RandomGrayscale leave it as it is, contrast
+    blends with its own mean. Exact: the stage carries the grey image in three equal channels."""
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_grey_pipeline())
+    x, _ = next(iter(loader))
+    assert x.shape == (8, 1, 48, 48) and x.is_contiguous()
+    ref = _grey_reference(ds, loader, np.arange(8))
+    torch.testing.assert_close(x, (ref.float() / 255 - 0.5) / 0.5, atol=1e-5, rtol=0)
+    table = loader.pipeline.table(0, 0, np.arange(8))
+    codes = table.ops[:, 1:]  # after Grayscale's slot: no saturation/hue/grayscale left, contrast flagged
+    assert not torch.isin(codes, torch.tensor([3, 4, 11])).any() and (codes == 2).any()
+    assert (table.params[:, 1:, 2][codes == 2] == 1).all()
+    # Normalize with three values broadcasts the one channel to three, as torchvision's does
+    wide = next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, channels_last=True,
+                                   transform=_grey_pipeline(IMAGENET_MEAN, IMAGENET_STD))))[0]
+    assert wide.shape == (8, 3, 48, 48) and wide.is_contiguous(memory_format=torch.channels_last)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    torch.testing.assert_close(wide, (ref.float() / 255 - mean) / std, atol=1e-5, rtol=0)
+    # no ToDtype: the uint8 grey image, channels_last too; erasing and mixing take the one channel
+    u8 = next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, channels_last=True, transform=T.Compose(
+        _grey_pipeline().transforms[:6]))))[0]
+    assert u8.dtype == torch.uint8 and u8.shape == (8, 1, 48, 48) and torch.equal(u8, ref)
+    tf = _grey_pipeline(extra=[T.RandomErasing(1.0, value=[0.0]), T.MixUp(alpha=0.2, num_classes=4)])
+    x, y = next(iter(fl.FastLoader(ds, batch_size=8, transform=tf)))
+    assert x.shape == (8, 1, 48, 48) and y.shape == (8, 4)
+
+
+@pytest.mark.parametrize("bad, theirs, error, words", [
+    (lambda T: T.RandomApply([T.Grayscale()], p=0.5), None, TypeError, "one- and three-channel"),
+    (lambda T: T.RandomChoice([T.Grayscale(), T.RandomInvert()]), None, TypeError, "one- and three-channel"),
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.AugMix()]), None, ValueError,
+     "after Grayscale(num_output_channels=1)"),
+    # torchvision raises this when the first one-channel image arrives
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.ToDtype(torch.float32, scale=True),
+                          T.RandomErasing(1.0, value=[0.1, 0.2, 0.3])]), True, ValueError, "either a single value"),
+])
+def test_grayscale_one_channel_refusals(imagenet_dir, bad, theirs, error, words):
+    ds = fl.FolderDataset(imagenet_dir)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        fl.FastLoader(ds, batch_size=4, transform=bad(T))
+    if theirs:
+        with pytest.raises(error):
+            bad(TV)(torch.zeros(3, 40, 40, dtype=torch.uint8))
+
+
+@pytest.mark.cuda
+def test_cuda_grayscale_one_channel_follows_the_cpu(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = _grey_pipeline(extra=[T.RandomErasing(0.5)])
+    cpu = [x for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf)]
+    gpu = [x.cpu() for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf, device="cuda")]
+    assert all(g.shape == (16, 1, 48, 48) for g in gpu)
+    diff = torch.cat([(a - b).abs().flatten() for a, b in zip(cpu, gpu)])
+    assert float(diff.mean()) < 2e-3 and float(diff.quantile(0.999)) <= 0.1  # as test_cuda_batches_follow_the_cpu_ones
+
+
+def test_torchvision_v1_pipelines_move_over(imagenet_dir):
+    """The deprecated ToTensor() of a v1 pipeline (PIL image -> float32 on 0-1) and ConvertImageDtype(dtype) are
+    ToDtype(dtype, scale=True); RGB() is a no-op (every JPEG decodes to RGB). Same batches as the v2 spelling."""
+    ds = fl.FolderDataset(imagenet_dir)
+
+    def first(*middle, dtype=torch.float32):
+        tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), *middle,
+                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        x = next(iter(fl.FastLoader(ds, batch_size=8, seed=2, transform=tf)))[0]
+        assert x.dtype == dtype
+        return x
+
+    v2 = first(T.ToDtype(torch.float32, scale=True))
+    assert torch.equal(first(T.ToTensor()), v2)
+    assert torch.equal(first(T.RGB(), T.ConvertImageDtype()), v2)
+    assert torch.equal(first(T.ConvertImageDtype(torch.float16), dtype=torch.float16), v2.half())
+    assert repr(T.ToTensor()) == "ToTensor()" and T.ConvertImageDtype().dtype == TV.ConvertImageDtype().dtype

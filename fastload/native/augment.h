@@ -80,7 +80,8 @@ FL_HD uint8_t blend(uint8_t x, float other, float factor, float om) {
 
 FL_HD uint8_t brightness(uint8_t x, float factor) { return clamp_trunc_u8(mul_rn(static_cast<float>(x), factor)); }
 
-// Contrast's blend target: the mean of the floored luma, sum / count in float32 as torch's CPU mean computes it
+// Contrast's blend target: the mean of the floored luma (p2 != 0: of channel 0, a grey image carried in three
+// equal channels after Grayscale(num_output_channels=1)), sum / count in float32 as torch's CPU mean computes it
 // (exact for sums below 2^24, i.e. up to 65,793 pixels; beyond, the correctly rounded sum).
 FL_HD float contrast_mean(int64_t gray_sum, int64_t pixels) {
   return div_rn(i64_to_float(gray_sum), i64_to_float(pixels));

@@ -373,7 +373,11 @@ FL_SAMPLE bool slot_lut(int op, const float* p, const uint8_t* src, int64_t hw, 
       for (int64_t start = 0; start < hw; start += 1 << 16) {  // int32 partial sums (at most 255 * 2^16): they vectorise
         const int64_t stop = std::min<int64_t>(hw, start + (1 << 16));
         int32_t part = 0;
-        for (int64_t i = start; i < stop; ++i) part += static_cast<int32_t>(floorf(gray(r[i], g[i], b[i])));
+        if (p[2] != 0.f) {  // a grey image in three equal channels: torchvision's mean of its one channel
+          for (int64_t i = start; i < stop; ++i) part += r[i];
+        } else {
+          for (int64_t i = start; i < stop; ++i) part += static_cast<int32_t>(floorf(gray(r[i], g[i], b[i])));
+        }
         sum += part;
       }
       const float mean = contrast_mean(sum, hw), om = blend_one_minus(p);

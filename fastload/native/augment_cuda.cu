@@ -234,8 +234,9 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
   const int lane = threadIdx.x % 32;
   if (op == kContrast) {
     unsigned long long sum = 0;
+    const bool one_channel = p[2] != 0.f;  // a grey image in three equal channels: the mean of its one channel
     each_pixel([&](uint8_t cr, uint8_t cg, uint8_t cb) {
-      sum += static_cast<unsigned long long>(floorf(gray(cr, cg, cb)));
+      sum += one_channel ? cr : static_cast<unsigned long long>(floorf(gray(cr, cg, cb)));
     });
     for (int d = 16; d > 0; d /= 2) sum += __shfl_down_sync(0xffffffffu, sum, d);
     if (lane == 0 && sum) atomicAdd(&st.gray_sum, sum);

@@ -22,7 +22,8 @@ from .geometry import (CenterCrop, Pad, RandomAffine, RandomCrop, RandomHorizont
                        RandomRotation, RandomVerticalFlip, Resize)
 from .containers import RandomApply, RandomChoice, RandomOrder
 from .mixing import CutMix, MixUp
-from .pipeline import Compose, Identity, Lambda, Normalize, PILToTensor, Pipeline, ToDtype, ToImage, ToPureTensor
+from .pipeline import (RGB, Compose, ConvertImageDtype, Identity, Lambda, Normalize, PILToTensor, Pipeline, ToDtype,
+                       ToImage, ToPureTensor, ToTensor)
 from .policies import AutoAugment, AutoAugmentPolicy, InterpolationMode, RandAugment, TrivialAugmentWide
 
 __all__ = [
@@ -31,6 +32,6 @@ __all__ = [
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
-    "ToPureTensor", "Identity", "ToDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
+    "ToPureTensor", "RGB", "Identity", "ToDtype", "ToTensor", "ConvertImageDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
     "RandomApply", "RandomOrder", "Pipeline", "InterpolationMode", "Lambda",
 ]

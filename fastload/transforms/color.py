@@ -141,17 +141,18 @@ class RandomAdjustSharpness(_RandomApply):
 
 
 class Grayscale(_Photometric):
-    """torchvision's ``Grayscale``. The loader's output always has 3 channels, so only ``num_output_channels=3``
-    (the grey value in all three channels) is accepted; 1 (torchvision's default) is refused with a message."""
+    """torchvision's ``Grayscale(num_output_channels=1)``: 3 writes the grey value to all three channels; 1
+    (torchvision's default) makes the loader's batches [B, 1, H, W]. The stage carries the grey image in three
+    equal channels, the transforms after it act as torchvision's act on a one-channel image
+    (``PhotometricTable.on_one_channel``), and the output keeps one channel (a Normalize of three values broadcasts
+    it to three, as torchvision's does). It cannot be chosen per sample (RandomApply, RandomChoice, RandomOrder):
+    the batch would mix one- and three-channel images."""
 
     columns = 0
 
     def __init__(self, num_output_channels=1):
         if num_output_channels not in (1, 3):
             raise ValueError(f"num_output_channels must be 1 or 3, got {num_output_channels}.")
-        if num_output_channels == 1:
-            raise ValueError("Grayscale(num_output_channels=1): FastLoader's images keep 3 channels; use "
-                             "Grayscale(num_output_channels=3), which writes the grey value to all three")
         self.num_output_channels = num_output_channels
 
     def _fill_table(self, u, ops, params):

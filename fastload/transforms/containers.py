@@ -68,6 +68,11 @@ class _Container:
         """Takes the container's own copies of ``transforms`` (their kinds checked): their one kind."""
         transforms = _own_children(transforms)
         kind = _kind_of_children(type(self).__name__, transforms, kinds)
+        for t in transforms:  # (a container child was checked when it was made)
+            if getattr(t, "num_output_channels", 3) == 1:
+                raise TypeError(f"fastload's {type(self).__name__} cannot hold {t!r}: per sample, it would make "
+                                f"a batch of one- and three-channel images. Put it outside (or use "
+                                f"RandomGrayscale, which keeps three channels)")
         self.transforms = transforms
         if kind == "photometric":
             self.slots = self._slots(transforms)

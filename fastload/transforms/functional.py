@@ -57,6 +57,19 @@ class PhotometricTable(NamedTuple):
         """``slots`` identity slots for ``batch`` samples (none: the output cast alone)."""
         return cls(torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, 3, dtype=torch.float32))
 
+    def on_one_channel(self, start):
+        """The table whose slots from ``start`` on act on a one-channel (grey) image carried in three equal
+        channels, as torchvision's ops act on the one-channel image after Grayscale(num_output_channels=1):
+        saturation, hue and grayscale return it as it is (identity), contrast blends with the mean of its one
+        channel (p2 = 1); every other op treats the channels alike, so it acts on each as on the one."""
+        ops, params = self.ops.clone(), self.params.clone()
+        tail_ops, tail_params = ops[:, start:], params[:, start:]
+        keep = (tail_ops == OPS["saturation"]) | (tail_ops == OPS["hue"]) | (tail_ops == OPS["grayscale"])
+        tail_ops[keep] = OPS["identity"]
+        tail_params[keep] = 0.0
+        tail_params[..., 2][tail_ops == OPS["contrast"]] = 1.0
+        return PhotometricTable(ops, params)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers shared by the kernels
@@ -134,7 +147,10 @@ def _brightness(x: Tensor, factor: Tensor) -> Tensor:
 
 
 @_op("adjust_contrast")
-def _contrast(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) -> Tensor:
+def _contrast(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None,
+              one_channel: Optional[Tensor] = None) -> Tensor:
+    """one_channel: bool [B], samples whose three channels carry one grey image (after Grayscale(1)): blended
+    with the mean of channel 0, as torchvision blends that one-channel image."""
     fp = x.is_floating_point()
     if x.shape[-3] == 3:
         gray = _gray(x)
@@ -142,7 +158,11 @@ def _contrast(x: Tensor, factor: Tensor, one_minus: Optional[Tensor] = None) -> 
             gray = gray.floor_()
     else:
         gray = x.to(_cdtype(x))
-    return _blend(x, gray.mean(dim=(-3, -2, -1), keepdim=True), factor, one_minus)
+    mean = gray.mean(dim=(-3, -2, -1), keepdim=True)
+    if one_channel is not None and x.shape[-3] == 3:
+        own = x[:, :1].to(_cdtype(x)).mean(dim=(-3, -2, -1), keepdim=True)
+        mean = torch.where(one_channel.view(-1, 1, 1, 1), own, mean)
+    return _blend(x, mean, factor, one_minus)
 
 
 @_op("adjust_saturation")
@@ -494,7 +514,7 @@ def _table_one_minus(p):
 
 _TABLE_OPS = {
     1: lambda x, p: _brightness(x, p[:, 0].double()),
-    2: lambda x, p: _contrast(x, p[:, 0].double(), _table_one_minus(p)),
+    2: lambda x, p: _contrast(x, p[:, 0].double(), _table_one_minus(p), p[:, 2] != 0),
     3: lambda x, p: _saturation(x, p[:, 0].double(), _table_one_minus(p)),
     4: lambda x, p: _hue(x, p[:, 0].double()),
     5: lambda x, p: _sharpness(x, p[:, 0].double(), _table_one_minus(p)),
@@ -589,6 +609,12 @@ def _check_table_params(ops, params, x, name):
         7: lambda v: (v > _bound(x), (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
                                                  "but got {v}")),
     }
+    grey = params[..., 2]  # contrast's p2: 1 after Grayscale(1) (PhotometricTable.on_one_channel), else 0
+    bad = (ops == OPS["contrast"]) & (grey != 0) & (grey != 1)
+    if bad.any():
+        i, s = _first(bad)
+        raise ValueError(f"{name}: sample {i}, slot {s}: contrast's p2 must be 0 (an RGB image) or 1 (a grey image "
+                         f"in three equal channels), got {float(grey[i, s])}")
     for code, check in checks.items():
         bad, (exc, message) = check(p0)
         bad &= ops == code

@@ -100,6 +100,28 @@ class ToDtype:
         return f"ToDtype({self.dtype}, scale={self.scale})"
 
 
+class ToTensor(ToDtype):
+    """torchvision's deprecated ``ToTensor()``, as it acts on the PIL images of a torchvision v1 pipeline
+    (``[RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std)]``): the image as float32
+    on the 0-1 scale, ``ToDtype(torch.float32, scale=True)``."""
+
+    def __init__(self):
+        super().__init__(torch.float32, scale=True)
+
+    def __repr__(self):
+        return "ToTensor()"
+
+
+class ConvertImageDtype(ToDtype):
+    """torchvision's deprecated ``ConvertImageDtype(dtype=torch.float32)``: ``ToDtype(dtype, scale=True)``."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__(dtype, scale=True)
+
+    def __repr__(self):
+        return f"ConvertImageDtype({self.dtype})"
+
+
 class ToImage:
     """torchvision's ``ToImage``: a no-op here (decoded samples are image tensors already). Accepted so that a
     torchvision pipeline moves over unchanged."""
@@ -122,6 +144,13 @@ class Identity(ToImage):
 
     def __repr__(self):
         return "Identity()"
+
+
+class RGB(ToImage):
+    """torchvision's ``RGB``: a no-op here (the loader decodes every JPEG, grey and CMYK ones included, to RGB)."""
+
+    def __repr__(self):
+        return "RGB()"
 
 
 class ToPureTensor(ToImage):
@@ -233,6 +262,16 @@ class Pipeline:
         self.erasing = erasing
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
+        # Grayscale(num_output_channels=1): the transforms after it see one channel (carried in three equal ones,
+        # PhotometricTable.on_one_channel), and the output keeps one, or three where Normalize's mean or std has
+        # three values (torchvision broadcasts the one channel against them).
+        self._grey = next((t for t in photometric if getattr(t, "num_output_channels", 3) == 1), None)
+        wide = self._grey is not None and max(len(mean or ()), len(std or ())) == 3
+        self.out_channels = 1 if self._grey is not None and not wide else 3
+        for e in erasing:
+            if e.value is not None and len(e.value) not in (1, self.out_channels):
+                raise ValueError(f"If value is a sequence, it should have either a single value or "
+                                 f"{self.out_channels} (number of inpt channels)")
         # Policies with NEAREST (torchvision's default) rotate/shear/translate the resized crop as torchvision does:
         # a nearest-neighbour gather after the warp (affine_nearest_'s), which keeps every warp axis-aligned and
         # every decode window within the crop's. Otherwise (a BILINEAR policy among them) their ops compose into
@@ -278,6 +317,9 @@ class Pipeline:
                                      f"them.")
                 geometry.append(t)
             elif kind in ("photometric", "policy", "augmix"):
+                if kind == "augmix" and any(getattr(p, "num_output_channels", 3) == 1 for p in photometric):
+                    raise ValueError(f"{t!r} comes after Grayscale(num_output_channels=1): fastload's AugMix mixes "
+                                     f"three-channel images. Put Grayscale after it.")
                 if kind == "policy" and any(p.kind == "augmix" for p in photometric):
                     # its geometric ops fold into the warp, which runs before AugMix
                     raise ValueError(f"{t!r} comes after AugMix: fastload runs a policy's geometric ops in the warp "
@@ -476,7 +518,11 @@ class Pipeline:
         h, w = self.size_at(epoch)
         parts = [self._policy_plan(t, seed, epoch, indices, h, w)[0] if t.kind == "policy"
                  else t.table(seed, epoch, indices) for t in transforms]
-        return PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
+        table = PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
+        grey = [i for i, t in enumerate(transforms) if t is self._grey]
+        if grey:  # the slots after Grayscale(1)'s
+            table = table.on_one_channel(sum(t.slots for t in transforms[:grey[0] + 1]))
+        return table
 
     def sample_params(self, seed, epoch, indices, *, pin=False):
         """SampleParams of a batch with these (final: after on_error="skip" replacements) sample indices: its
@@ -536,6 +582,9 @@ class Pipeline:
             table = params.table if params.table is not None else PhotometricTable.identity(x.shape[0])  # the cast
             x = run_table(x, table, mean=mean, std=std, in_scale=in_scale, out_dtype=self.dtype,
                           channels_last=channels_last, nearest=nearest)
+            if self.out_channels == 1:  # the grey image's one channel (all three are equal)
+                layout = torch.channels_last if channels_last else torch.contiguous_format
+                x = x[:, :1].contiguous(memory_format=layout)
         erasing = self.erasing[:-1] if self.batch_ops else self.erasing  # the last one: mix_images
         for e, boxes in zip(erasing, params.erase):
             x = e.apply(x, boxes, params.seed, params.epoch, params.indices)
