@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2 as TV
+import torchvision.transforms.v2.functional as TF
 
 import fastload as fl
 import fastload.transforms as T
@@ -380,46 +381,101 @@ def _grey_pipeline(mean=(0.5,), std=(0.5,), extra=()):
                       T.Normalize(mean, std), *extra])
 
 
-def _grey_reference(ds, loader, idx):
-    """The loader's first batch composed from torchvision on the one-channel image: the planned windows decoded and
-    warped to uint8, torchvision's rgb_to_grayscale(1), then the tables of the transforms after it as drawn
-    (apply_table on the one-channel image, which runs torchvision's ops: test_functional)."""
+def _tv_op(image, code, p):
+    """Photometric table slot (code, p) as torchvision's functional op on image, whatever its channel count."""
+    factor = float(p[0]) if float(p[1]) == 0 else 1.0 - float(p[1])  # a blend's p1 is 1 - factor (CONTRACT.md)
+    ops_by_code = {
+        0: lambda: image, 1: lambda: TF.adjust_brightness(image, float(p[0])),
+        2: lambda: TF.adjust_contrast(image, factor), 3: lambda: TF.adjust_saturation(image, factor),
+        4: lambda: TF.adjust_hue(image, float(p[0])), 5: lambda: TF.adjust_sharpness(image, factor),
+        6: lambda: TF.posterize(image, int(round(float(p[0])))), 7: lambda: TF.solarize(image, float(p[0])),
+        8: lambda: TF.autocontrast(image), 9: lambda: TF.equalize(image), 10: lambda: TF.invert(image),
+        11: lambda: TF.rgb_to_grayscale(image, num_output_channels=image.shape[-3])}
+    return ops_by_code[int(code)]()
+
+
+def _torchvision_reference(ds, loader, idx):
+    """The loader's batch of these samples composed from torchvision's functional ops on the true channel count:
+    the planned windows decoded and warped to uint8 (test_warp: torchvision's resize), then, transform by
+    transform and sample by sample, torchvision's op with the drawn parameters (a policy's NEAREST map first,
+    affine_nearest: test_affine_nearest), Grayscale / RGB as torchvision's, then ToDtype and Normalize."""
     pipe = loader.pipeline
+    h, w = pipe.out_size
     plan = pipe.plan(np.asarray(ds.heights)[idx], np.asarray(ds.widths)[idx], 0, 0, idx)
     with ds.reader() as r:
         data, offsets, shapes, status, _ = ops.decode_crops([r.get(int(i)) for i in idx], plan.windows)
-    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8)
-    grey = TV.functional.rgb_to_grayscale(u8, num_output_channels=1)
-    after = pipe.photometric[[type(t) for t in pipe.photometric].index(T.Grayscale) + 1:]
-    tables = [t.table(0, 0, idx) for t in after]
-    return apply_table(grey, torch.cat([t.ops for t in tables], 1), torch.cat([t.params for t in tables], 1))
+    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, (h, w), in_scale=1.0, out_dtype=torch.uint8)
+    images = list(u8)
+    for t in pipe.photometric:
+        if isinstance(t, (T.Grayscale, T.RGB)):
+            n = 3 if isinstance(t, T.RGB) else t.num_output_channels
+            images = [TF.rgb_to_grayscale(im, n) if im.shape[0] == 3 and isinstance(t, T.Grayscale)
+                      else im.repeat(n, 1, 1) if im.shape[0] == 1 and n == 3 else im for im in images]
+            continue
+        table, maps = pipe._policy_plan(t, 0, 0, idx, h, w) if t.kind == "policy" else (t.table(0, 0, idx), None)
+        for i in range(len(idx)):
+            for s in range(table.ops.shape[1]):
+                if maps is not None and not np.allclose(maps[i, s], np.eye(3)):
+                    m = torch.from_numpy(maps[i, s][:2]).float()[None]
+                    images[i] = ops.affine_nearest(images[i][None].contiguous(), m, fill=pipe.fill[0])[0]
+                images[i] = _tv_op(images[i], table.ops[i, s], table.params[i, s])
+    out = torch.stack(images)
+    if pipe.dtype == torch.uint8:
+        return out
+    out = TF.to_dtype(out, torch.float32, scale=True)
+    return torch.stack([TF.normalize(o, pipe.mean, pipe.std) for o in out]) if pipe.mean is not None else out
 
 
-def test_grayscale_one_channel_batches_are_torchvisions_one_channel_images(imagenet_dir):
-    """Grayscale() (torchvision's default, one channel) gives [B, 1, H, W] batches, and what follows it acts as
-    torchvision's ops act on a one-channel image: saturation, hue and RandomGrayscale leave it as it is, contrast
-    blends with its own mean. Exact: the stage carries the grey image in three equal channels."""
+GREY_PIPELINES = {
+    "jitter": lambda: _grey_pipeline(),
+    "policies": lambda: T.Compose([T.RandomResizedCrop(48), T.Grayscale(), T.TrivialAugmentWide(),
+                                   T.RandAugment(num_ops=3), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                                   T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,), (0.5,))]),
+    "containers": lambda: T.Compose([T.RandomResizedCrop(48), T.RandomOrder([T.ColorJitter(0.4, 0.4), T.RandomInvert()]),
+                                     T.Grayscale(), T.RandomChoice([T.ColorJitter(0.4, 0.4, 0.4), T.RandomEqualize(1.0)]),
+                                     T.RandomApply([T.RandomGrayscale(1.0), T.ColorJitter(contrast=0.5)], p=0.7),
+                                     T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,), (0.5,))]),
+    "back to RGB": lambda: T.Compose([T.RandomResizedCrop(48), T.Grayscale(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                                      T.RGB(), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Grayscale(), T.ColorJitter(0.4, 0.4),
+                                      T.Grayscale(3), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                                      T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
+    "wide normalise": lambda: _grey_pipeline(IMAGENET_MEAN, (0.25,)),
+    "uint8": lambda: T.Compose(_grey_pipeline().transforms[:6]),
+}
+
+
+@pytest.mark.parametrize("name", list(GREY_PIPELINES))
+def test_grayscale_one_channel_batches_are_torchvisions(imagenet_dir, name):
+    """Grayscale() (torchvision's default: one channel) gives [B, 1, H, W] batches, and what follows it acts as
+    torchvision's ops act on a one-channel image (saturation, hue, RandomGrayscale leave it as it is; contrast
+    blends with its own mean; a policy's fill and maps on the one channel), until RGB() or Grayscale(3) makes
+    three channels again; a Normalize of three means broadcasts it to three. The stage carries the grey image in
+    three equal channels: exact to torchvision's per-sample ops but for float32 rounding of the normalisation."""
     ds = fl.FolderDataset(imagenet_dir)
-    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_grey_pipeline())
-    x, _ = next(iter(loader))
-    assert x.shape == (8, 1, 48, 48) and x.is_contiguous()
-    ref = _grey_reference(ds, loader, np.arange(8))
-    torch.testing.assert_close(x, (ref.float() / 255 - 0.5) / 0.5, atol=1e-5, rtol=0)
-    table = loader.pipeline.table(0, 0, np.arange(8))
-    codes = table.ops[:, 1:]  # after Grayscale's slot: no saturation/hue/grayscale left, contrast flagged
-    assert not torch.isin(codes, torch.tensor([3, 4, 11])).any() and (codes == 2).any()
-    assert (table.params[:, 1:, 2][codes == 2] == 1).all()
-    # Normalize with three values broadcasts the one channel to three, as torchvision's does
-    wide = next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, channels_last=True,
-                                   transform=_grey_pipeline(IMAGENET_MEAN, IMAGENET_STD))))[0]
-    assert wide.shape == (8, 3, 48, 48) and wide.is_contiguous(memory_format=torch.channels_last)
-    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    torch.testing.assert_close(wide, (ref.float() / 255 - mean) / std, atol=1e-5, rtol=0)
-    # no ToDtype: the uint8 grey image, channels_last too; erasing and mixing take the one channel
-    u8 = next(iter(fl.FastLoader(ds, batch_size=8, shuffle=False, channels_last=True, transform=T.Compose(
-        _grey_pipeline().transforms[:6]))))[0]
-    assert u8.dtype == torch.uint8 and u8.shape == (8, 1, 48, 48) and torch.equal(u8, ref)
+    idx = np.arange(8)
+    for channels_last in (False, True):
+        loader = fl.FastLoader(ds, batch_size=8, shuffle=False, channels_last=channels_last,
+                               transform=GREY_PIPELINES[name]())
+        x, _ = next(iter(loader))
+        ref = _torchvision_reference(ds, loader, idx)
+        assert x.shape == ref.shape and x.dtype == ref.dtype
+        assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        torch.testing.assert_close(x, ref, atol=0 if x.dtype == torch.uint8 else 1e-5, rtol=0)
+    one = {"jitter": 1, "policies": 1, "containers": 1, "back to RGB": 3, "wide normalise": 3, "uint8": 1}[name]
+    assert x.shape[1] == one
+    if name == "jitter":  # after Grayscale's slot: no saturation/hue/grayscale left, contrast flagged
+        table = loader.pipeline.table(0, 0, idx)
+        codes = table.ops[:, 1:]
+        assert not torch.isin(codes, torch.tensor([3, 4, 11])).any() and (codes == 2).any()
+        assert (table.params[:, 1:, 2][codes == 2] == 1).all()
+
+
+def test_grayscale_one_channel_with_erasing_and_mixing(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
     tf = _grey_pipeline(extra=[T.RandomErasing(1.0, value=[0.0]), T.MixUp(alpha=0.2, num_classes=4)])
+    x, y = next(iter(fl.FastLoader(ds, batch_size=8, transform=tf)))
+    assert x.shape == (8, 1, 48, 48) and y.shape == (8, 4)
+    tf = _grey_pipeline(extra=[T.RandomErasing(1.0), T.CutMix(alpha=1.0, num_classes=4)])
     x, y = next(iter(fl.FastLoader(ds, batch_size=8, transform=tf)))
     assert x.shape == (8, 1, 48, 48) and y.shape == (8, 4)
 
@@ -427,6 +483,17 @@ def test_grayscale_one_channel_batches_are_torchvisions_one_channel_images(image
 @pytest.mark.parametrize("bad, theirs, error, words", [
     (lambda T: T.RandomApply([T.Grayscale()], p=0.5), None, TypeError, "one- and three-channel"),
     (lambda T: T.RandomChoice([T.Grayscale(), T.RandomInvert()]), None, TypeError, "one- and three-channel"),
+    # torchvision gives one channel here, but where the one-channel ops start is drawn per sample
+    (lambda T: T.RandomOrder([T.Grayscale(), T.ColorJitter(0.4)]), None, TypeError, "outside the container"),
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.RandomApply([T.Grayscale(3)])]), None,
+     TypeError, "turn some grey images back"),
+    # torchvision raises these when the first one-channel image arrives
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.TrivialAugmentWide(fill=[128, 128, 128])]), True,
+     ValueError, "cannot broadcast"),
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.ToDtype(torch.float32, scale=True),
+                          T.Normalize((0.5,), (0.2, 0.3, 0.4))]), True, RuntimeError, "cannot broadcast"),
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.ToDtype(torch.float32, scale=True),
+                          T.Normalize((0.4, 0.5, 0.6), (0.5,), inplace=True)]), True, RuntimeError, "cannot broadcast"),
     (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.AugMix()]), None, ValueError,
      "after Grayscale(num_output_channels=1)"),
     # torchvision raises this when the first one-channel image arrives
@@ -437,18 +504,21 @@ def test_grayscale_one_channel_refusals(imagenet_dir, bad, theirs, error, words)
     ds = fl.FolderDataset(imagenet_dir)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
         fl.FastLoader(ds, batch_size=4, transform=bad(T))
-    if theirs:
+    if theirs:  # (a policy raises only when it draws a geometric op: 50 draws)
+        tv = bad(TV)
         with pytest.raises(error):
-            bad(TV)(torch.zeros(3, 40, 40, dtype=torch.uint8))
+            for _ in range(50):
+                tv(torch.zeros(3, 40, 40, dtype=torch.uint8))
 
 
 @pytest.mark.cuda
-def test_cuda_grayscale_one_channel_follows_the_cpu(imagenet_dir):
+@pytest.mark.parametrize("name", ["jitter", "policies", "back to RGB"])
+def test_cuda_grayscale_one_channel_follows_the_cpu(imagenet_dir, name):
     ds = fl.FolderDataset(imagenet_dir)
-    tf = _grey_pipeline(extra=[T.RandomErasing(0.5)])
+    tf = T.Compose(GREY_PIPELINES[name]().transforms + [T.RandomErasing(0.5)])
     cpu = [x for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf)]
     gpu = [x.cpu() for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf, device="cuda")]
-    assert all(g.shape == (16, 1, 48, 48) for g in gpu)
+    assert all(g.shape == c.shape and g.shape[1] == (3 if name == "back to RGB" else 1) for g, c in zip(gpu, cpu))
     diff = torch.cat([(a - b).abs().flatten() for a, b in zip(cpu, gpu)])
     assert float(diff.mean()) < 2e-3 and float(diff.quantile(0.999)) <= 0.1  # as test_cuda_batches_follow_the_cpu_ones
 
@@ -468,5 +538,6 @@ def test_torchvision_v1_pipelines_move_over(imagenet_dir):
     v2 = first(T.ToDtype(torch.float32, scale=True))
     assert torch.equal(first(T.ToTensor()), v2)
     assert torch.equal(first(T.RGB(), T.ConvertImageDtype()), v2)
+    # (normalised in float32, then rounded once to float16, as fastload's ToDtype(float16) does: README)
     assert torch.equal(first(T.ConvertImageDtype(torch.float16), dtype=torch.float16), v2.half())
     assert repr(T.ToTensor()) == "ToTensor()" and T.ConvertImageDtype().dtype == TV.ConvertImageDtype().dtype

@@ -144,9 +144,9 @@ class Grayscale(_Photometric):
     """torchvision's ``Grayscale(num_output_channels=1)``: 3 writes the grey value to all three channels; 1
     (torchvision's default) makes the loader's batches [B, 1, H, W]. The stage carries the grey image in three
     equal channels, the transforms after it act as torchvision's act on a one-channel image
-    (``PhotometricTable.on_one_channel``), and the output keeps one channel (a Normalize of three values broadcasts
-    it to three, as torchvision's does). It cannot be chosen per sample (RandomApply, RandomChoice, RandomOrder):
-    the batch would mix one- and three-channel images."""
+    (``PhotometricTable.on_one_channel``) until an ``RGB()`` or ``Grayscale(3)`` repeats it to three, and the
+    output keeps one channel (a Normalize of three means broadcasts it to three, as torchvision's does). It cannot
+    sit in a RandomApply, RandomChoice or RandomOrder: where the one-channel ops start would be drawn per sample."""
 
     columns = 0
 

@@ -70,9 +70,10 @@ class _Container:
         kind = _kind_of_children(type(self).__name__, transforms, kinds)
         for t in transforms:  # (a container child was checked when it was made)
             if getattr(t, "num_output_channels", 3) == 1:
-                raise TypeError(f"fastload's {type(self).__name__} cannot hold {t!r}: per sample, it would make "
-                                f"a batch of one- and three-channel images. Put it outside (or use "
-                                f"RandomGrayscale, which keeps three channels)")
+                raise TypeError(f"fastload's {type(self).__name__} cannot hold {t!r}: the ops after it act on one "
+                                f"channel, and inside a container where that starts is drawn per sample (or whether "
+                                f"it happens: a batch of one- and three-channel images). Put it outside the "
+                                f"container (or use RandomGrayscale, which keeps three channels)")
         self.transforms = transforms
         if kind == "photometric":
             self.slots = self._slots(transforms)

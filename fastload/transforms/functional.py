@@ -57,13 +57,13 @@ class PhotometricTable(NamedTuple):
         """``slots`` identity slots for ``batch`` samples (none: the output cast alone)."""
         return cls(torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, 3, dtype=torch.float32))
 
-    def on_one_channel(self, start):
-        """The table whose slots from ``start`` on act on a one-channel (grey) image carried in three equal
-        channels, as torchvision's ops act on the one-channel image after Grayscale(num_output_channels=1):
-        saturation, hue and grayscale return it as it is (identity), contrast blends with the mean of its one
+    def on_one_channel(self, start, end):
+        """The table whose slots [start, end) act on a one-channel (grey) image carried in three equal channels, as
+        torchvision's ops act on the one-channel image after Grayscale(num_output_channels=1): saturation, hue and
+        grayscale return it as it is (identity; Grayscale(3) repeats it), contrast blends with the mean of its one
         channel (p2 = 1); every other op treats the channels alike, so it acts on each as on the one."""
         ops, params = self.ops.clone(), self.params.clone()
-        tail_ops, tail_params = ops[:, start:], params[:, start:]
+        tail_ops, tail_params = ops[:, start:end], params[:, start:end]
         keep = (tail_ops == OPS["saturation"]) | (tail_ops == OPS["hue"]) | (tail_ops == OPS["grayscale"])
         tail_ops[keep] = OPS["identity"]
         tail_params[keep] = 0.0

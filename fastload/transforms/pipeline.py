@@ -147,7 +147,16 @@ class Identity(ToImage):
 
 
 class RGB(ToImage):
-    """torchvision's ``RGB``: a no-op here (the loader decodes every JPEG, grey and CMYK ones included, to RGB)."""
+    """torchvision's ``RGB``: a no-op here (the loader decodes every JPEG, grey and CMYK ones included, to RGB),
+    but after ``Grayscale()`` it turns the grey image back into three equal channels, as torchvision's does (a
+    photometric step of no slots)."""
+
+    slots = 0
+    stream = 0
+
+    def table(self, seed, epoch, indices):
+        from .functional import PhotometricTable
+        return PhotometricTable.identity(len(indices))
 
     def __repr__(self):
         return "RGB()"
@@ -253,7 +262,7 @@ class Pipeline:
     dtype/normalisation, erasing, and batch ops. Built once per loader by ``Pipeline.build``."""
 
     def __init__(self, geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, transforms, *,
-                 in_scale=1.0 / 255):
+                 in_scale=1.0 / 255, normalize_inplace=False):
         self.transforms = transforms
         self.in_scale = in_scale
         self.photometric = photometric  # policies and photometric transforms, in order
@@ -262,12 +271,19 @@ class Pipeline:
         self.erasing = erasing
         self.batch_ops = batch_ops
         self._policies = [t for t in photometric if t.kind == "policy"]
-        # Grayscale(num_output_channels=1): the transforms after it see one channel (carried in three equal ones,
-        # PhotometricTable.on_one_channel), and the output keeps one, or three where Normalize's mean or std has
-        # three values (torchvision broadcasts the one channel against them).
-        self._grey = next((t for t in photometric if getattr(t, "num_output_channels", 3) == 1), None)
-        wide = self._grey is not None and max(len(mean or ()), len(std or ())) == 3
-        self.out_channels = 1 if self._grey is not None and not wide else 3
+        # Grayscale(num_output_channels=1): the table's slots from it to an RGB() or Grayscale(3) act on one channel
+        # (carried in three equal ones, PhotometricTable.on_one_channel); if the image ends grey, the output keeps
+        # one channel, or three where Normalize broadcasts it (torchvision's sub(mean) then div_(std)).
+        self._one_channel, grey = _one_channel_slots(photometric)
+        self.out_channels = 3
+        if grey:
+            lengths = (len(mean or (0,)), len(std or (1,)))
+            if not set(lengths) <= {1, 3} or (lengths[1] == 3 and (lengths[0] == 1 or normalize_inplace)) or \
+                    (lengths[0] == 3 and normalize_inplace):
+                raise RuntimeError(f"Normalize(mean={mean}, std={std}, inplace={normalize_inplace}) on the one-channel "
+                                   f"image of Grayscale(): torchvision's sub(mean) then div_(std) cannot broadcast to "
+                                   f"it (one value each, or a mean of three values out of place, gives three)")
+            self.out_channels = 3 if lengths[0] == 3 else 1
         for e in erasing:
             if e.value is not None and len(e.value) not in (1, self.out_channels):
                 raise ValueError(f"If value is a sequence, it should have either a single value or "
@@ -304,7 +320,7 @@ class Pipeline:
         # with another pipeline (at another position) must not change that pipeline's draws.
         items = [copy.deepcopy(t) for t in items]  # one by one: a transform listed twice draws twice
         geometry, photometric, erasing, batch_ops = [], [], [], []
-        dtype, scale, mean, std, cast = None, False, None, None, False
+        dtype, scale, mean, std, cast, inplace = None, False, None, None, False, False
         for position, t in enumerate(items):
             kind = _check_transform(t)
             t.stream = _STREAM_BASE + position
@@ -355,7 +371,7 @@ class Pipeline:
                     raise ValueError(f"{t!r} after RandomErasing: fastload erases the normalised batch, so the "
                                      f"erased value would not be normalised as torchvision's would; put RandomErasing "
                                      f"after Normalize (as torchvision's references do)")
-                mean, std = t.mean, t.std
+                mean, std, inplace = t.mean, t.std, t.inplace
             elif kind == "erasing":
                 if dtype is None or dtype == torch.uint8:
                     raise ValueError("RandomErasing needs a float image: put ToDtype(torch.float32, scale=True) "
@@ -364,6 +380,12 @@ class Pipeline:
             elif kind == "batch":
                 batch_ops.append(t)
             elif kind == "noop":
+                if isinstance(t, RGB) and _one_channel_slots(photometric)[1]:  # the grey image back to three channels
+                    if dtype in _FLOAT_DTYPES or mean is not None or erasing:
+                        raise ValueError(f"{t!r} after Grayscale(), ToDtype/Normalize/RandomErasing: fastload turns "
+                                         f"the grey image back to three channels on the uint8 image. Move it before "
+                                         f"them.")
+                    photometric.append(t)
                 continue
             else:
                 raise _refuse(t, f"unknown kind {kind!r}")
@@ -377,7 +399,7 @@ class Pipeline:
         if dtype in _FLOAT_DTYPES and not scale:
             raise ValueError(f"ToDtype({dtype}, scale=False) would give float images on the 0-255 scale; fastload "
                              f"supports scale=True (0-1), as torchvision's recipes use")
-        return cls(geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, items)
+        return cls(geometry, photometric, dtype, scale, mean, std, erasing, batch_ops, items, normalize_inplace=inplace)
 
     @classmethod
     def shorthand(cls, planner, mean, std, in_scale, dtype):
@@ -511,7 +533,8 @@ class Pipeline:
     def table(self, seed, epoch, indices, transforms=None):
         """The photometric table of a batch (PhotometricTable, host tensors) for ``transforms`` (default: those
         after the last AugMix, which run fused with ToDtype + Normalize), or None when there are none."""
-        transforms = self._segments()[0][-1] if transforms is None else transforms
+        last = transforms is None  # (Grayscale(1) comes after every AugMix: in the last segment)
+        transforms = self._segments()[0][-1] if last else transforms
         if not transforms:
             return None
         from .functional import PhotometricTable
@@ -519,9 +542,9 @@ class Pipeline:
         parts = [self._policy_plan(t, seed, epoch, indices, h, w)[0] if t.kind == "policy"
                  else t.table(seed, epoch, indices) for t in transforms]
         table = PhotometricTable(torch.cat([p.ops for p in parts], 1), torch.cat([p.params for p in parts], 1))
-        grey = [i for i, t in enumerate(transforms) if t is self._grey]
-        if grey:  # the slots after Grayscale(1)'s
-            table = table.on_one_channel(sum(t.slots for t in transforms[:grey[0] + 1]))
+        if last:
+            for start, end in self._one_channel:
+                table = table.on_one_channel(start, end)
         return table
 
     def sample_params(self, seed, epoch, indices, *, pin=False):
@@ -623,6 +646,39 @@ class Pipeline:
 
     def __repr__(self):
         return "Pipeline(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def _one_channel_slots(photometric):
+    """([(start, end), ...], grey): the slot ranges of the last segment's photometric table (after every AugMix) in
+    which the image has one channel (from a Grayscale(num_output_channels=1) to an RGB() or Grayscale(3) after it,
+    whose own slot then repeats the channel: identity on three equal ones), and whether the image ends grey.
+    Refuses what torchvision would run on one channel and fastload cannot: a policy's fill of three values (torchvision
+    raises too), a container that could turn some samples back to three channels."""
+    last = photometric[max((i for i, t in enumerate(photometric) if t.kind == "augmix"), default=-1) + 1:]
+    ranges, start, slot = [], None, 0
+    for t in last:
+        n = getattr(t, "num_output_channels", None)
+        if start is not None:
+            if t.kind == "policy" and isinstance(t.fill, (list, tuple)) and len(t.fill) > 1:
+                raise ValueError(f"The number of elements in 'fill' cannot broadcast to match the number of channels "
+                                 f"of the image ({len(t.fill)} != 1): {t!r} comes after Grayscale()")
+            if _holds(t, lambda c: getattr(c, "num_output_channels", None) == 3):
+                raise TypeError(f"{t!r} after Grayscale(): per sample it would turn some grey images back to three "
+                                f"channels, and a batch would mix one- and three-channel images")
+        if n == 1 and start is None:
+            start = slot + t.slots  # the Grayscale slot itself turns RGB grey, as Grayscale(3) does
+        elif (n == 3 or isinstance(t, RGB)) and start is not None:
+            ranges.append((start, slot + t.slots))
+            start = None
+        slot += t.slots
+    if start is not None:
+        ranges.append((start, slot))
+    return ranges, start is not None
+
+
+def _holds(container, test):
+    """Whether a container (RandomApply, RandomChoice, RandomOrder), at any depth, holds a transform passing test."""
+    return any(test(c) or _holds(c, test) for c in getattr(container, "transforms", ()))
 
 
 def _gathered_box(extra, h, w):
