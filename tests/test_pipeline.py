@@ -494,13 +494,15 @@ def test_grayscale_one_channel_with_erasing_and_mixing(imagenet_dir):
                           T.Normalize((0.5,), (0.2, 0.3, 0.4))]), True, RuntimeError, "cannot broadcast"),
     (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.ToDtype(torch.float32, scale=True),
                           T.Normalize((0.4, 0.5, 0.6), (0.5,), inplace=True)]), True, RuntimeError, "cannot broadcast"),
+    (lambda T: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True),
+                          T.Normalize((0.4, 0.5), (0.5,))]), True, RuntimeError, "2 cannot"),  # (on RGB too)
     (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.AugMix()]), None, ValueError,
      "after Grayscale(num_output_channels=1)"),
     # torchvision raises this when the first one-channel image arrives
     (lambda T: T.Compose([T.RandomResizedCrop(32), T.Grayscale(), T.ToDtype(torch.float32, scale=True),
                           T.RandomErasing(1.0, value=[0.1, 0.2, 0.3])]), True, ValueError, "either a single value"),
 ])
-def test_grayscale_one_channel_refusals(imagenet_dir, bad, theirs, error, words):
+def test_channel_count_refusals(imagenet_dir, bad, theirs, error, words):
     ds = fl.FolderDataset(imagenet_dir)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
         fl.FastLoader(ds, batch_size=4, transform=bad(T))

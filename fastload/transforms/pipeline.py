@@ -276,10 +276,12 @@ class Pipeline:
         # one channel, or three where Normalize broadcasts it (torchvision's sub(mean) then div_(std)).
         self._one_channel, grey = _one_channel_slots(photometric)
         self.out_channels = 3
+        lengths = (len(mean or (0,)), len(std or (1,)))
+        if not set(lengths) <= {1, 3}:  # torchvision's broadcast raises this at the first image
+            raise RuntimeError(f"Normalize(mean={mean}, std={std}): one value, or one per channel (3), can broadcast "
+                               f"to the image; {max(lengths, key=lambda n: n not in (1, 3))} cannot")
         if grey:
-            lengths = (len(mean or (0,)), len(std or (1,)))
-            if not set(lengths) <= {1, 3} or (lengths[1] == 3 and (lengths[0] == 1 or normalize_inplace)) or \
-                    (lengths[0] == 3 and normalize_inplace):
+            if (lengths[1] == 3 and (lengths[0] == 1 or normalize_inplace)) or (lengths[0] == 3 and normalize_inplace):
                 raise RuntimeError(f"Normalize(mean={mean}, std={std}, inplace={normalize_inplace}) on the one-channel "
                                    f"image of Grayscale(): torchvision's sub(mean) then div_(std) cannot broadcast to "
                                    f"it (one value each, or a mean of three values out of place, gives three)")
