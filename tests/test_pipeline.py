@@ -376,9 +376,9 @@ def test_a_policy_of_no_ops_runs_as_torchvision_runs_it(imagenet_dir):
 
 
 def _grey_pipeline(mean=(0.5,), std=(0.5,), extra=()):
-    return T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.Grayscale(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
-                      T.RandomAutocontrast(0.5), T.RandomGrayscale(0.5), T.ToDtype(torch.float32, scale=True),
-                      T.Normalize(mean, std), *extra])
+    return T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.Grayscale(),
+                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomAutocontrast(0.5), T.RandomGrayscale(0.5),
+                      T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std), *extra])
 
 
 def _tv_op(image, code, p):
@@ -431,14 +431,16 @@ GREY_PIPELINES = {
     "policies": lambda: T.Compose([T.RandomResizedCrop(48), T.Grayscale(), T.TrivialAugmentWide(),
                                    T.RandAugment(num_ops=3), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
                                    T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,), (0.5,))]),
-    "containers": lambda: T.Compose([T.RandomResizedCrop(48), T.RandomOrder([T.ColorJitter(0.4, 0.4), T.RandomInvert()]),
-                                     T.Grayscale(), T.RandomChoice([T.ColorJitter(0.4, 0.4, 0.4), T.RandomEqualize(1.0)]),
-                                     T.RandomApply([T.RandomGrayscale(1.0), T.ColorJitter(contrast=0.5)], p=0.7),
-                                     T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,), (0.5,))]),
-    "back to RGB": lambda: T.Compose([T.RandomResizedCrop(48), T.Grayscale(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
-                                      T.RGB(), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Grayscale(), T.ColorJitter(0.4, 0.4),
-                                      T.Grayscale(3), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
-                                      T.ToDtype(torch.float32, scale=True), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
+    "containers": lambda: T.Compose([
+        T.RandomResizedCrop(48), T.RandomOrder([T.ColorJitter(0.4, 0.4), T.RandomInvert()]), T.Grayscale(),
+        T.RandomChoice([T.ColorJitter(0.4, 0.4, 0.4), T.RandomEqualize(1.0)]),
+        T.RandomApply([T.RandomGrayscale(1.0), T.ColorJitter(contrast=0.5)], p=0.7),
+        T.ToDtype(torch.float32, scale=True), T.Normalize((0.5,), (0.5,))]),
+    "back to RGB": lambda: T.Compose([
+        T.RandomResizedCrop(48), T.Grayscale(), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RGB(),
+        T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.Grayscale(), T.ColorJitter(0.4, 0.4), T.Grayscale(3),
+        T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToDtype(torch.float32, scale=True),
+        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
     "wide normalise": lambda: _grey_pipeline(IMAGENET_MEAN, (0.25,)),
     "uint8": lambda: T.Compose(_grey_pipeline().transforms[:6]),
 }

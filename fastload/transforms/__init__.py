@@ -32,6 +32,6 @@ __all__ = [
     "RandomAffine", "RandomRotation", "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert",
     "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize",
     "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix", "ToImage", "PILToTensor",
-    "ToPureTensor", "RGB", "Identity", "ToDtype", "ToTensor", "ConvertImageDtype", "Normalize", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
-    "RandomApply", "RandomOrder", "Pipeline", "InterpolationMode", "Lambda",
+    "ToPureTensor", "RGB", "Identity", "ToDtype", "ToTensor", "ConvertImageDtype", "Normalize", "RandomErasing",
+    "MixUp", "CutMix", "RandomChoice", "RandomApply", "RandomOrder", "Pipeline", "InterpolationMode", "Lambda",
 ]
