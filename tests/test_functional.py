@@ -204,12 +204,15 @@ _TV = {1: TF.adjust_brightness, 2: TF.adjust_contrast, 3: TF.adjust_saturation, 
 
 
 def _tv_table(image, ops, params):
-    """One sample through torchvision, slot by slot."""
+    """One sample through torchvision, slot by slot, on its own channel count. A blend's factor is 1 - p1 where the
+    table carries p1 (CONTRACT.md: the exact 1 - factor torchvision computes from its double factor), else p0."""
     for code, p in zip(ops.tolist(), params.tolist()):
-        if code in _TV:
+        if code in (2, 3, 5) and p[1] != 0:
+            image = _TV[code](image, 1.0 - p[1])
+        elif code in _TV:
             image = _TV[code](image, p[0])
         elif code == 6:
-            image = TF.posterize(image, int(p[0]))
+            image = TF.posterize(image, int(round(p[0])))
         elif code == 8:
             image = TF.autocontrast(image)
         elif code == 9:
@@ -217,7 +220,7 @@ def _tv_table(image, ops, params):
         elif code == 10:
             image = TF.invert(image)
         elif code == 11:
-            image = TF.rgb_to_grayscale(image, num_output_channels=3)
+            image = TF.rgb_to_grayscale(image, num_output_channels=image.shape[-3])
         elif code == 12:
             image = TF.gaussian_blur(image, [int(p[0]), int(p[1])], [p[2], p[2]])
     return image

@@ -12,6 +12,7 @@ import fastload.transforms as T
 from fastload import benchmark, ops
 from fastload.loader import IMAGENET_MEAN, IMAGENET_STD
 from fastload.transforms.functional import apply_table
+from test_functional import _tv_table  # tests/test_functional.py: a table's slots through torchvision, in order
 
 
 def _policy_pipeline(size=48, extra=()):
@@ -381,19 +382,6 @@ def _grey_pipeline(mean=(0.5,), std=(0.5,), extra=()):
                       T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std), *extra])
 
 
-def _tv_op(image, code, p):
-    """Photometric table slot (code, p) as torchvision's functional op on image, whatever its channel count."""
-    factor = float(p[0]) if float(p[1]) == 0 else 1.0 - float(p[1])  # a blend's p1 is 1 - factor (CONTRACT.md)
-    ops_by_code = {
-        0: lambda: image, 1: lambda: TF.adjust_brightness(image, float(p[0])),
-        2: lambda: TF.adjust_contrast(image, factor), 3: lambda: TF.adjust_saturation(image, factor),
-        4: lambda: TF.adjust_hue(image, float(p[0])), 5: lambda: TF.adjust_sharpness(image, factor),
-        6: lambda: TF.posterize(image, int(round(float(p[0])))), 7: lambda: TF.solarize(image, float(p[0])),
-        8: lambda: TF.autocontrast(image), 9: lambda: TF.equalize(image), 10: lambda: TF.invert(image),
-        11: lambda: TF.rgb_to_grayscale(image, num_output_channels=image.shape[-3])}
-    return ops_by_code[int(code)]()
-
-
 def _torchvision_reference(ds, loader, idx):
     """The loader's batch of these samples composed from torchvision's functional ops on the true channel count:
     the planned windows decoded and warped to uint8 (test_warp: torchvision's resize), then, transform by
@@ -418,7 +406,7 @@ def _torchvision_reference(ds, loader, idx):
                 if maps is not None and not np.allclose(maps[i, s], np.eye(3)):
                     m = torch.from_numpy(maps[i, s][:2]).float()[None]
                     images[i] = ops.affine_nearest(images[i][None].contiguous(), m, fill=pipe.fill[0])[0]
-                images[i] = _tv_op(images[i], table.ops[i, s], table.params[i, s])
+                images[i] = _tv_table(images[i], table.ops[i, s:s + 1], table.params[i, s:s + 1])
     out = torch.stack(images)
     if pipe.dtype == torch.uint8:
         return out
