@@ -133,6 +133,12 @@ class RandomErasing:
         return torch.from_numpy(z[keep].astype(np.float32))
 
     # --- execution (the batch's device) -----------------------------------------------------------------------
+    def check_channels(self, c):
+        """torchvision's check of ``value`` against an image of c channels (a pipeline calls it when built)."""
+        if self.value is not None and len(self.value) not in (1, c):
+            raise ValueError(f"If value is a sequence, it should have either a single value or {c} (number of inpt "
+                             f"channels)")
+
     def op_args(self, x, table, seed, epoch, indices):
         """The erase's part of transforms.batch_ops.run for float x [B, C, H, W] and this batch's table: (columns
         int32 [B, 5]: top, left, h, w and where the sample's noise starts; fill float32 [C], the value as x's dtype
@@ -144,9 +150,7 @@ class RandomErasing:
         table = torch.as_tensor(table, dtype=torch.float32).cpu()
         if table.shape != (b, 4):
             raise ValueError(f"RandomErasing: table of shape {tuple(table.shape)} for a batch of {b}")
-        if self.value is not None and len(self.value) not in (1, c):
-            raise ValueError(f"If value is a sequence, it should have either a single value or {c} (number of inpt "
-                             f"channels)")
+        self.check_channels(c)
         top, left, h, w = table.unbind(1)
         outside = (top + h > height) | (left + w > width)
         if outside.any():

@@ -287,9 +287,7 @@ class Pipeline:
                                    f"it (one value each, or a mean of three values out of place, gives three)")
             self.out_channels = 3 if lengths[0] == 3 else 1
         for e in erasing:
-            if e.value is not None and len(e.value) not in (1, self.out_channels):
-                raise ValueError(f"If value is a sequence, it should have either a single value or "
-                                 f"{self.out_channels} (number of inpt channels)")
+            e.check_channels(self.out_channels)
         # Policies with NEAREST (torchvision's default) rotate/shear/translate the resized crop as torchvision does:
         # a nearest-neighbour gather after the warp (affine_nearest_'s), which keeps every warp axis-aligned and
         # every decode window within the crop's. Otherwise (a BILINEAR policy among them) their ops compose into
