@@ -196,6 +196,9 @@ def test_validation_like_torchvision_and_refused_children_named():
             T.RandomChoice(children)
         with pytest.raises(TypeError, match=f"RandomApply picks among photometric.*per sample; {name}.* is not one"):
             T.RandomApply(children)
+    with pytest.raises(TypeError, match=r"is not one \(a torchvision transform object: use fastload.transforms."
+                                        r"ColorJitter"):  # an import mixed up
+        T.RandomChoice([gray, v2.ColorJitter(0.4)])
     with pytest.raises(TypeError, match="per batch, not both: RandomGrayscale.* and MixUp"):
         T.RandomChoice([T.MixUp(num_classes=4), gray])
     with pytest.raises(TypeError, match="RandomApply picks among photometric.*; MixUp.* is not one"):

@@ -478,13 +478,27 @@ def test_affine_and_rotation_distributions_match_torchvision():
     lambda m: m.RandomCrop(10, padding="x"), lambda m: m.RandomCrop(10, padding=[1.5]),
     lambda m: m.RandomCrop(10, padding=2, padding_mode="wrap"), lambda m: m.RandomCrop(10, fill="red"),
     lambda m: m.Pad((1, 2, 3)), lambda m: m.Pad(2.0), lambda m: m.Pad(2, padding_mode="wrap"),
-    lambda m: m.Pad(2, fill=object()),
+    lambda m: m.Pad(2, fill=object()), lambda m: m.RandomCrop(10, padding=()), lambda m: m.RandomCrop(10, padding=[]),
+    lambda m: m.Resize(8, interpolation="foo"), lambda m: m.Resize(8, interpolation=99),
+    lambda m: m.RandomResizedCrop(8, interpolation=2.5), lambda m: m.RandomAffine(5, interpolation="cubic"),
 ])
 def test_bad_arguments_raise_like_torchvision(make):
+    """The type torchvision raises at construction or at the first image; fastload's at construction."""
     with pytest.raises(Exception) as theirs:
-        make(T2)
+        make(T2)(torch.zeros(3, 20, 20, dtype=torch.uint8))
     with pytest.raises(type(theirs.value)):
         make(G)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(padding=4), dict(padding=(1, 2)), dict(padding=[1, 2, 3, 4]),
+                                    dict(padding=0), dict(pad_if_needed=True, fill=3), dict(fill=(1, 2, 3))])
+def test_random_crop_keeps_its_arguments_as_torchvision_does(kwargs):
+    """The attributes a user reads back (padding parsed to [left, right, top, bottom] or None; fill kept even
+    where the crop cannot pad), and only a crop that can pad joins the pipeline's one fill value."""
+    ours, theirs = G.RandomCrop(32, **kwargs), T2.RandomCrop(32, **kwargs)
+    for name in ("size", "padding", "pad_if_needed", "fill", "padding_mode"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert G.places_fill(ours) == bool(kwargs.get("padding") or kwargs.get("pad_if_needed"))
 
 
 def test_accepted_arguments_and_refusals():
@@ -529,6 +543,12 @@ def test_accepted_arguments_and_refusals():
     lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, scale=(0.5, 0.1))],
     lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, ratio=(3, 0.3))],
     lambda m: [m.CenterCrop(16), m.ToDtype(torch.float32, scale=True), m.RandomErasing(1.0, ratio=(0, 1))],
+    lambda m: [m.RandomResizedCrop(16, ratio=(0, 1))], lambda m: [m.RandomResizedCrop(16, ratio=(-1, 1))],
+    lambda m: [m.RandomResizedCrop(16, ratio=(float("nan"), 1))],
+    lambda m: [m.RandomResizedCrop(16, scale=(0.1, float("inf")))],
+    lambda m: [m.CenterCrop(16), m.ColorJitter(brightness=float("inf"))],
+    lambda m: [m.CenterCrop(16), m.ColorJitter(contrast=(0.5, float("inf")))],
+    lambda m: [m.CenterCrop(16), m.GaussianBlur(3, sigma=float("inf"))],
 ])
 def test_reversed_ranges_fail_the_first_batch_as_torchvision_fails_the_first_image(imagenet_dir, make):
     """torchvision draws these with uniform_(lo, hi), which raises RuntimeError on a reversed or infinite range at
@@ -542,7 +562,8 @@ def test_reversed_ranges_fail_the_first_batch_as_torchvision_fails_the_first_ima
     with pytest.raises(RuntimeError):
         theirs(torch.zeros(3, 40, 50, dtype=torch.uint8))
     loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, transform=ours)
-    with pytest.raises(RuntimeError, match=r"Random(Affine|Rotation|Erasing)\(.*uniform_"):
+    with pytest.raises(RuntimeError, match=r"(Random(Affine|Rotation|Erasing|ResizedCrop)|ColorJitter|GaussianBlur)\(.*"
+                                           r"uniform_"):
         next(iter(loader))
 
 

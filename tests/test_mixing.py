@@ -221,11 +221,20 @@ def _distribution_checks_on():
 
 
 @pytest.mark.parametrize("kwargs", [dict(alpha=0.0), dict(alpha=-1.0), dict(alpha=math.nan), dict(alpha="x"),
-                                    dict(alpha=None), dict(labels_getter="labels")])
+                                    dict(alpha=None), dict(alpha="1"), dict(labels_getter="labels")])
 @pytest.mark.parametrize("name", ["MixUp", "CutMix"])
 def test_constructor_validation_like_torchvision(name, kwargs):
     ours, theirs = globals()[name], getattr(T2, name)
     raises_like_torchvision(lambda: ours(num_classes=4, **kwargs), lambda: theirs(num_classes=4, **kwargs))
+
+
+@pytest.mark.parametrize("name", ["MixUp", "CutMix"])
+def test_a_labels_getter_function_is_refused_not_ignored(name):
+    """torchvision calls it to find the labels; FastLoader hands the op the dataset's labels, so it never would."""
+    getattr(T2, name)(num_classes=4, labels_getter=lambda inputs: inputs[1])
+    with pytest.raises(ValueError, match="never be called"):
+        globals()[name](num_classes=4, labels_getter=lambda inputs: inputs[1])
+    assert globals()[name](num_classes=4, labels_getter=None).labels_getter is None
 
 
 @pytest.mark.parametrize("name", ["MixUp", "CutMix"])

@@ -470,6 +470,17 @@ def test_grayscale_one_channel_with_erasing_and_mixing(imagenet_dir):
     assert x.shape == (8, 1, 48, 48) and y.shape == (8, 4)
 
 
+def test_reprs_show_the_arguments_torchvision_shows():
+    """What a user prints to check a pipeline: every argument torchvision's repr shows, and nothing internal."""
+    for ours, theirs in ((T.Normalize([0.5], [0.2], inplace=True), TV.Normalize([0.5], [0.2], inplace=True)),
+                         (T.RandomErasing(inplace=True), TV.RandomErasing(inplace=True)),
+                         (T.Resize(8), TV.Resize(8)), (T.RandomCrop(8), TV.RandomCrop(8))):
+        names = [part.split("=")[0].strip() for part in repr(theirs).split("(", 1)[1].split(", ") if "=" in part]
+        for name in names:
+            assert f"{name}=" in repr(ours), (name, repr(ours))
+        assert "sets_size" not in repr(ours) and "stream" not in repr(ours)
+
+
 @pytest.mark.parametrize("bad, theirs, error, words", [
     (lambda T: T.RandomApply([T.Grayscale()], p=0.5), None, TypeError, "one- and three-channel"),
     (lambda T: T.RandomChoice([T.Grayscale(), T.RandomInvert()]), None, TypeError, "one- and three-channel"),

@@ -15,6 +15,7 @@ import torch
 
 from .. import rng
 from .functional import OPS, PhotometricTable, solarize_threshold
+from .geometry import uniform_bounds
 
 __all__ = ["ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert", "RandomPosterize",
            "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize"]
@@ -183,12 +184,15 @@ class GaussianBlur(_Photometric):
         for ks in self.kernel_size:
             if ks <= 0 or ks % 2 == 0:
                 raise ValueError("Kernel size value should be an odd and positive number.")
+            if not isinstance(ks, numbers.Integral):  # torchvision: linspace(steps=ks) at the first image
+                raise TypeError(f"Kernel size values should be integers, got {self.kernel_size}")
         self.sigma = _setup_number_or_seq(sigma, "sigma")
         if not 0.0 < self.sigma[0] <= self.sigma[1]:
             raise ValueError(f"sigma values should be positive and of the form (min, max). Got {self.sigma}")
 
     def _fill_table(self, u, ops, params):
         lo, hi = self.sigma
+        uniform_bounds(lo, hi, self)  # an infinite sigma: torchvision's uniform_ fails at the first image
         ops[:, 0] = OPS["gaussian_blur"]
         params[:, 0, 0] = self.kernel_size[0]
         params[:, 0, 1] = self.kernel_size[1]
@@ -247,6 +251,8 @@ class ColorJitter(_Photometric):
 
     def _fill_table(self, u, ops, params):
         n = self.slots
+        for _, (lo, hi) in self._active:  # an infinite bound: torchvision's uniform_ fails at the first image
+            uniform_bounds(lo, hi, self)
         order = np.argsort(u[:, :n], axis=1, kind="stable")  # sorting iid uniforms: a uniform permutation
         codes = np.array([OPS[name] for name, _ in self._active], np.int64)
         lo = np.array([r[0] for _, r in self._active])

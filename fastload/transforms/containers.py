@@ -28,13 +28,25 @@ _PHOTOMETRIC = "photometric transforms (ColorJitter, GaussianBlur, RandomGraysca
 _BATCH = "batch ops (MixUp, CutMix), per batch"
 
 
+def torchvision_hint(t):
+    """For a torchvision transform object (an import mixed up): what to use instead; else None."""
+    if not type(t).__module__.startswith("torchvision."):
+        return None
+    from . import __all__ as names
+    return (f"a torchvision transform object: use fastload.transforms.{type(t).__name__}, which takes the same "
+            f"arguments" if type(t).__name__ in names else "a torchvision transform object: fastload has no "
+            "equivalent yet")
+
+
 def _kind_of_children(container, transforms, kinds):
     """The one kind of ``transforms`` among ``kinds``, or a TypeError naming the child that does not fit."""
     offer = _PHOTOMETRIC if kinds == ("photometric",) else f"{_PHOTOMETRIC}, or {_BATCH}"
     found = [getattr(t, "kind", None) for t in transforms]
     for t, kind in zip(transforms, found):
         if kind not in kinds:
-            raise TypeError(f"fastload's {container} picks among {offer}; {t!r} is not one")
+            hint = torchvision_hint(t)
+            raise TypeError(f"fastload's {container} picks among {offer}; {t!r} is not one"
+                            + (f" ({hint})" if hint else ""))
     if len(set(found)) > 1:
         first = {k: t for t, k in reversed(list(zip(transforms, found)))}
         raise TypeError(f"fastload's {container} picks among {offer}, not both: {first['photometric']!r} and "

@@ -71,7 +71,8 @@ class RandomErasing:
 
     def __repr__(self):
         value = "random" if self.value is None else self.value
-        return f"RandomErasing(p={self.p}, scale={tuple(self.scale)}, ratio={tuple(self.ratio)}, value={value})"
+        return (f"RandomErasing(p={self.p}, scale={tuple(self.scale)}, ratio={tuple(self.ratio)}, value={value}, "
+                f"inplace={self.inplace})")
 
     # --- planning (host) --------------------------------------------------------------------------------------
     def table(self, seed, epoch, indices, height, width):

@@ -100,6 +100,11 @@ def _check_fill(fill):
         raise TypeError("Got inappropriate fill arg, only Numbers, tuples, lists and dicts are allowed.")
 
 
+def places_fill(t):
+    """Whether transform t puts its ``fill`` into images (a RandomCrop that cannot pad keeps one, unused)."""
+    return hasattr(t, "fill") and getattr(t, "places_fill", True)
+
+
 def fill_triple(fill):
     """torchvision's ``fill`` (number, sequence of 1 or 3, None = 0, or a dict keyed by tv_tensors type or
     "others": the image's entry) as 3 floats on the image's scale (0-255 for uint8)."""
@@ -119,15 +124,30 @@ def fill_triple(fill):
     return tuple(fill)
 
 
-_PIL_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
+_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")
+_PIL_INTERPOLATIONS = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
+
+
+def interpolation_mode(interpolation):
+    """torchvision's _check_interpolation (same exceptions and messages): the mode's name, from an InterpolationMode
+    (torchvision's enum or fastload's copy), its string or a Pillow constant."""
+    if isinstance(interpolation, str):
+        if interpolation not in _INTERPOLATIONS:
+            raise ValueError(f"Invalid interpolation mode: '{interpolation}'. "
+                             f"Supported string values are: {list(_INTERPOLATIONS)}.")
+        return interpolation
+    if isinstance(interpolation, int):
+        return _PIL_INTERPOLATIONS[interpolation]  # KeyError for other ints, as torchvision
+    if type(interpolation).__name__ == "InterpolationMode":
+        return interpolation.value
+    raise ValueError(f"Argument interpolation should be an `InterpolationMode` or a corresponding Pillow integer "
+                     f"constant, but got {interpolation}.")
 
 
 def _interpolation(value, antialias=True):
-    """'bilinear' or 'nearest' from torchvision's interpolation argument (InterpolationMode, its string, or a Pillow
-    constant); refuses what the one bilinear resample cannot honour."""
-    mode = getattr(value, "value", value)  # InterpolationMode is an Enum of these strings
-    if isinstance(mode, (int, np.integer)) and not isinstance(mode, bool):
-        mode = _PIL_MODES.get(int(mode), mode)
+    """'bilinear' or 'nearest' from torchvision's interpolation argument; refuses what the one bilinear resample
+    cannot honour (antialias only matters to BILINEAR, as in torchvision)."""
+    mode = interpolation_mode(value)
     if mode in ("nearest", "nearest-exact"):
         return "nearest"  # honoured as the single bilinear resample (module docstring)
     if mode != "bilinear":
@@ -230,19 +250,28 @@ class RandomResizedCrop(_Geometry):
             raise TypeError("Scale should be a sequence of two floats.")
         if not isinstance(ratio, collections.abc.Sequence) or len(ratio) != 2:
             raise TypeError("Ratio should be a sequence of two floats.")
-        self._reversed = scale[0] > scale[1] or ratio[0] > ratio[1]
-        if self._reversed:
+        if scale[0] > scale[1] or ratio[0] > ratio[1]:
             warnings.warn("Scale and ratio should be of kind (min, max)")
         self.scale = scale
         self.ratio = ratio
         self.interpolation = interpolation
         self.antialias = antialias
         _interpolation(interpolation, antialias)
-        self._windows = None if self._reversed else planners.RandomResizedCrop(self.size, scale, ratio, flip=0.0)
+        # torchvision draws uniform_(*scale) and uniform_(*log(ratio)) at the first image: a reversed, infinite or
+        # NaN range (a ratio <= 0 has no logarithm) fails there, so here at the first batch's planning
+        self._unusable = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_ratio = np.log(np.asarray(ratio, np.float64)).tolist()
+        try:
+            uniform_bounds(*scale, self)
+            uniform_bounds(*log_ratio, self)
+        except RuntimeError as e:
+            self._unusable = e
+        self._windows = None if self._unusable else planners.RandomResizedCrop(self.size, scale, ratio, flip=0.0)
 
     def _draw(self, heights, widths, u):
-        if self._reversed:  # torchvision fails the same way at the first image: uniform_(from > to)
-            raise RuntimeError(f"RandomResizedCrop: scale {self.scale} and ratio {self.ratio} must be (min, max)")
+        if self._unusable:
+            raise RuntimeError(str(self._unusable))
         top, left, h, w = self._windows.windows(heights, widths, u)
         return dict(top=top, left=left, height=h, width=w)
 
@@ -281,7 +310,10 @@ class Resize(_Geometry):
         self.max_size = max_size
         self.antialias = antialias
         _interpolation(interpolation, antialias)
-        self.sets_size = size is not None and len(size) == 2
+
+    @property
+    def sets_size(self):
+        return self.size is not None and len(self.size) == 2
 
     def resized_size(self, heights, widths):
         """torchvision's ``_compute_resized_output_size`` for every canvas: (new_h, new_w) int64 arrays."""
@@ -371,16 +403,21 @@ class RandomCrop(_Geometry):
 
     def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
         self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
-        _check_fill(fill)
-        self._pads = [0, 0, 0, 0]
         if pad_if_needed or padding is not None:
             if padding is not None:
-                self._pads = _check_padding(padding) if padding else self._pads
+                _check_padding(padding)
             _check_padding_mode(self, padding_mode)
-            self.fill = fill  # only a crop that can pad shows fill (and so joins the pipeline's one fill value)
-        self.padding = padding
+        _check_fill(fill)
+        self._pads = _check_padding(padding) if padding else [0, 0, 0, 0]
+        self.padding = list(self._pads) if padding else None  # torchvision's [left, right, top, bottom]
         self.pad_if_needed = pad_if_needed
+        self.fill = fill
         self.padding_mode = padding_mode
+
+    @property
+    def places_fill(self):
+        """Only a crop that can pad places fill pixels (and so joins the pipeline's one fill value)."""
+        return self.pad_if_needed or self.padding is not None
 
     def draw(self, heights, widths, seed, epoch, indices):
         p = super().draw(heights, widths, seed, epoch, indices)
@@ -487,7 +524,7 @@ def _keep_resampling(t, interpolation, fill, center):
 def uniform_bounds(lo, hi, who):
     """Raise as torch's ``uniform_(lo, hi)`` does, where torchvision draws a parameter on [lo, hi]: a reversed or
     non-finite range is a RuntimeError at the first image (fastload: at the first batch's planning)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN too
         raise RuntimeError(f"{who}: uniform_: from={lo} or to={hi} is out of bounds for float")
     if lo > hi:
         raise RuntimeError(f"{who}: uniform_ expects to return a [from, to) range, but found from={lo} > to={hi}")
@@ -614,7 +651,7 @@ class GeometryPlanner:
             raise ValueError(f"the output size of {self.steps} is not fixed (it follows each image's size or aspect "
                              f"ratio): end the geometry with RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w))")
         self.out_size = size
-        fills = {fill_triple(t.fill) for t in self.steps if hasattr(t, "fill")}
+        fills = {fill_triple(t.fill) for t in self.steps if places_fill(t)}
         if extra_fill is not None:
             fills.add(fill_triple(extra_fill))
         if len(fills) > 1:

@@ -81,9 +81,13 @@ class MixParams(NamedTuple):
 
 
 def _labels_getter(labels_getter):
-    # torchvision's _parse_labels_getter checks; FastLoader passes the labels explicitly, so it is not called
-    if labels_getter == "default" or callable(labels_getter) or labels_getter is None:
+    """torchvision's _parse_labels_getter checks. FastLoader hands the dataset's labels to the op itself, so a
+    function to find them would never be called: refused rather than ignored."""
+    if labels_getter == "default" or labels_getter is None:
         return labels_getter
+    if callable(labels_getter):
+        raise ValueError(f"labels_getter={labels_getter!r} would never be called: FastLoader passes the dataset's "
+                         f"labels to MixUp/CutMix itself (leave labels_getter at 'default')")
     raise ValueError(f"labels_getter should either be 'default', a callable, or None, but got {labels_getter}.")
 
 
@@ -94,6 +98,8 @@ class _Mix:
     kind = "batch"
 
     def __init__(self, *, alpha=1.0, num_classes=None, labels_getter="default", mode="batch"):
+        if isinstance(alpha, str):  # float() would take it; torchvision's torch.tensor([alpha]) does not
+            raise ValueError(f"alpha must be a number, got {alpha!r}")
         self.alpha = float(alpha)
         if not self.alpha > 0:  # torch's Beta refuses it with a ValueError in torchvision's constructor
             raise ValueError(f"alpha must be > 0 (the Beta(alpha, alpha) concentration), got {alpha}")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .. import ops
+from .containers import torchvision_hint
 from .policies import composed
 
 __all__ = ["Compose", "Normalize", "ToDtype", "ToImage", "PILToTensor", "Pipeline"]
@@ -77,7 +78,7 @@ class Normalize:
                              f"zero. Got std={std}")
 
     def __repr__(self):
-        return f"Normalize(mean={self.mean}, std={self.std})"
+        return f"Normalize(mean={self.mean}, std={self.std}, inplace={self.inplace})"
 
 
 class ToDtype:
@@ -203,11 +204,9 @@ def _check_transform(t):
                          "cannot call arbitrary Python on each image")
     kind = getattr(t, "kind", None)
     if kind is None or not type(t).__module__.startswith("fastload."):
-        if type(t).__module__.startswith("torchvision."):
-            from . import __all__ as names
-            hint = (f"use fastload.transforms.{type(t).__name__}, which takes the same arguments"
-                    if type(t).__name__ in names else "fastload has no equivalent yet")
-            raise _refuse(t, f"a torchvision transform object: {hint}")
+        hint = torchvision_hint(t)
+        if hint:
+            raise _refuse(t, hint)
         raise _refuse(t, "not a fastload transform: fastload plans every transform before decoding, so it cannot "
                          "call arbitrary Python on each image")
     return kind
@@ -294,7 +293,7 @@ class Pipeline:
         # the warp.
         self._nearest = bool(self._policies) and all(p._interpolation == "nearest" for p in self._policies)
         self._memo = threading.local()  # _once_per_batch: the last batch's plans, per planning thread
-        from .geometry import GeometryPlanner, fill_triple
+        from .geometry import GeometryPlanner, fill_triple, places_fill
         # The crop= shorthand passes a planner (planners.RandomResizedCrop / CenterCrop) as the whole geometry.
         steps = [] if hasattr(geometry, "plan") else geometry
         self.geometry = GeometryPlanner(steps) if steps else geometry
@@ -302,7 +301,7 @@ class Pipeline:
         self._geometries = {self.out_size: self.geometry}  # (H, W) -> the geometry planning that size
         self._epoch_sizes = {}  # epoch -> (H, W) where it differs from out_size (set_epoch_size)
         # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
-        fills = {fill_triple(t.fill) for t in steps + self._policies if hasattr(t, "fill")}
+        fills = {fill_triple(t.fill) for t in steps + self._policies if places_fill(t)}
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)

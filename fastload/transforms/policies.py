@@ -30,6 +30,7 @@ import torch
 from .. import rng
 from .color import _table
 from .functional import OPS, solarize_threshold
+from .geometry import interpolation_mode
 
 __all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide", "InterpolationMode", "composed"]
 
@@ -169,26 +170,11 @@ _POLICIES = {
     ],
 }
 
-_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")
-_PIL_INTERPOLATIONS = {0: "nearest", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming", 1: "lanczos"}
-
-
 def _check_interpolation(interpolation):
-    """torchvision's _check_interpolation (same exceptions): the mode's name, "nearest" or "bilinear". The others
-    torchvision accepts here and refuses at the first tensor image a geometric op moves (ValueError): fastload's
-    images are tensors, so it refuses them at once."""
-    if isinstance(interpolation, str):
-        if interpolation not in _INTERPOLATIONS:
-            raise ValueError(f"Invalid interpolation mode: '{interpolation}'. "
-                             f"Supported string values are: {list(_INTERPOLATIONS)}.")
-        mode = interpolation
-    elif isinstance(interpolation, int):
-        mode = _PIL_INTERPOLATIONS[interpolation]  # KeyError for other ints, as torchvision
-    elif type(interpolation).__name__ == "InterpolationMode":  # torchvision's enum or fastload's copy of it
-        mode = interpolation.value
-    else:
-        raise ValueError(f"Argument interpolation should be an `InterpolationMode` or a corresponding Pillow integer "
-                         f"constant, but got {interpolation}.")
+    """torchvision's _check_interpolation (same exceptions): "nearest" or "bilinear". The other modes torchvision
+    accepts here and refuses at the first tensor image a geometric op moves (ValueError): fastload's images are
+    tensors, so it refuses them at once."""
+    mode = interpolation_mode(interpolation)
     if mode not in ("nearest", "bilinear"):
         raise ValueError(f"Interpolation mode '{mode}' is unsupported with Tensor input (use NEAREST, the default, "
                          f"or BILINEAR)")
