@@ -3,7 +3,9 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-APT_PACKAGES := libjpeg62-turbo-dev libturbojpeg0-dev libjpeg-turbo-progs zlib1g-dev
+# libjpeg-turbo's headers: libjpeg62-turbo-dev on Debian, libjpeg-turbo8-dev on Ubuntu
+JPEG_DEV := $(shell grep -qsE '^(ID|ID_LIKE)=.*ubuntu' /etc/os-release && echo libjpeg-turbo8-dev || echo libjpeg62-turbo-dev)
+APT_PACKAGES := $(JPEG_DEV) libturbojpeg0-dev libjpeg-turbo-progs zlib1g-dev
 TORCH := torch==2.14.1 torchvision==0.29.1
 NATIVE := $(wildcard fastload/native/*.cpp fastload/native/*.h fastload/native/*.cu) setup.py
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -24,9 +24,14 @@ set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-dpkg -x .whl/libturbojpeg0*.deb /tmp/tj && export FASTLOAD_TURBOJPEG_LIB=/tmp/tj/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0
+if compgen -G ".whl/*.whl" > /dev/null; then  # the lent GPU machine: no network, the packages carried in .whl/
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+  dpkg -x .whl/libturbojpeg0*.deb /tmp/tj && export FASTLOAD_TURBOJPEG_LIB=/tmp/tj/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0
+else  # a GPU machine of your own (torch with CUDA installed, libturbojpeg0 and libjpeg-turbo-progs from apt)
+  python3 -m pip install -q lmdb 'PyTurboJPEG<2' torchvision matplotlib pytest pytest-timeout scikit-image \
+    scikit-learn || exit 1
+fi
 # cjpeg/jpegtran for the tests' JPEG-kinds corpus: Debian's libjpeg-turbo-progs and its libjpeg62-turbo, carried as
 # .debs (the GPU machine has neither), called through wrappers so only they see that library.
 mkdir -p /tmp/tjbin

@@ -16,6 +16,16 @@ from ..loader import IMAGENET_MEAN, IMAGENET_STD, _check_dtype, _normalisation, 
 
 
 class DataPrefetcher:
+    """GPU prefetch for an existing loader of ``(images, labels)`` batches (e.g. torchvision's DataLoader): each
+    batch is copied from pinned memory (pinned here where the loader's is not) on a side CUDA stream and
+    resized/normalised there while the model trains on the previous one (on a CPU device, the same stage runs in
+    the calling thread).
+
+    images: uint8, or float on the 0-1 scale, ``[B, C, H, W]`` or ``[B, H, W, C]`` (``layout="NCHW"|"NHWC"``;
+    default: guessed from which axis has 1, 3 or 4 values). ``size``: the output (int or (h, w)), None keeps the
+    input's. ``mean``/``std`` (0-1 scale; uint8 input is scaled by 1/255 first), ``dtype`` and ``channels_last``
+    as FastLoader's."""
+
     def __init__(self, loader, device="cuda", *, size=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                  dtype=torch.float32, channels_last=False, layout=None):
         self.loader = loader
