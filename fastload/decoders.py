@@ -143,12 +143,50 @@ class Decoded:
     warned: int            # OK samples decoded with a warning let through
 
 
+def sample_keys(ds, n):
+    """int64 [n]: the underlying sample each of the n keys reads. A view (a Subset, or repeats: key k reads sample
+    k % len) maps several keys to one sample, so per-sample verdicts are kept once per file."""
+    base_of = getattr(ds, "indices", None) if hasattr(ds, "base") else None
+    return np.arange(n, dtype=np.int64) if base_of is None else np.asarray(base_of, dtype=np.int64)
+
+
+class ScanChecks:
+    """Which samples' JPEGs have passed a strict whole-scan decode (one bool per underlying sample, for the
+    loader's life).
+
+    A crop decode stops at the window's last row. Damaged entropy data mostly decodes to plausible-looking values
+    and is only noticed where the scan then ends early (libjpeg's "premature end of data segment"), so a window
+    above that point would reach training wrong without a word, in some epochs and not others. A sample's first
+    decode therefore reads its scan to the end (the rows below the window entropy-decoded, no IDCT) and takes a
+    full decode's verdict; later crops of a sample that passed stop at their window. Not needed (all marked
+    passed) for a non-strict loader, or a dataset that vouches for its records (``scans_checked``: a store packed
+    strictly checked every JPEG, and its CRC-32s keep them as checked)."""
+
+    def __init__(self, ds, n, strict):
+        self.key = sample_keys(ds, n)
+        needed = strict and not getattr(ds, "scans_checked", False)
+        self.passed = np.full(int(self.key.max(initial=-1)) + 1, not needed, dtype=bool)
+
+    def wanted(self, indices):
+        """bool tensor [len(indices)]: which to decode through the whole scan; None when none."""
+        whole = ~self.passed[self.key[indices]]
+        return torch.from_numpy(whole) if whole.any() else None
+
+    def record(self, indices, whole, status):
+        """After a batch decoded with ``wanted``'s flags: the samples whose whole-scan decode succeeded passed."""
+        if whole is not None:
+            ok = whole.numpy() & (status.numpy() == ops.OK)
+            self.passed[self.key[np.asarray(indices)[ok]]] = True
+
+
 class JpegCrops:
     """libjpeg-turbo crop decode on ``threads`` native threads: read, CRC check and decode in one native call per
-    batch, GIL released; the Python side sees only the samples that failed or warned."""
+    batch, GIL released; the Python side sees only the samples that failed or warned. Each sample's first decode
+    reads its whole scan (ScanChecks)."""
 
     def __init__(self, maker):
         self.maker = maker  # its threads, strict and max_pixels (threads change when decoder="auto" switches)
+        self.checks = maker.part("scan checks", lambda: ScanChecks(maker.ds, len(maker.heights), maker.strict))
 
     def read(self, reader, indices):
         """(sources, crcs, unreadable {position: message}) of these samples."""
@@ -156,11 +194,14 @@ class JpegCrops:
         sources, crcs = read_sources(reader, indices, unreadable)
         return sources, crcs, unreadable
 
-    def decode(self, sources, crcs, windows, out, unreadable=None):
-        """Decodes the windows [n, 5] of ``sources`` into ``out`` (1-D uint8, laid out in order from 0)."""
+    def decode(self, indices, sources, crcs, windows, out, unreadable=None):
+        """Decodes the windows [n, 5] of ``sources`` (samples ``indices``) into ``out`` (1-D uint8, laid out in
+        order from 0)."""
+        whole = self.checks.wanted(indices)
         offsets, shapes, status, messages, warned = ops.C.decode_batch(  # checks windows: int64 [n, 5]
             sources, windows, out, self.maker.threads, self.maker.strict, self.maker.max_pixels, ops.MAX_BYTES,
-            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)))
+            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole)
+        self.checks.record(indices, whole, status)
         for k, message in (unreadable or {}).items():  # decoded as empty buffers: report them as what they are
             status[k] = ops.CORRUPT
             messages[k] = message
@@ -223,7 +264,7 @@ class Cores:
             if not fallback:  # the usual batch: all JPEGs, laid out by the native call as the batch is
                 sources, crcs, unreadable = self.crops.read(reader, indices)
                 t1 = time.perf_counter()
-                d = self.crops.decode(sources, crcs, windows, buffer, unreadable)
+                d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
                 offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
             else:
                 jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
@@ -235,7 +276,7 @@ class Cores:
                 messages = {}
                 if len(jpeg):  # the JPEGs first, laid out by the native decoder
                     j = torch.from_numpy(jpeg)
-                    d = self.crops.decode(sources, crcs, windows[j], buffer, unreadable)
+                    d = self.crops.decode(indices[jpeg], sources, crcs, windows[j], buffer, unreadable)
                     offsets[j], shapes[j], status[j] = d.offsets, d.shapes, d.status
                     messages = {int(jpeg[p]): text for p, text in d.messages.items()}
         if fallback:
@@ -290,7 +331,7 @@ class Cores:
                 else:
                     with m.ds.reader() as reader:
                         sources, crcs, unreadable = self.crops.read(reader, pick)
-                        d = self.crops.decode(sources, crcs, w, buffer[used:], unreadable)
+                        d = self.crops.decode(pick, sources, crcs, w, buffer[used:], unreadable)
                     st, off, shp = int(d.status[0]), int(d.offsets[0]), d.shapes[0]
                 if st == ops.OK:
                     offsets[k], shapes[k], matrices[k] = used + off, shp, mat[0]
@@ -357,9 +398,7 @@ class Engines:
         self.maker, self.cores = maker, cores
         # Per underlying sample: engine_ready's verdict. A view (a Subset, or repeats: key k reads sample k % n)
         # shares one verdict among the keys that read the same sample, so each file is checked once.
-        ds = maker.ds
-        base_of = getattr(ds, "indices", None) if hasattr(ds, "base") else None
-        self.verdict_key = np.arange(len(maker.heights)) if base_of is None else np.asarray(base_of, dtype=np.int64)
+        self.verdict_key = sample_keys(maker.ds, len(maker.heights))
         self.decodable = np.full(int(self.verdict_key.max(initial=-1)) + 1, UNKNOWN, dtype=np.int8)
         # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time (maker's
         # hardware lock, which a fork also waits for) while the others read: more handles decode slower in total

@@ -6,6 +6,7 @@ import threading
 import zlib
 
 import lmdb
+import numpy as np
 
 from ..errors import DecodeError
 from .base import DatasetError, ImageDataset, Record
@@ -89,6 +90,29 @@ def shared_env(where, subdir, key=None):
         return env, key
 
 
+def holds_fastload_keys(where):
+    """Whether the LMDB database in folder ``where`` holds fastload's metadata or a pack's plan, or nothing at all:
+    what `pack --force` may delete. False for anything LMDB cannot open. An environment this process already has
+    open is used as it is (py-lmdb refuses a second open); otherwise one is opened for the look and closed."""
+    try:
+        key = _file_key(where, True)
+    except OSError:
+        return False
+    with _envs_lock:
+        env = _envs.get(key) if _envs_pid == os.getpid() else None
+    own = None
+    try:
+        if env is None:
+            env = own = open_env(where, True)
+        with env.begin() as txn:
+            return txn.stat()["entries"] == 0 or txn.get(META_KEY) is not None or txn.get(PLAN_KEY) is not None
+    except lmdb.Error:
+        return False
+    finally:
+        if own is not None:
+            own.close()
+
+
 def _check_length(env, where, subdir):
     """DatasetError (env closed) for a data file shorter than the pages its metadata says it has: reading a page
     past the end of a memory-mapped file kills the process with SIGBUS (a copy cut short, a full disk)."""
@@ -161,12 +185,31 @@ class _LMDBReader:
     def sources(self, indices):
         """Zero-copy views of the image bytes for the native decoder, and the CRC-32 each had when packed: the
         decoder checks them, so bytes damaged on disk fail loudly even where they would still decode."""
-        views, crcs = [], []
+        views, crcs, headers = [], [], []
         for i in indices:
-            (_, _, _, _, _, crc), view = self.raw(i)
+            (fmt, _, h, w, label, crc), view = self.raw(i)
             views.append(view)
             crcs.append(crc)
+            headers.append((fmt, h, w, label))
+        self._check_index(indices, headers)
         return views, crcs
+
+    def _check_index(self, indices, headers):
+        """The loader plans crops and labels from the metadata's index without reading records; each record read
+        is checked against it (one vectorised compare a batch), so a damaged index fails here, naming the sample,
+        instead of cropping at the wrong size or carrying the wrong label."""
+        ds, idx = self._ds, np.asarray(indices, dtype=np.int64)
+        got = np.asarray(headers, dtype=np.int64).reshape(-1, 4)
+        ok = ((got[:, 0] == ds.formats[idx]) & (got[:, 1] == ds.heights[idx]) & (got[:, 2] == ds.widths[idx])
+              & (got[:, 3] == ds.labels[idx]))
+        if not ok.all():
+            k = int(np.flatnonzero(~ok)[0])
+            name = ds.sample_name(int(idx[k]), self._txn)
+            fmt, h, w, label = got[k].tolist()
+            why = (f"record header disagrees with the store's index (format {fmt}, {w}x{h}, label {label} against "
+                   f"{int(ds.formats[idx[k]])}, {int(ds.widths[idx[k]])}x{int(ds.heights[idx[k]])}, label "
+                   f"{int(ds.labels[idx[k]])}): damaged metadata")
+            raise DecodeError(f"{name}: {why}", sample=name, reason=why)
 
     def record(self, i):
         (fmt, _, h, w, label, _), data = self.raw(i)
@@ -196,6 +239,9 @@ class LMDBDataset(ImageDataset):
         self.labels, self.formats = arrays["labels"], arrays["formats"]
         self.classes = list(meta["classes"])
         self.skipped = [tuple(s) for s in meta.get("skipped", [])]
+        # Every JPEG record passed a strict whole-scan decode when packed, and each read checks its CRC-32: the
+        # loader needs no first-decode check of its own (decoders.ScanChecks). Stores packed before it: False.
+        self.scans_checked = bool(meta.get("scans_checked", False))
         self.meta = meta
 
     @contextlib.contextmanager

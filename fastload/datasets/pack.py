@@ -34,6 +34,7 @@ from ..errors import DecodeError
 from .base import DataError, DatasetError
 from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
+from .lmdb import holds_fastload_keys
 from .progress import progress as progress_bar
 from .record import (FLAG_CONVERTED, FLAG_REENCODED, FLAG_SEEKABLE, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
                      PROGRESS_KEY, SKIP_PREFIX, SOURCES_KEY, VERSION, dumps, encode_index, encode_sources, key_index, loads, parse_header,
@@ -207,16 +208,28 @@ def _jpeg(buf, h, w, label, opt, name):
             seekable = ops.add_restart_markers(data if payload is None else payload, strict=opt.strict, sample=name)
             if seekable is not None:  # None: a colour space it leaves alone (CMYK, RGB): stored as it is
                 payload, flags = seekable, flags | FLAG_SEEKABLE
+        if opt.strict and payload is None and not opt.verify_decode:
+            # Nothing above read the whole scan: entropy-check it (no IDCT), so that every JPEG a strict pack
+            # stores has passed a full decode's checks and the store can say so (meta "scans_checked": the
+            # loader then skips its own first-decode check, decoders.ScanChecks).
+            status, messages = ops.verify_jpegs([data], strict=True)
+            if int(status[0]) != ops.OK:
+                return _corrupt(messages[0])
         if payload is not None:
             data.release()
             return _with_payload(payload, JPEG, flags, h, w, label)
     except DecodeError as e:  # the skip list names the file
-        return f"corrupt JPEG data: {e.detail()}"
+        return _corrupt(e.detail())
     except Exception as e:  # the re-encoder (Pillow, libturbojpeg) on an odd file: skip it, do not stop the pack
         return f"cannot re-encode: {e}"
     write_header(buf, JPEG, h, w, label, zlib.crc32(data))
     data.release()
     return buf
+
+
+def _corrupt(why):
+    """A skip reason for a JPEG the decoder refused (libjpeg's own words often start with "Corrupt JPEG data")."""
+    return why if why.lower().startswith("corrupt jpeg data") else f"corrupt JPEG data: {why}"
 
 
 def _other(buf, label, opt):
@@ -239,9 +252,11 @@ def _other(buf, label, opt):
 
 
 def _check_replaceable(path):
-    """--force deletes only what fastload made: a store (or partial store) folder, nothing else."""
+    """--force deletes only what fastload made: a store (or partial store) folder, nothing else. Its file names
+    are not enough (any LMDB database has a data.mdb): its database must hold fastload's metadata or pack plan."""
     if os.path.isdir(path) and not os.path.islink(path) and set(os.listdir(path)) <= _STORE_FILES:
-        return
+        if not os.path.exists(os.path.join(path, "data.mdb")) or holds_fastload_keys(path):
+            return
     raise DatasetError(f"{path} exists and is not a fastload store; not deleting it even with --force: "
                        f"move it away or pick another destination")
 
@@ -292,6 +307,9 @@ def _fsync_dir(path):
 def _plan(src, file_list, listing, opt):
     return {"format": FORMAT_NAME, "version": VERSION, "source": src, "file_list": file_list,
             "options": opt._asdict(), "classes": listing.classes,
+            # every JPEG stored has passed a strict whole-scan decode (_jpeg); a plan an older pack started
+            # lacks it, and a store it finishes does not claim it
+            "checks_scans": opt.strict,
             "files": [[p, lab] for p, lab in zip(listing.paths, listing.labels)],
             "listing_skipped": [list(s) for s in listing.skipped], "source_bytes": int(sum(listing.sizes))}
 
@@ -611,7 +629,7 @@ def _finalize(env, plan):
         "skipped": [list(s) for s in skipped],
         "formats": {"JPEG": int((formats_a == JPEG).sum()), "other": int((formats_a == OTHER).sum())},
         "image_bytes": image_bytes, "reencoded": reencoded, "converted": converted,
-        "seekable": seekable,
+        "seekable": seekable, "scans_checked": bool(plan.get("checks_scans", False)),
         "index": encode_index(heights=heights, widths=widths, labels=labels_a, formats=formats_a),
     }
     # Records are the plan's files in order, less the skipped ones: each record's source, for error messages.

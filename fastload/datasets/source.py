@@ -67,6 +67,7 @@ class SubsetSource:
         self.labels = np.asarray(base.labels)[self.indices]
         self.formats = np.asarray(base.formats)[self.indices]
         self.classes = getattr(base, "classes", None)
+        self.scans_checked = getattr(base, "scans_checked", False)  # decoders.ScanChecks
 
     def __len__(self):
         return len(self.indices)

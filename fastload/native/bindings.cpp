@@ -143,7 +143,7 @@ class BufferViews {
       if (py::isinstance<py::str>(item)) {
         if (!paths_allowed)
           raise<py::type_error>("%s: %s is a str; this op takes bytes (read the file first)", op, label(i).c_str());
-        paths_[i] = item.cast<std::string>();
+        paths_[i] = fs_path(item);
         bytes_.push_back({});
       } else {
         bytes_.push_back(view(item, i, paths_allowed));
@@ -200,6 +200,13 @@ class BufferViews {
     return {static_cast<const uint8_t*>(v.buf), static_cast<size_t>(v.len)};
   }
   std::string label(size_t index) const { return single_ ? "data" : "buffer " + std::to_string(index); }
+  // A str path as the file system's bytes: os.fsencode's encoding, so a name that is not valid UTF-8 (listed by
+  // os.scandir as surrogate escapes) reaches open() as the bytes on disk (a plain UTF-8 cast refuses it).
+  static std::string fs_path(const py::handle& item) {
+    const py::object encoded = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(item.ptr()));
+    if (!encoded) throw py::error_already_set();
+    return std::string(PyBytes_AS_STRING(encoded.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(encoded.ptr())));
+  }
   const char* op_;
   bool single_;
   HeldBuffers held_;
@@ -423,9 +430,11 @@ struct CropBatch {
   Outcomes outcomes;
 };
 
+// whole_scan: bool [B], the samples whose decode reads the scan to its end (Limits::whole_scan), or none.
 std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
                                              int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
-                                             const c10::optional<at::Tensor>& crcs, const char* op) {
+                                             const c10::optional<at::Tensor>& crcs, const char* op,
+                                             const c10::optional<at::Tensor>& whole_scan = c10::nullopt) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   at::Tensor crc_values;
   // CRC-32 of each buffer as stored, or -1: checked before decoding
@@ -437,6 +446,14 @@ std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const 
            "%s: windows must be an int64 CPU tensor of shape [%lld, 5]", op, static_cast<long long>(n));
   TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(), op,
               ": out must be a contiguous uint8 CPU tensor");
+  at::Tensor whole;
+  if (whole_scan.has_value()) {
+    FL_CHECK(whole_scan->dim() == 1 && whole_scan->size(0) == n && whole_scan->scalar_type() == at::kBool &&
+                 whole_scan->device().is_cpu(),
+             "%s: whole_scan must be a bool CPU tensor of shape [%lld]", op, static_cast<long long>(n));
+    whole = whole_scan->contiguous();
+  }
+  const bool* whole_of = whole.defined() ? whole.data_ptr<bool>() : nullptr;
   const at::Tensor win = windows.contiguous();
   const int64_t* wp = win.data_ptr<int64_t>();
   auto batch = std::make_unique<CropBatch>(n);
@@ -472,7 +489,9 @@ std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const 
           st[i] = load_checked(views, i, max_bytes, file, &src, expected, message);
           if (st[i] != kOk) return;
           const size_t room = static_cast<size_t>(sp[i * 3] * sp[i * 3 + 1] * 3);
-          st[i] = decode_window(src.data, src.size, w, base + op_[i], room, limits, message, kMessageSize);
+          Limits own = limits;
+          own.whole_scan = whole_of != nullptr && whole_of[i];
+          st[i] = decode_window(src.data, src.size, w, base + op_[i], room, own, message, kMessageSize);
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
@@ -490,8 +509,10 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
 // objects. Returns (offsets, shapes, status, {i: message} for the failed and warned samples, count of OK samples
 // with a warning): a batch that decodes cleanly costs its producer no per-sample Python work.
 py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs) {
-  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_batch");
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
+                          const c10::optional<at::Tensor>& whole_scan) {
+  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_batch",
+                             whole_scan);
   const int32_t* st = b->outcomes.st();
   py::dict said;
   int64_t warned = 0;
@@ -773,7 +794,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("crcs") = py::none());
   m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
-        py::arg("crcs") = py::none());
+        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
   m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none(), py::arg("out") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,

@@ -286,9 +286,23 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
     else if (nc == 1) gray_to_rgb(src, dst, cols);
     else cmyk_to_rgb(src, dst, cols);
   }
-  // Rows below the window are never decoded; jpeg_destroy_decompress aborts the rest cleanly. A window that
-  // reaches the last row has read the whole scan: finishing reads up to EOI, where libjpeg reports leftover
-  // corrupt data (e.g. "extraneous bytes before marker") that strict mode must not let pass.
+  // Rows below the window are not decoded (jpeg_destroy_decompress aborts the rest cleanly) unless whole_scan
+  // asks for a full decode's verdict: they are then entropy-decoded without IDCT (jpeg_skip_scanlines), all but
+  // the last, which is decoded. A window that reaches the last row has read the whole scan. Under strict, such a
+  // decode finishes: it reads up to EOI, where libjpeg reports leftover corrupt data (e.g. "extraneous bytes
+  // before marker") that must not pass.
+  if (limits.strict && limits.whole_scan && cinfo.output_scanline < cinfo.output_height) {
+    // Skipping to the very end returns at once without reading (libjpeg-turbo's shortcut for the bottom of the
+    // image), so skip to the last row and decode that one, as verify_jpeg does.
+    const JDIMENSION last = cinfo.output_height - 1;
+    const JDIMENSION skip = last - cinfo.output_scanline;
+    JSAMPROW row = scratch[0];
+    if ((skip > 0 && jpeg_skip_scanlines(&cinfo, skip) != skip) || jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+      set_message(message, message_size, "could not read the scan to its end");
+      jpeg_destroy_decompress(&cinfo);
+      return kCorrupt;
+    }
+  }
   if (limits.strict && cinfo.output_scanline == cinfo.output_height) jpeg_finish_decompress(&cinfo);
   report_warnings(err, message, message_size);
   jpeg_destroy_decompress(&cinfo);
@@ -316,8 +330,9 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
   // Slice the file at its restart markers when it has usable ones (jpeg_regions.h). Anything unusual (an
   // invalid window, an image over the pixel limit, markers not where they should be) takes the plain path,
   // which reports it in the original image's terms.
+  // whole_scan wants every segment read, so it decodes the file itself.
   RestartLayout layout;
-  if (window_in_range(window) && parse_restart_layout(data, size, &layout) &&
+  if (!(limits.strict && limits.whole_scan) && window_in_range(window) && parse_restart_layout(data, size, &layout) &&
       layout.height * layout.width <= limits.max_pixels && window.top + window.height <= layout.height &&
       window.left + window.width <= layout.width) {
     thread_local std::vector<uint8_t> region;  // grows to the largest file this thread has sliced

@@ -28,6 +28,11 @@ struct Limits {
   int64_t max_pixels = 178956970;  // Pillow's DecompressionBombError threshold (2 * MAX_IMAGE_PIXELS)
   int max_scans = 500;             // progressive scans; libjpeg-turbo 3's TJPARAM_SCANLIMIT default
   bool strict = true;              // warnings that mean "pixels may be wrong" count as errors
+  // With strict: after the window, entropy-decode the rest of the scan and read to EOI, so the verdict is a
+  // full decode's. Damaged entropy data often decodes to plausible values and is only noticed where the stream
+  // ends early (libjpeg's "premature end of data segment"), so a window above the damage's detection point
+  // would otherwise come out wrong without a word. The loader asks for it on a sample's first decode.
+  bool whole_scan = false;
 };
 
 struct JpegHeader {
