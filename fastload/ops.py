@@ -260,7 +260,16 @@ def warp_ragged(data, offsets, shapes, matrices, out_size, *, mean=None, std=Non
     return torch.ops.fastload.warp_normalize(
         data, offsets.to(dev, torch.int64), shapes.to(dev, torch.int64),
         matrices.to(dev, torch.float32).contiguous(), alpha, beta, channels, out_h, out_w, hwc, out_dtype,
-        channels_last, float(fill))
+        channels_last, fill_values(fill))
+
+
+def fill_values(fill):
+    """torchvision's ``fill`` for the native ops: a list of floats, one value or one per channel (None: 0)."""
+    if fill is None:
+        return [0.0]
+    if isinstance(fill, torch.Tensor):
+        fill = fill.reshape(-1).tolist()
+    return [float(v) for v in fill] if isinstance(fill, (list, tuple)) else [float(fill)]
 
 
 def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None, fill=0, *, channels_last=None,
@@ -337,7 +346,7 @@ def affine_nearest_(images, samples, matrices, fill=0.0):
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
     samples, matrices = nearest_maps(samples, matrices, images.shape[0], images.device)
-    torch.ops.fastload.affine_nearest_(images, samples, matrices, float(fill))
+    torch.ops.fastload.affine_nearest_(images, samples, matrices, fill_values(fill))
     return images
 
 

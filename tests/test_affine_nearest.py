@@ -39,7 +39,8 @@ def _cases():
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["176x176", "150x201"])
-@pytest.mark.parametrize("fill", [None, 128, 127.5], ids=["fill-none", "fill-128", "fill-127.5"])
+@pytest.mark.parametrize("fill", [None, 128, 127.5, [10, 128.5, 250]],
+                         ids=["fill-none", "fill-128", "fill-127.5", "fill-per-channel"])
 def test_equals_torchvisions_nearest_affine(images, size, fill):
     """Each geometric op of the policies, on real photos: the op's output equals torchvision's
     _apply_image_or_video_transform (what TrivialAugmentWide/RandAugment/AutoAugment call) with NEAREST, except at
@@ -62,6 +63,27 @@ def test_equals_torchvisions_nearest_affine(images, size, fill):
     # Ties are rare, except where every source coordinate is one: a multiple of 90 degrees about a centre at
     # (W - 1) / 2, (H - 1) / 2 when H - W is odd (torchvision's float32 grid then decides each pixel's neighbour).
     assert checked > (0.75 if (h - w) % 2 else 0.95) * 3 * len(_cases()) * h * w
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_per_channel_fill_is_each_channels_own(images, device):
+    """fill=[a, b, c]: channel k is what the op gives that channel alone with fill k (uint8, rounded to even as
+    torchvision rounds; float), in both layouts, whatever the path (the AVX2 gather, a translation's runs, the
+    CUDA kernel); a fill of another length is refused."""
+    x = torch.stack([p[:, :64, :80] for p in images[:4]]).to(device)
+    rotations = [P.geometric_matrices("Rotate", [a], 64, 80)[0][:2] for a in (30.0, -12.5)]
+    m = torch.from_numpy(np.stack(rotations + [np.array([[1, 0, 17.0], [0, 1, -9.0]]), np.full((2, 3), np.nan)]))
+    m = m.float()
+    fill = [10.0, 128.5, 251.0]
+    for images_ in (x, x.contiguous(memory_format=torch.channels_last), x.float()):
+        got = ops.affine_nearest(images_, m.to(device), fill=fill)
+        for c, f in enumerate(fill):
+            alone = ops.affine_nearest(images_[:, c:c + 1].contiguous(), m.to(device), fill=f)
+            assert torch.equal(got[:, c:c + 1], alone), c
+        assert torch.equal(got[3].flatten(1), torch.tensor([10, 128, 251] if images_.dtype == torch.uint8 else fill,
+                                                           dtype=images_.dtype, device=device)[:, None].expand(3, 64 * 80))
+    with pytest.raises(RuntimeError, match="fill must have 1 value or one per channel"):
+        ops.affine_nearest(x, m.to(device), fill=[1.0, 2.0])
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -94,11 +116,11 @@ def test_bad_arguments_are_refused(images):
     with pytest.raises(RuntimeError, match="uint8 or float32"):
         ops.affine_nearest(x.to(torch.int16), m)
     with pytest.raises(RuntimeError, match="contiguous"):
-        op(x[:, :, ::2], torch.zeros(1, dtype=torch.int64), m, 0.0)
+        op(x[:, :, ::2], torch.zeros(1, dtype=torch.int64), m, [0.0])
     with pytest.raises(RuntimeError, match="float32"):
-        op(x, torch.zeros(1, dtype=torch.int64), m.double(), 0.0)
+        op(x, torch.zeros(1, dtype=torch.int64), m.double(), [0.0])
     with pytest.raises(RuntimeError, match="int64"):
-        op(x, torch.zeros(1, dtype=torch.int32), m, 0.0)
+        op(x, torch.zeros(1, dtype=torch.int32), m, [0.0])
     # sample indices: checked by the wrapper on the host, and by the CPU kernel itself
     for samples, words in (([1], "index the batch"), ([-1], "index the batch")):
         with pytest.raises(ValueError, match=words):
@@ -106,9 +128,9 @@ def test_bad_arguments_are_refused(images):
     with pytest.raises(ValueError, match="distinct"):
         ops.affine_nearest_(torch.cat([x, x]), [1, 1], torch.zeros(2, 2, 3))
     with pytest.raises(RuntimeError, match="out of range"):
-        op(x, torch.tensor([3]), m, 0.0)
+        op(x, torch.tensor([3]), m, [0.0])
     with pytest.raises(RuntimeError, match="listed twice"):
-        op(torch.cat([x, x]), torch.tensor([0, 0]), torch.zeros(2, 2, 3), 0.0)
+        op(torch.cat([x, x]), torch.tensor([0, 0]), torch.zeros(2, 2, 3), [0.0])
     # a non-finite matrix reads nothing: every pixel is fill
     assert (ops.affine_nearest(x, torch.full((1, 2, 3), float("nan")), fill=7) == 7).all()
 
@@ -133,7 +155,7 @@ def test_opcheck(images, device):
     samples = torch.tensor([2, 0], device=device)
     for batch in (x, x.float(), x.contiguous(memory_format=torch.channels_last)):
         torch.library.opcheck(torch.ops.fastload.affine_nearest_.default,
-                              (batch.clone(), samples, m.float().to(device), 3.0))
+                              (batch.clone(), samples, m.float().to(device), [3.0]))
 
 
 @pytest.mark.cuda

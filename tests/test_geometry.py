@@ -273,7 +273,7 @@ def warped_samples(steps, planner, photos, n, seed, epoch, fill):
             yield Warped(k, full, d, crop, plan.matrices[i], ours, [{key: v[i] for key, v in p.items()} for p in draws])
 
 
-def torchvision_crop_pad(img, steps, params):
+def torchvision_crop_pad(img, steps, params, fill=FILL):
     """torchvision's functional ops for the steps, with fastload's draws (params: per step, for this sample)."""
     for t, p in zip(steps, params):
         if isinstance(t, G.Resize):
@@ -281,12 +281,12 @@ def torchvision_crop_pad(img, steps, params):
         elif isinstance(t, G.CenterCrop):
             img = F.center_crop(img, list(t.size))
         elif isinstance(t, G.Pad):
-            img = F.pad(img, t.padding, fill=FILL)
+            img = F.pad(img, t.padding, fill=fill)
         else:  # RandomCrop: fastload's corner is in the unpadded canvas; pad what the crop reaches outside it
             top, left = int(p["top"]), int(p["left"])
             pad = [max(0, -left), max(0, -top), max(0, left + t.size[1] - img.shape[2]),
                    max(0, top + t.size[0] - img.shape[1])]
-            img = F.crop(F.pad(img, pad, fill=FILL), top + pad[1], left + pad[0], *t.size)
+            img = F.crop(F.pad(img, pad, fill=fill), top + pad[1], left + pad[0], *t.size)
     return img
 
 
@@ -314,6 +314,25 @@ def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
     assert worst <= 0.3, worst
     assert ring_worst <= 0.3, ring_worst
     assert filled > 0 or case == "resize+crop"
+
+
+@pytest.mark.parametrize("case", ["resize+crop padded", "pad, crop (CIFAR)", "crop, pad 4 sides"])
+def test_a_per_channel_fill_is_torchvisions(photos, case):
+    """fill=[r, g, b] on the padding (torchvision's pad with a per-channel fill): each channel's padding is exactly
+    its value, the image as in the test above."""
+    rgb = [10.0, 128.0, 250.0]
+    steps = CROP_PAD_CASES[case]()
+    planner = G.GeometryPlanner(steps, dct_downscale=False)
+    filled = 0
+    for s in warped_samples(steps, planner, photos[:2], 4, 3, 1, rgb):
+        theirs = torchvision_crop_pad(s.full, steps, s.draws, fill=rgb)
+        is_fill = (torchvision_crop_pad(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL)[0]
+        ring = (tF.max_pool2d(is_fill.float()[None, None], 3, 1, 1)[0, 0] > 0) & ~is_fill
+        for c in range(3):
+            assert torch.all(s.ours[c][is_fill] == rgb[c]) and torch.all(theirs[c][is_fill] == rgb[c])
+        assert (s.ours - theirs).abs()[:, ~is_fill & ~ring].max() <= 0.3
+        filled += int(is_fill.sum())
+    assert filled > 0
 
 
 PAD_DCT_CASES = {

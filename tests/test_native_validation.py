@@ -119,7 +119,7 @@ def _warp_args(data, shape, device="cpu"):
     return (data, torch.zeros(1, dtype=torch.int64, device=device),
             torch.tensor([shape], dtype=torch.int64, device=device),
             torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]], device=device), alpha, beta, 1, 4, 4, True, torch.float32,
-            False, 0.0)
+            False, [0.0])
 
 
 def test_warp_shape_whose_size_wraps_int64_is_refused_on_cpu():

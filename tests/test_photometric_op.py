@@ -381,7 +381,7 @@ def test_maps_equal_moving_the_samples_first(decoded, size):
     x = _batch(decoded, h, w)
     before = x.clone()
     samples, m = _maps(len(x), h, w)
-    for seed, slots, fill in [(0, 0, 0.0), (1, 1, 127.6), (2, 3, 300.0)]:
+    for seed, slots, fill in [(0, 0, 0.0), (1, 1, 127.6), (2, 3, 300.0), (3, 2, [10.0, 128.5, 251.0])]:
         table = _table(len(x), slots, h, w, seed)
         moved = _moved_first(x, samples, m, fill)
         for out_dtype in (torch.float32, torch.uint8):
@@ -409,19 +409,19 @@ def test_maps_are_checked(decoded):
     table = _table(len(x), 1, 16, 16, 0)
     samples, m = _maps(len(x), 16, 16)
     with pytest.raises(ValueError, match="distinct"):
-        F.photometric(x, table, nearest=(torch.tensor([0, 0]), m[:2], 0.0))
+        F.photometric(x, table, nearest=(torch.tensor([0, 0]), m[:2], [0.0]))
     with pytest.raises(ValueError, match="index the batch"):
-        F.photometric(x, table, nearest=(torch.tensor([8]), m[:1], 0.0))
+        F.photometric(x, table, nearest=(torch.tensor([8]), m[:1], [0.0]))
     with pytest.raises(ValueError, match=r"\[N, 2, 3\]"):
-        F.photometric(x, table, nearest=(samples, m[:2], 0.0))
+        F.photometric(x, table, nearest=(samples, m[:2], [0.0]))
     op = torch.ops.fastload.photometric
     one, zero = torch.ones(3), torch.zeros(3)
     with pytest.raises(RuntimeError, match="out of range"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([9]), m[:1], 0.0)
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([9]), m[:1], [0.0])
     with pytest.raises(RuntimeError, match="listed twice"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([1, 1]), m[:2], 0.0)
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, torch.tensor([1, 1]), m[:2], [0.0])
     with pytest.raises(RuntimeError, match="both samples and matrices"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, None, 0.0)
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, None, [0.0])
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -433,7 +433,7 @@ def test_opcheck_with_maps(decoded, device):
     for out_dtype, channels_last in [(torch.float32, True), (torch.uint8, False)]:
         torch.library.opcheck(torch.ops.fastload.photometric.default,
                               (x, table.ops.to(device), table.params.to(device), alpha, beta, out_dtype,
-                               channels_last, samples.to(device), m.to(device), 5.0))
+                               channels_last, samples.to(device), m.to(device), [5.0, 0.0, 255.0]))
 
 
 @pytest.mark.cuda
@@ -449,10 +449,11 @@ def test_cuda_maps_equal_cpu(decoded, size, out_dtype, channels_last):
     for seed, slots in [(0, 0), (1, 1), (2, 3)]:
         table = _table(len(x), slots, h, w, seed)
         norm = {} if out_dtype == torch.uint8 else {"mean": MEAN, "std": STD}
-        cpu = F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last, nearest=(samples, m, 9.0),
+        fill = 9.0 if slots != 1 else [9.0, 130.0, 250.0]  # one value, or one per channel
+        cpu = F.photometric(x, table, out_dtype=out_dtype, channels_last=channels_last, nearest=(samples, m, fill),
                             **norm)
         cuda = F.photometric(x.cuda(), table, out_dtype=out_dtype, channels_last=channels_last,
-                             nearest=(samples.cuda(), m.cuda(), 9.0), **norm)
+                             nearest=(samples.cuda(), m.cuda(), fill), **norm)
         _assert_equal(cuda.cpu(), cpu)
 
 
@@ -546,21 +547,21 @@ def test_slot_lists_are_checked(decoded):
     table = _table(len(x), 2, 16, 16, 0)
     samples, m, where = _slot_maps(len(x), 2, 16, 16)
     with pytest.raises(ValueError, match="non-decreasing"):
-        F.photometric(x, table, nearest=(samples, m, 0.0, where[::-1]))
+        F.photometric(x, table, nearest=(samples, m, [0.0], where[::-1]))
     with pytest.raises(ValueError, match="below 2"):
-        F.photometric(x, table, nearest=(samples, m, 0.0, [0] * (len(where) - 1) + [2]))
+        F.photometric(x, table, nearest=(samples, m, [0.0], [0] * (len(where) - 1) + [2]))
     with pytest.raises(ValueError, match="distinct within a slot"):
-        F.photometric(x, table, nearest=(samples, m, 0.0, [0] * len(where)))  # sample 0 twice in slot 0
+        F.photometric(x, table, nearest=(samples, m, [0.0], [0] * len(where)))  # sample 0 twice in slot 0
     op = torch.ops.fastload.photometric
     one, zero = torch.ones(3), torch.zeros(3)
     with pytest.raises(RuntimeError, match="non-decreasing"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, where[::-1])
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, [0.0], where[::-1])
     with pytest.raises(RuntimeError, match="is not a slot"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, [5] * len(where))
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, [0.0], [5] * len(where))
     with pytest.raises(RuntimeError, match="one slot per listed sample"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, where[:2])
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, [0.0], where[:2])
     with pytest.raises(RuntimeError, match="listed twice"):
-        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, 0.0, [0] * len(where))
+        op(x, table.ops, table.params, one, zero, torch.uint8, False, samples, m, [0.0], [0] * len(where))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -570,7 +571,7 @@ def test_opcheck_with_slot_maps(decoded, device):
     samples, m, where = _slot_maps(len(x), 3, 8, 12)
     torch.library.opcheck(torch.ops.fastload.photometric.default,
                           (x, table.ops.to(device), table.params.to(device), torch.rand(3, device=device),
-                           torch.rand(3, device=device), torch.float32, True, samples.to(device), m.to(device), 5.0,
+                           torch.rand(3, device=device), torch.float32, True, samples.to(device), m.to(device), [5.0],
                            where))
 
 

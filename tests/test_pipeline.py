@@ -15,18 +15,21 @@ from fastload.transforms.functional import apply_table
 from test_functional import _tv_table  # tests/test_functional.py: a table's slots through torchvision, in order
 
 
-def _policy_pipeline(size=48, extra=()):
-    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+def _policy_pipeline(size=48, extra=(), fill=None):
+    rotate = [T.RandomRotation(15, fill=fill)] if fill is not None else []
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *rotate, T.TrivialAugmentWide(fill=fill),
                       T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToDtype(torch.float32, scale=True),
                       T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *extra])
 
 
-def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
+@pytest.mark.parametrize("fill", [None, [124, 116, 104]], ids=["no-fill", "per-channel-fill"])
+def test_batch_equals_the_stage_composed_by_hand(imagenet_dir, fill):
     """A batch is: planned windows decoded, warped to uint8 (rounded), the policy's NEAREST rotate/shear/translate
     gathered from that (test_affine_nearest: torchvision's), the photometric table applied by the reference ops
-    (exact to torchvision per sample: test_functional), then normalised."""
+    (exact to torchvision per sample: test_functional), then normalised. With a per-channel fill (timm's mean
+    pixel; a RandomRotation before the policy too), each channel's uncovered pixels take its own value."""
     ds = fl.FolderDataset(imagenet_dir)
-    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_policy_pipeline())
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, transform=_policy_pipeline(fill=fill))
     x, y = next(iter(loader))
     idx = np.arange(8)
     pipe = loader.pipeline
@@ -34,10 +37,14 @@ def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
     with ds.reader() as r:
         data, offsets, shapes, status, _ = ops.decode_crops([r.get(i) for i in range(8)], plan.windows)
     assert int(status.abs().sum()) == 0
-    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8)
+    fills = [0.0] if fill is None else fill
+    u8 = ops.warp_ragged(data, offsets, shapes, plan.matrices, 48, in_scale=1.0, out_dtype=torch.uint8, fill=fills)
+    if fill is not None:  # the rotation's corners: each channel its own fill
+        corners = (u8 == torch.tensor(fill, dtype=torch.uint8)[:, None, None]).all(1)
+        assert int(corners.sum()) > 8 * 20
     extra = pipe._policy_maps(0, 0, idx)
     assert 0 < int((extra != np.eye(3)).any(axis=(1, 2)).sum()) < 8  # some samples rotate/shear/translate
-    u8 = ops.affine_nearest(u8, torch.from_numpy(extra[:, :2]).float(), fill=0)  # the identity copies the others
+    u8 = ops.affine_nearest(u8, torch.from_numpy(extra[:, :2]).float(), fill=fills)  # the identity copies the others
     table = pipe.table(0, 0, idx)
     assert table.ops.shape == (8, 1 + 4)  # TrivialAugmentWide's slot, then ColorJitter's four
     ref = apply_table(u8, table.ops, table.params).float() / 255
@@ -45,6 +52,16 @@ def test_batch_equals_the_stage_composed_by_hand(imagenet_dir):
     # The stage folds (x / 255 - mean) / std into one multiply-add: float32 rounding apart, 1e-5 of ~[-2, 3].
     torch.testing.assert_close(x, ref, atol=1e-5, rtol=0)
     assert torch.equal(y, torch.as_tensor(np.asarray(ds.labels)[idx]))
+
+
+@pytest.mark.cuda
+def test_cuda_per_channel_fill_follows_the_cpu(imagenet_dir):
+    ds = fl.FolderDataset(imagenet_dir)
+    tf = _policy_pipeline(64, fill=[124, 116, 104])
+    cpu = [x for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf)]
+    gpu = [x.cpu() for x, _ in fl.FastLoader(ds, batch_size=16, seed=5, transform=tf, device="cuda")]
+    diff = torch.cat([(a - b).abs().flatten() for a, b in zip(cpu, gpu)])
+    assert float(diff.mean()) < 2e-3 and float(diff.quantile(0.999)) <= 0.1
 
 
 def test_same_batches_whatever_the_threads_and_after_resume(imagenet_dir):

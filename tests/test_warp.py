@@ -113,6 +113,24 @@ def test_fill_outside_and_identity(images):
     assert torch.all(out == 42.0)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_per_channel_fill_is_each_channels_own(images, device):
+    """fill=[a, b, c]: channel k is the warp with fill k (on the CUDA tiled path too: uint8 HWC RGB, axis-aligned;
+    and the general one: a rotation), normalised or not; a fill of another length is refused."""
+    x = images.to(device)
+    c, s = np.cos(0.5), np.sin(0.5)
+    for m in ([[1.3, 0, 30.0], [0, 0.8, -12.0]], [[c, -s, 20.0], [s, c, -15.0]]):
+        m = torch.tensor(m, dtype=torch.float32)
+        for norm in ({}, dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))):
+            fill = [10.0, 128.5, 250.0]
+            got = ops.warp_affine(x, m, (48, 64), layout="NHWC", fill=fill, **norm)
+            for k, f in enumerate(fill):
+                alone = ops.warp_affine(x, m, (48, 64), layout="NHWC", fill=f, **norm)
+                assert torch.equal(got[:, k], alone[:, k]), (m, norm, k)
+    with pytest.raises(RuntimeError, match="fill must have 1 value or one per channel"):
+        ops.warp_affine(x, m, (48, 64), layout="NHWC", fill=[1.0, 2.0])
+
+
 def test_ragged_batch_matches_dense(images):
     """The loader's ragged form gives the same result as warping each image alone."""
     crops = [images[0, :50, :70], images[1, 5:45, 10:40], images[2]]
@@ -141,7 +159,7 @@ def test_bad_arguments_raise():
         ops.warp_ragged(data, torch.tensor([0]), torch.tensor([[10, 10, 3]]), torch.eye(2, 3)[None], 4)
     with pytest.raises(RuntimeError, match="channels"):
         torch.ops.fastload.warp_normalize(data, torch.tensor([0]), torch.tensor([[2, 2, 3]]), torch.eye(2, 3)[None],
-                                          torch.ones(5), torch.zeros(5), 5, 4, 4, True, torch.float32, False, 0.0)
+                                          torch.ones(5), torch.zeros(5), 5, 4, 4, True, torch.float32, False, [0.0])
 
 
 def test_affine_from_points_recovers_a_known_transform():
@@ -158,7 +176,7 @@ def test_affine_from_points_recovers_a_known_transform():
 def test_registered_op_passes_opcheck_and_compiles(images):
     m = torch.tensor([[[1.5, 0.2, 1.0], [-0.1, 1.4, 2.0]]]).expand(3, 2, 3).contiguous()
     args = (images.reshape(-1), torch.arange(3) * images[0].numel(), torch.tensor([[60, 80, 3]]).expand(3, 3).contiguous(),
-            m, torch.full((3,), 1 / 255.0), torch.zeros(3), 3, 20, 30, True, torch.float32, False, 0.0)
+            m, torch.full((3,), 1 / 255.0), torch.zeros(3), 3, 20, 30, True, torch.float32, False, [0.0])
     boxed = torch.cat([m, torch.tensor([[[2.0, 70.5], [1.0, 55.25]]]).expand(3, 2, 2)], dim=2).contiguous()
     for maps in (m, boxed):
         torch.library.opcheck(torch.ops.fastload.warp_normalize.default, args[:3] + (maps,) + args[4:],

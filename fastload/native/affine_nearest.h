@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <c10/util/ArrayRef.h>
+
 #include "warp.h"
 
 #if !defined(__CUDACC__)
@@ -59,6 +61,21 @@ FL_HD T fill_value(double fill) {
   }
 }
 
+// The fill per channel in the image's type (fill_value's rounding): Fill's values, broadcast past kMaxChannels
+// (where only one value is allowed). Passed by value, to CUDA kernels too.
+template <typename T>
+struct Fills {
+  T v[kMaxChannels];
+  FL_HD T operator[](int c) const { return v[c < kMaxChannels ? c : 0]; }
+};
+
+template <typename T>
+FL_HD Fills<T> typed(const Fill& fill) {
+  Fills<T> out;
+  for (int c = 0; c < kMaxChannels; ++c) out.v[c] = fill_value<T>(fill[c]);
+  return out;
+}
+
 }  // namespace nearest
 
 #if !defined(__CUDACC__)
@@ -67,7 +84,10 @@ FL_HD T fill_value(double fill) {
 void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op);
 // ... and moves one uint8 NCHW sample of h x w pixels by `matrix` (2x3 floats) from src into dst (distinct
 // buffers); `source` and `staged` are the caller's scratch.
-void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
-                       std::vector<int>& source, std::vector<uint8_t>& staged);
+void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix,
+                       const nearest::Fills<uint8_t>& fill, std::vector<int>& source, std::vector<uint8_t>& staged);
 #endif
+// The ops' `fill` (one value, or one per channel of an image of at most kMaxChannels) for `channels` channels,
+// every entry set (one value broadcast); errors name `op`. In affine_nearest_cpu.cpp.
+Fill nearest_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op);
 }  // namespace fastload

@@ -60,7 +60,8 @@ namespace {
 // outside). A gather reads 4 bytes: plane 0 at its pixel (plane 1 follows), the others ending at it (the plane before
 // precedes), so no read leaves the sample. Returns the first pixel left to the scalar loop (w rounded down to 8).
 __attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8_t* dst, int c, int h, int w,
-                                                         int64_t s_c, const int64_t* f, int v, uint8_t fill) {
+                                                         int64_t s_c, const int64_t* f, int v,
+                                                         const nearest::Fills<uint8_t>& fill) {
   const int64_t half = int64_t(1) << (nearest::kFractionBits - 1);
   const int64_t x0 = f[1] * v + f[2] + half, y0 = f[4] * v + f[5] + half;
   __m256i xa = _mm256_set_epi64x(x0 + 3 * f[0], x0 + 2 * f[0], x0 + f[0], x0);
@@ -69,8 +70,11 @@ __attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8
   __m256i yb = _mm256_add_epi64(ya, _mm256_set1_epi64x(4 * f[3]));
   const __m256i dx = _mm256_set1_epi64x(8 * f[0]), dy = _mm256_set1_epi64x(8 * f[3]);
   const __m256i wv = _mm256_set1_epi32(w), hv = _mm256_set1_epi32(h), minus1 = _mm256_set1_epi32(-1);
-  const __m256i low = _mm256_set1_epi32(0xFF), fill0 = _mm256_set1_epi32(fill),
-                fill3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(fill) << 24));
+  const __m256i low = _mm256_set1_epi32(0xFF);
+  // what a lane outside the image gathers: plane 0 reads its byte at the bottom, the others at the top
+  __m256i fills[kMaxChannels];
+  for (int ch = 0; ch < kMaxChannels; ++ch)
+    fills[ch] = _mm256_set1_epi32(ch == 0 ? fill[0] : static_cast<int>(static_cast<uint32_t>(fill[ch]) << 24));
   const __m256i bytes = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
   const int n = w & ~7;
   for (int u = 0; u < n; u += 8) {
@@ -87,10 +91,11 @@ __attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8
       __m256i g;
       if (ch == 0) {
         g = _mm256_and_si256(
-            _mm256_mask_i32gather_epi32(fill0, reinterpret_cast<const int*>(src), at, inside, 1), low);
+            _mm256_mask_i32gather_epi32(fills[0], reinterpret_cast<const int*>(src), at, inside, 1), low);
       } else {
         g = _mm256_srli_epi32(_mm256_mask_i32gather_epi32(
-                                  fill3, reinterpret_cast<const int*>(src + ch * s_c - 3), at, inside, 1), 24);
+                                  fills[ch < kMaxChannels ? ch : 0], reinterpret_cast<const int*>(src + ch * s_c - 3),
+                                  at, inside, 1), 24);
       }
       const __m256i words = _mm256_packus_epi32(g, g);
       const __m256i packed = _mm256_packus_epi16(words, words);  // pixels in bytes 0-3 of each 128-bit half
@@ -120,7 +125,7 @@ bool rows_are_runs(const int64_t* f) { return f[0] == (int64_t(1) << nearest::kF
 // along x and none along y) are copied as that run, with the fill around it: the same pixels as the general loop.
 template <typename T>
 void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, int s_x, const float* matrix,
-                   T fill_value, std::vector<int>& source) {
+                   const nearest::Fills<T>& fill, std::vector<int>& source) {
   int64_t f[6];
   const bool finite = nearest::to_fixed(matrix, f);
   const bool runs = finite && rows_are_runs(f);
@@ -139,9 +144,9 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
       const int last = row_inside ? static_cast<int>(std::clamp<int64_t>(w - px, first, w)) : w;
       for (int ch = 0; ch < c; ++ch) {
         T* out = dst + v * s_y + ch * s_c;
-        std::fill(out, out + first, fill_value);
+        std::fill(out, out + first, fill[ch]);
         if (last > first) std::memcpy(out + first, src + ch * s_c + py * s_y + px + first, (last - first) * sizeof(T));
-        std::fill(out + last, out + w, fill_value);
+        std::fill(out + last, out + w, fill[ch]);
       }
       continue;
     }
@@ -149,7 +154,7 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
 #if FL_GATHER_AVX2
     if constexpr (std::is_same_v<T, uint8_t>) {
       if (avx2) {
-        done = gather_row_u8_avx2(src, dst, c, h, w, s_c, f, v, fill_value);
+        done = gather_row_u8_avx2(src, dst, c, h, w, s_c, f, v, fill);
         x += f[0] * done;
         y += f[3] * done;
       }
@@ -162,12 +167,23 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
     for (int ch = 0; ch < c; ++ch) {  // a plane at a time (NCHW)
       const T* from = src + ch * s_c;
       T* out = dst + v * s_y + ch * s_c;
-      for (int u = done; u < w; ++u) out[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_value;
+      const T fill_c = fill[ch];
+      for (int u = done; u < w; ++u) out[u * s_x] = source[u] >= 0 ? from[source[u]] : fill_c;
     }
   }
 }
 
 }  // namespace
+
+Fill nearest_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op) {
+  const int64_t n = static_cast<int64_t>(fill.size());
+  FL_CHECK(n == 1 || (n == channels && n <= kMaxChannels),
+           "%s: fill must have 1 value or one per channel (at most %d), got %lld for %lld channels", op,
+           kMaxChannels, static_cast<long long>(n), static_cast<long long>(channels));
+  Fill out;
+  for (int c = 0; c < kMaxChannels; ++c) out.v[c] = static_cast<float>(fill[n == 1 || c >= n ? 0 : c]);
+  return out;
+}
 
 void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op) {
   const int64_t* index = samples.data_ptr<int64_t>();
@@ -180,8 +196,8 @@ void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op)
   }
 }
 
-void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix, double fill,
-                       std::vector<int>& source, std::vector<uint8_t>& staged) {
+void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix,
+                       const nearest::Fills<uint8_t>& fill, std::vector<int>& source, std::vector<uint8_t>& staged) {
   // A map whose rows are not runs (a rotation, ShearY) reads a slanted line of the input per row: from a batch in
   // memory those reads wait, from a copy just made (sequential, prefetched) they hit L2: 2.4x faster
   // (bench.photometric_cpu's map rows). Runs are copied row by row and need no copy first.
@@ -191,13 +207,14 @@ void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const flo
     std::memcpy(staged.data(), src, staged.size());
     src = staged.data();
   }
-  gather_sample<uint8_t>(src, dst, 3, h, w, h * w, w, 1, matrix, nearest::fill_value<uint8_t>(fill), source);
+  gather_sample<uint8_t>(src, dst, 3, h, w, h * w, w, 1, matrix, fill, source);
 }
 
 namespace {
 
 template <typename T>
-void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
+                            const Fill& fill) {
   const int64_t n = samples.size(0);
   const int c = static_cast<int>(images.size(1)), h = static_cast<int>(images.size(2)),
             w = static_cast<int>(images.size(3));
@@ -209,7 +226,7 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
             s_x = static_cast<int>(images.stride(3));
   T* base = images.data_ptr<T>();
   const float* mats = matrices.data_ptr<float>();
-  const T fill_value = nearest::fill_value<T>(fill);
+  const nearest::Fills<T> fill_value = nearest::typed<T>(fill);
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> copy(values);
     std::vector<int> source;
@@ -221,8 +238,10 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
   });
 }
 
-void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
+                        c10::ArrayRef<double> fill_arg) {
   check_affine_nearest_args(images, samples, matrices);
+  const Fill fill = nearest_fill(fill_arg, images.size(1), "affine_nearest_");
   if (samples.numel() == 0 || images.numel() == 0) return;
   if (images.scalar_type() == at::kByte)
     affine_nearest_samples<uint8_t>(images, samples, matrices, fill);
@@ -233,7 +252,7 @@ void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at:
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastload, m) {
-  m.def("affine_nearest_(Tensor(a!) images, Tensor samples, Tensor matrices, float fill) -> ()");
+  m.def("affine_nearest_(Tensor(a!) images, Tensor samples, Tensor matrices, float[] fill) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("affine_nearest_", &affine_nearest_cpu); }

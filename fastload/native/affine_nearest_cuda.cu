@@ -42,7 +42,7 @@ template <typename T>
 __global__ void __launch_bounds__(kBlockX* kBlockY) gather_kernel(
     const T* __restrict__ scratch, T* __restrict__ images, const int64_t* __restrict__ samples,
     const float* __restrict__ mats, int64_t batch, int64_t s_b, int s_c, int s_y, int s_x, int c, int h, int w,
-    T fill) {
+    nearest::Fills<T> fill) {
   constexpr int kStagedPixels = 4096 / sizeof(T);  // per channel: 12 KB for three uint8 channels
   __shared__ T staged[3][kStagedPixels];
   __shared__ int box[4];  // x0, y0, width, height of the staged source region (width 0: read global)
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kBlockX* kBlockY) gather_kernel(
     const int64_t x = nearest::pixel(f[0] * u + f[1] * v + f[2]), y = nearest::pixel(f[3] * u + f[4] * v + f[5]);
     T* dst = out + v * s_y;
     if (!nearest::inside(x, y, h, w)) {
-      for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = fill;
+      for (int ch = 0; ch < c; ++ch) dst[ch * s_c] = fill[ch];
     } else if (bw > 0) {  // inside the image, so inside the box of the tile's sources
       const int at = (static_cast<int>(y) - by) * bw + (static_cast<int>(x) - bx);
 #pragma unroll
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kBlockX* kBlockY) gather_kernel(
 }
 
 template <typename T>
-void run(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+void run(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, const Fill& fill) {
   const int64_t batch = images.size(0), n = samples.size(0);
   const int c = static_cast<int>(images.size(1)), h = static_cast<int>(images.size(2)),
             w = static_cast<int>(images.size(3));
@@ -126,12 +126,14 @@ void run(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matric
   const dim3 grid((w + kTile - 1) / kTile, (h + kTile - 1) / kTile, static_cast<unsigned>(n));
   gather_kernel<T><<<grid, block, 0, stream>>>(
       scratch.data_ptr<T>(), data, index, matrices.data_ptr<float>(), batch, s_b, static_cast<int>(images.stride(1)),
-      static_cast<int>(images.stride(2)), static_cast<int>(images.stride(3)), c, h, w, nearest::fill_value<T>(fill));
+      static_cast<int>(images.stride(2)), static_cast<int>(images.stride(3)), c, h, w, nearest::typed<T>(fill));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void affine_nearest_cuda(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices, double fill) {
+void affine_nearest_cuda(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
+                         c10::ArrayRef<double> fill_arg) {
   check_affine_nearest_args(images, samples, matrices);
+  const Fill fill = nearest_fill(fill_arg, images.size(1), "affine_nearest_");
   if (samples.numel() == 0 || images.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(images.device());
   FL_CHECK(samples.size(0) <= 65535, "affine_nearest_: at most 65535 samples per call on CUDA, got %lld",

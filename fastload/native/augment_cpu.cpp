@@ -443,7 +443,7 @@ struct SlotMaps {
   const int64_t* rows;  // null: none
   int64_t stride;
   const float* mats;
-  double fill;
+  nearest::Fills<uint8_t> fill;
   int64_t at(int64_t s) const { return rows ? rows[s * stride] : -1; }
 };
 
@@ -539,7 +539,8 @@ bool cpu_has_fma() {
 template <typename out_t>
 void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                           const at::Tensor& alpha, const at::Tensor& beta, at::Tensor& out,
-                          const std::vector<int64_t>& moved_as, const float* mats, double fill) {
+                          const std::vector<int64_t>& moved_as, const float* mats,
+                          const nearest::Fills<uint8_t>& fill) {
   const int64_t batch = x.size(0), slots = ops.size(1);
   const int h = static_cast<int>(x.size(2)), w = static_cast<int>(x.size(3));
   const int64_t hw = static_cast<int64_t>(h) * w;
@@ -580,8 +581,10 @@ void photometric_cpu_impl(const at::Tensor& x, const at::Tensor& ops, const at::
 at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                            const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
                            bool channels_last, const std::optional<at::Tensor>& samples,
-                           const std::optional<at::Tensor>& matrices, double fill, at::IntArrayRef map_slots) {
+                           const std::optional<at::Tensor>& matrices, c10::ArrayRef<double> fill_arg,
+                           at::IntArrayRef map_slots) {
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
+  const auto fill = nearest::typed<uint8_t>(nearest_fill(fill_arg, 3, "photometric"));
   check_photometric_maps(x, samples, matrices);
   check_table(ops, params, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)));
   const int64_t listed = samples ? samples->size(0) : 0, batch = x.size(0);
@@ -616,7 +619,7 @@ at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at:
 TORCH_LIBRARY_FRAGMENT(fastload, m) {
   m.def(
       "photometric(Tensor x, Tensor ops, Tensor params, Tensor alpha, Tensor beta, ScalarType out_dtype, "
-      "bool channels_last, Tensor? samples=None, Tensor? matrices=None, float fill=0., int[] map_slots=[]) -> Tensor");
+      "bool channels_last, Tensor? samples=None, Tensor? matrices=None, float[] fill=[0.], int[] map_slots=[]) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("photometric", &photometric_cpu); }

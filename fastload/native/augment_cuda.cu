@@ -79,7 +79,7 @@ __device__ __forceinline__ int slot_op(const int64_t* ops, int b, int slots, int
 struct Moves {
   const int32_t* map_of;   // [B]: the sample's row in mats for this slot, or -1
   const float* mats;       // [N, 2, 3], all slots'
-  uint8_t fill;
+  nearest::Fills<uint8_t> fill;
   const int64_t* samples;  // [N], all slots'
   int start, n;
 };
@@ -89,8 +89,8 @@ struct Moved {
   const uint8_t* s;
   int h, w, hw;
   int64_t f[6];
-  uint8_t fill;
-  __device__ Moved(const uint8_t* s_, int h_, int w_, const float* m, uint8_t fill_)
+  nearest::Fills<uint8_t> fill;
+  __device__ Moved(const uint8_t* s_, int h_, int w_, const float* m, const nearest::Fills<uint8_t>& fill_)
       : s(s_), h(h_), w(w_), hw(h_ * w_), fill(fill_) {
     // a non-finite matrix maps every pixel outside (fill), as affine_nearest_ (none: unused)
     if (!m || !nearest::to_fixed(m, f)) f[0] = f[1] = f[3] = f[4] = 0, f[2] = f[5] = INT64_MIN / 2;
@@ -110,7 +110,7 @@ struct Moved {
   }
   __device__ __forceinline__ uint8_t at(int c, int u, int v) const {
     const int i = source(u, v);
-    return i < 0 ? fill : s[c * hw + i];
+    return i < 0 ? fill[c] : s[c * hw + i];
   }
 };
 
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint8_t* __restri
       for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const int j = mv.source(i % w, i / w);
         if (j < 0)
-          f(mv.fill, mv.fill, mv.fill);
+          f(mv.fill[0], mv.fill[1], mv.fill[2]);
         else
           f(r[j], g[j], bl[j]);
       }
@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
     if constexpr (kMoved) {
       const int j = mv.source(x, y);
 #pragma unroll
-      for (int c = 0; c < 3; ++c) v[c] = j < 0 ? mv.fill : s[c * hw + j];
+      for (int c = 0; c < 3; ++c) v[c] = j < 0 ? mv.fill[c] : s[c * hw + j];
     } else {
 #pragma unroll
       for (int c = 0; c < 3; ++c) v[c] = s[c * hw + y * w + x];
@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, kMoved ? 2 : 4)
 #pragma unroll
           for (int n = 0; n < 4; ++n)
 #pragma unroll
-            for (int c = 0; c < 3; ++c) v[n][c] = j[n] < 0 ? mv.fill : s[c * hw + j[n]];
+            for (int c = 0; c < 3; ++c) v[n][c] = j[n] < 0 ? mv.fill[c] : s[c * hw + j[n]];
         } else {
 #pragma unroll
           for (int c = 0; c < 3; ++c) {
@@ -686,7 +686,7 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
   const auto slot_moves = [&](int64_t s) {
     const int n = begin[s + 1] - begin[s];
     return n > 0 ? Moves{map_of + s * batch, moves.mats, moves.fill, moves.samples, begin[s], n}
-                 : Moves{nullptr, nullptr, 0, nullptr, 0, 0};
+                 : Moves{nullptr, nullptr, {}, nullptr, 0, 0};
   };
   if (slots == 0) {
     launch_apply<out_t, true>(grid, stream, channels_last, src, nullptr, out.data_ptr<out_t>(), op, p, 0, -1, h, w,
@@ -723,14 +723,15 @@ void run(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params, c
 at::Tensor photometric_cuda(const at::Tensor& x, const at::Tensor& ops, const at::Tensor& params,
                             const at::Tensor& alpha, const at::Tensor& beta, at::ScalarType out_dtype,
                             bool channels_last, const std::optional<at::Tensor>& samples,
-                            const std::optional<at::Tensor>& matrices, double fill, at::IntArrayRef map_slots) {
+                            const std::optional<at::Tensor>& matrices, c10::ArrayRef<double> fill,
+                            at::IntArrayRef map_slots) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
   check_photometric_maps(x, samples, matrices);
   const int64_t listed = samples ? samples->size(0) : 0;
   const std::vector<int64_t> slot_of = photometric_map_slots(map_slots, listed, ops.size(1));
   if (out.numel() == 0) return out;
-  Moves moves{nullptr, nullptr, nearest::fill_value<uint8_t>(fill), nullptr, 0, 0};
+  Moves moves{nullptr, nullptr, nearest::typed<uint8_t>(nearest_fill(fill, 3, "photometric")), nullptr, 0, 0};
   at::Tensor map_of;
   if (listed > 0) {
     FL_CHECK(listed <= std::max<int64_t>(ops.size(1), 1) * x.size(0),

@@ -35,6 +35,14 @@ namespace fastload {
 
 constexpr int kMaxChannels = 4;
 
+// The value of pixels outside the visible box, per channel, on the input's scale (alpha/beta not yet applied):
+// torchvision's `fill`, one value or one per channel (warp_op.h's make_fill broadcasts one). Passed by value,
+// CUDA kernels included.
+struct Fill {
+  float v[kMaxChannels];
+  FL_HD float operator[](int c) const { return v[c]; }
+};
+
 FL_HD float triangle(float x) {
   x = fabsf(x);
   return x < 1.f ? 1.f - x : 0.f;

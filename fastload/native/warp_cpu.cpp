@@ -33,6 +33,16 @@ namespace fastload {
 
 at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last);
 
+Fill make_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op) {
+  FL_CHECK(fill.size() == 1 || static_cast<int64_t>(fill.size()) == channels,
+           "%s: fill must have 1 value or one per channel (%lld), got %lld", op, static_cast<long long>(channels),
+           static_cast<long long>(fill.size()));
+  FL_CHECK(channels >= 1 && channels <= kMaxChannels, "%s: at most %d channels", op, kMaxChannels);
+  Fill out{};
+  for (int64_t c = 0; c < channels; ++c) out.v[c] = static_cast<float>(fill[fill.size() == 1 ? 0 : c]);
+  return out;
+}
+
 at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                                const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                                int64_t channels, int64_t out_h, int64_t out_w, at::ScalarType out_dtype,
@@ -339,7 +349,7 @@ __attribute__((target("avx2"))) void store_row_avx2(const float* sums, int out_w
 // the gather-heavy pass then runs over out_h rows instead of the taller input.
 template <typename in_t, typename out_t>
 void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha, const float* beta,
-                    float fill, out_t* out, const Strides& os, int out_h, int out_w, bool avx2_rows) {
+                    const Fill& fill, out_t* out, const Strides& os, int out_h, int out_w, bool avx2_rows) {
   thread_local std::vector<AxisSample> xs, ys;
   thread_local std::vector<float> wx, wy, acc;
   axis_weights(m[0], m[2], out_w, img.w, vis.x0, vis.x1, xs, wx);
@@ -350,7 +360,7 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
   // acc holds one filtered row: HWC -> acc[x * C + c]; CHW -> acc[c * W + x].
   const int64_t ax = hwc ? C : 1, ac = hwc ? 1 : W;
   float fill_value[kMaxChannels];
-  for (int c = 0; c < C; ++c) fill_value[c] = fill * alpha[c] + beta[c];
+  for (int c = 0; c < C; ++c) fill_value[c] = fill[c] * alpha[c] + beta[c];
   // The loader's case (RGB, HWC): a fixed tap count per row, zero-padded, over the columns [u0, u1) that read the
   // image; the columns outside the window lie at the row's ends (the map is monotone along x) and are fill (a
   // NEAREST policy's moved sample decodes only what its gather reads, so its warp has such columns).
@@ -512,11 +522,11 @@ FL_SAMPLE int general_taps(float support, int size) {
 // taps to a count fixed per sample, so the loops have no data-dependent trip count (a branch miss a pixel).
 template <typename in_t, typename out_t>
 FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha,
-                            const float* beta, float fill, out_t* out, const Strides& os, int out_h, int out_w) {
+                            const float* beta, const Fill& fill, out_t* out, const Strides& os, int out_h, int out_w) {
   const float sx = filter_support(m[0], m[1]), sy = filter_support(m[3], m[4]);
   const InputView<in_t, int64_t> in{img.p, img.h, img.w, img.s.c, img.s.y, img.s.x};
   float fill_value[kMaxChannels] = {};
-  for (int c = 0; c < img.c; ++c) fill_value[c] = fill * alpha[c] + beta[c];
+  for (int c = 0; c < img.c; ++c) fill_value[c] = fill[c] * alpha[c] + beta[c];
   constexpr bool kU8 = std::is_same_v<in_t, uint8_t>;  // padded taps: 0 * p must be +0, not NaN (float inputs)
   if (!kU8 || img.c != 3 || img.s.x != 3) {
     for (int v = 0; v < out_h; ++v)
@@ -636,7 +646,7 @@ FL_SAMPLE void warp_general(const Image<in_t>& img, const float* m, const Visibl
 // own AVX2 clone.)
 template <typename in_t, typename out_t>
 void warp_general_base(const Image<in_t>& img, const float* m, const Visible& vis, const float* alpha,
-                       const float* beta, float fill, out_t* out, const Strides& os, int out_h, int out_w) {
+                       const float* beta, const Fill& fill, out_t* out, const Strides& os, int out_h, int out_w) {
   warp_general(img, m, vis, alpha, beta, fill, out, os, out_h, out_w);
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -873,13 +883,13 @@ __attribute__((target("avx2"))) void warp_general_rgb8_avx2(const Image<uint8_t>
 
 template <typename in_t, typename out_t>
 __attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, const float* m, const Visible& vis,
-                                                       const float* alpha, const float* beta, float fill, out_t* out,
+                                                       const float* alpha, const float* beta, const Fill& fill, out_t* out,
                                                        const Strides& os, int out_h, int out_w) {
   if constexpr (std::is_same_v<in_t, uint8_t>) {
     // lane offsets into the image are int32
     if (img.c == 3 && img.s.x == 3 && static_cast<int64_t>(img.h) * img.s.y < INT32_MAX - 64) {
       float fill_value[kMaxChannels] = {};
-      for (int c = 0; c < 3; ++c) fill_value[c] = fill * alpha[c] + beta[c];
+      for (int c = 0; c < 3; ++c) fill_value[c] = fill[c] * alpha[c] + beta[c];
       warp_general_rgb8_avx2(img, m, vis, alpha, beta, fill_value, out, os, out_h, out_w);
       return;
     }
@@ -891,7 +901,7 @@ __attribute__((target("avx2"))) void warp_general_avx2(const Image<in_t>& img, c
 template <typename in_t, typename out_t>
 void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                     const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta, int64_t channels,
-                    bool hwc, double fill, at::Tensor& out) {
+                    bool hwc, const Fill& fill, at::Tensor& out) {
   const in_t* base = data.data_ptr<in_t>();
   const int64_t* off = offsets.data_ptr<int64_t>();
   const int64_t* shp = shapes.data_ptr<int64_t>();
@@ -938,9 +948,9 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
       const Visible vis = read_map(mats, i, cols, h, w, m);
       out_t* dst = o + i * out.stride(0);
       if (m[1] == 0.f && m[3] == 0.f)
-        warp_separable(img, m, vis, a, b, static_cast<float>(fill), dst, os, out_h, out_w, avx2_rows);
+        warp_separable(img, m, vis, a, b, fill, dst, os, out_h, out_w, avx2_rows);
       else
-        general(img, m, vis, a, b, static_cast<float>(fill), dst, os, out_h, out_w);
+        general(img, m, vis, a, b, fill, dst, os, out_h, out_w);
     }
   });
 }
@@ -948,13 +958,14 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
 at::Tensor warp_normalize_cpu(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                               const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                               int64_t channels, int64_t out_h, int64_t out_w, bool hwc, at::ScalarType out_dtype,
-                              bool channels_last, double fill) {
+                              bool channels_last, c10::ArrayRef<double> fill) {
   at::Tensor out = prepare_warp_output(data, offsets, shapes, matrices, alpha, beta, channels, out_h, out_w,
                                        out_dtype, channels_last);
+  const Fill fills = make_fill(fill, channels, "warp_normalize");
   dispatch_warp_types(data.scalar_type(), out_dtype, [&](auto in_tag, auto out_tag) {
     using in_t = typename decltype(in_tag)::type;
     using out_t = typename decltype(out_tag)::type;
-    warp_batch_cpu<in_t, out_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
+    warp_batch_cpu<in_t, out_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fills, out);
   });
   return out;
 }
@@ -964,7 +975,7 @@ at::Tensor warp_normalize_cpu(const at::Tensor& data, const at::Tensor& offsets,
 TORCH_LIBRARY(fastload, m) {
   m.def(
       "warp_normalize(Tensor data, Tensor offsets, Tensor shapes, Tensor matrices, Tensor alpha, Tensor beta, "
-      "int channels, int out_h, int out_w, bool hwc, ScalarType out_dtype, bool channels_last, float fill) "
+      "int channels, int out_h, int out_w, bool hwc, ScalarType out_dtype, bool channels_last, float[] fill) "
       "-> Tensor");
 }
 

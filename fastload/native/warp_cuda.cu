@@ -42,7 +42,7 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
                                              int64_t h64, int64_t w64, int64_t c_in,
                                              const float* __restrict__ maps, int map_cols,
                                              const float* __restrict__ alpha, const float* __restrict__ beta,
-                                             int channels, bool hwc, float fill, out_t* __restrict__ out,
+                                             int channels, bool hwc, Fill fill, out_t* __restrict__ out,
                                              int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h,
                                              int out_w, int tile_y, float* tap_weight) {
   const int b = blockIdx.z;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void warp_columns(const in_t* __restrict__ data, int6
   out_t* o_base = out + b * os_b + u * os_x;
   float fill_value[kMaxChannels];
 #pragma unroll
-  for (int c = 0; c < kMaxChannels; ++c) fill_value[c] = c < C ? fill * alpha[c] + beta[c] : 0.f;
+  for (int c = 0; c < kMaxChannels; ++c) fill_value[c] = c < C ? fill[c] * alpha[c] + beta[c] : 0.f;
   const int v_end = min(v_first + kRows, out_h);
   // A malformed sample (never produced by fastload itself) reads nothing and yields fill, never stray memory.
   const bool valid = image_fits(h64, w64, c_in, off, data_size) && c_in == C;
@@ -124,7 +124,7 @@ template <typename in_t, typename out_t, int CH>
 __global__ void __launch_bounds__(kThreads, 4) warp_normalize_kernel(
     const in_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, int map_cols,
-    const float* __restrict__ alpha, const float* __restrict__ beta, int channels, bool hwc, float fill,
+    const float* __restrict__ alpha, const float* __restrict__ beta, int channels, bool hwc, Fill fill,
     out_t* __restrict__ out, int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h, int out_w) {
   __shared__ float tap_weight[kMaxTaps * kThreads];
   const int b = blockIdx.z;
@@ -468,7 +468,7 @@ __device__ __forceinline__ void tile_vertical(const TiledShared& sh, const Band&
 __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restrict__ data, int64_t data_size,
                                           const int64_t* __restrict__ offsets, const int64_t* __restrict__ shapes,
                                           const float* __restrict__ matrices, int map_cols,
-                                          const float* __restrict__ alpha, const float* __restrict__ beta, float fill,
+                                          const float* __restrict__ alpha, const float* __restrict__ beta, Fill fill,
                                           int u0, int v_begin, int v_end, int out_w) {
   const int b = blockIdx.z;
   const int64_t h64 = shapes[b * 3], w64 = shapes[b * 3 + 1], c_in = shapes[b * 3 + 2], off = offsets[b];
@@ -495,7 +495,7 @@ __device__ __forceinline__ void plan_tile(TilePlan& plan, const uint8_t* __restr
   for (int c = 0; c < 3; ++c) {  // the horizontal sums are 2^23 + kWeightOne * (pixel value)
     plan.scale[c] = alpha[c] / kWeightOne;
     plan.bias[c] = beta[c] - plan.scale[c] * (1 << 23);
-    plan.fill_value[c] = fill * alpha[c] + beta[c];
+    plan.fill_value[c] = fill[c] * alpha[c] + beta[c];
   }
   plan.scale_x = m[0];
   plan.shift_x = m[2];
@@ -519,7 +519,7 @@ template <typename out_t, bool kChannelsLast>
 __global__ void __launch_bounds__(kThreads, 4) warp_tiled_kernel(
     const uint8_t* __restrict__ data, int64_t data_size, const int64_t* __restrict__ offsets,
     const int64_t* __restrict__ shapes, const float* __restrict__ matrices, int map_cols,
-    const float* __restrict__ alpha, const float* __restrict__ beta, float fill, out_t* __restrict__ out,
+    const float* __restrict__ alpha, const float* __restrict__ beta, Fill fill, out_t* __restrict__ out,
     int64_t os_b, int64_t os_c, int64_t os_y, int64_t os_x, int out_h, int out_w, bool vector_store) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   TiledShared& sh = *reinterpret_cast<TiledShared*>(shared_bytes);
@@ -670,7 +670,7 @@ void allow_tiled_shared_memory() {
 
 template <typename in_t, typename out_t>
 void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes, const at::Tensor& matrices,
-            const at::Tensor& alpha, const at::Tensor& beta, int64_t channels, bool hwc, double fill,
+            const at::Tensor& alpha, const at::Tensor& beta, int64_t channels, bool hwc, const Fill& fill,
             at::Tensor& out) {
   const int64_t batch = offsets.numel();
   const int out_h = static_cast<int>(out.size(2)), out_w = static_cast<int>(out.size(3));
@@ -692,7 +692,7 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
       kernel<<<tiled_grid, block, sizeof(TiledShared), stream>>>(
           data.data_ptr<uint8_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
           matrices.data_ptr<float>(), map_cols, alpha.data_ptr<float>(), beta.data_ptr<float>(),
-          static_cast<float>(fill), out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+          fill, out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
           out_h, out_w, vector_store);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
@@ -703,7 +703,7 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
       data.data_ptr<in_t>(), data.numel(), offsets.data_ptr<int64_t>(), shapes.data_ptr<int64_t>(),
       matrices.data_ptr<float>(), map_cols, alpha.data_ptr<float>(), beta.data_ptr<float>(),
       static_cast<int>(channels), hwc,
-      static_cast<float>(fill), out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+      fill, out.data_ptr<out_t>(), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
       out_h, out_w);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -711,15 +711,16 @@ void launch(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor&
 at::Tensor warp_normalize_cuda(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& shapes,
                                const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                                int64_t channels, int64_t out_h, int64_t out_w, bool hwc, at::ScalarType out_dtype,
-                               bool channels_last, double fill) {
+                               bool channels_last, c10::ArrayRef<double> fill) {
   const c10::cuda::CUDAGuard guard(data.device());
   at::Tensor out = prepare_warp_output(data, offsets, shapes, matrices, alpha, beta, channels, out_h, out_w,
                                        out_dtype, channels_last);
+  const Fill fills = make_fill(fill, channels, "warp_normalize");
   if (offsets.numel() == 0) return out;
   dispatch_warp_types(data.scalar_type(), out_dtype, [&](auto in_tag, auto out_tag) {
     using in_t = typename decltype(in_tag)::type;
     using out_t = typename decltype(out_tag)::type;
-    launch<in_t, out_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fill, out);
+    launch<in_t, out_t>(data, offsets, shapes, matrices, alpha, beta, channels, hwc, fills, out);
   });
   return out;
 }

@@ -10,6 +10,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "warp.h"  // Fill
+
 namespace fastload {
 
 // Checks shared by both kernels; returns the output tensor, allocated on data's device.
@@ -17,6 +19,9 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
                                const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                                int64_t channels, int64_t out_h, int64_t out_w, at::ScalarType out_dtype,
                                bool channels_last);
+
+// The op's `fill` (1 value, or one per channel) as a Fill for `channels` channels; errors name `op`.
+Fill make_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op);
 
 template <typename T>
 struct TypeTag {

@@ -93,9 +93,6 @@ class AugMix:
         self.interpolation = interpolation
         _check_interpolation(interpolation)
         self.fill = _check_fill(fill)
-        if isinstance(self.fill, list) and len(set(self.fill)) > 1:
-            raise ValueError(f"per-channel fill {fill} is not supported: the warp kernel fills every channel with "
-                             f"one value")
         for name, value in (("severity", severity), ("mixture_width", mixture_width), ("chain_depth", chain_depth)):
             # torchvision raises these TypeErrors at the first image (torch.randint / list * / range); a loader can
             # at once
@@ -206,7 +203,7 @@ class AugMix:
             orig, chain = orig.pin_memory(), chain.pin_memory()
         orig = orig.to(dev, non_blocking=True).view(B, 1, 1, 1)
         chain = chain.to(dev, non_blocking=True)
-        fill = 0.0 if self.fill is None else float(self.fill if not isinstance(self.fill, list) else self.fill[0])
+        fill = 0.0 if self.fill is None else self.fill  # a number, or one value per channel
         mix = orig * x  # float32, as torchvision's m[:, 0] * batch
         for i, steps in enumerate(params.steps):
             aug = x

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import conv2d, pad
 
-from ..ops import _norm_params, nearest_maps
+from ..ops import _norm_params, fill_values, nearest_maps
 
 __all__ = [
     "OPS", "PhotometricTable", "CheckedTable", "checked_table", "apply_table", "photometric",
@@ -685,7 +685,7 @@ def photometric(x, table, *, mean=None, std=None, in_scale=1.0 / 255, out_dtype=
         samples, matrices, fill, *slots = nearest
         slots = slots[0] if slots and slots[0] is not None else [0] * len(samples)
         samples, matrices = nearest_maps(samples, matrices, x.shape[0], x.device, slots, ops.shape[1])
-        maps = {"samples": samples, "matrices": matrices, "fill": float(fill), "map_slots": [int(s) for s in slots]}
+        maps = {"samples": samples, "matrices": matrices, "fill": fill_values(fill), "map_slots": [int(s) for s in slots]}
     return torch.ops.fastload.photometric(x.contiguous(), ops, params, alpha, beta, out_dtype, channels_last, **maps)
 
 
@@ -723,7 +723,7 @@ def _check_blur_sizes(table, x, name):
 
 
 @torch.library.register_fake("fastload::photometric")
-def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last, samples=None, matrices=None, fill=0.0,
+def _photometric_fake(x, ops, params, alpha, beta, out_dtype, channels_last, samples=None, matrices=None, fill=(0.0,),
                       map_slots=()):
     out = x.new_empty(x.shape, dtype=out_dtype)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -304,10 +304,7 @@ class Pipeline:
         fills = {fill_triple(t.fill) for t in steps + self._policies if places_fill(t)}
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
-        self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
-        if len(set(self.fill)) > 1:
-            raise ValueError(f"per-channel fill {self.fill} is not supported yet: the warp kernel fills every channel "
-                             f"with one value")
+        self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)  # per channel
 
     @classmethod
     def build(cls, transform):
@@ -584,7 +581,7 @@ class Pipeline:
                             mean=None if photometric else mean, std=None if photometric else std,
                             in_scale=1.0 if photometric else in_scale,
                             out_dtype=torch.uint8 if photometric else self.dtype,
-                            channels_last=channels_last and not photometric, fill=self.fill[0], hwc=hwc,
+                            channels_last=channels_last and not photometric, fill=list(self.fill), hwc=hwc,
                             channels=channels)
         if params is None:
             return x
@@ -593,7 +590,7 @@ class Pipeline:
         nearest = None
         if params.nearest is not None:
             samples, matrices, slots = params.nearest.on(x.device)
-            nearest = (samples, matrices, self.fill[0], slots)
+            nearest = (samples, matrices, list(self.fill), slots)
         if photometric:  # every slot, then ToDtype + Normalize, in one native op (two small kernels a slot)
             from .functional import PhotometricTable, photometric as run_table
             for before, augmix, mix in params.augmix:  # on the uint8 image, as torchvision's AugMix
