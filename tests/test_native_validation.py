@@ -149,7 +149,7 @@ def test_warp_shape_whose_size_wraps_int64_yields_fill_on_cuda():
     # write the fill value (normalised), never reading stray memory.
     data = torch.arange(16, dtype=torch.uint8, device="cuda")
     args = list(_warp_args(data, [WRAPPING_H, 3, 1], device="cuda"))
-    args[-1] = 7.0
+    args[-1] = [7.0]
     out = torch.ops.fastload.warp_normalize(*args)
     assert torch.equal(out.cpu(), torch.full((1, 1, 4, 4), 7.0))
     ok = torch.ops.fastload.warp_normalize(*_warp_args(data, [4, 4, 1], device="cuda"))
