@@ -244,3 +244,26 @@ def test_batches_equal_torchvision_per_sample(imagenet_dir, recipe, device):
     assert diff[blurred].max() <= 2
     # the choices differ between samples of the batch
     assert len({tuple(row) for row in table.ops.tolist()}) > 3
+
+
+def test_a_no_op_child_keeps_the_samples_that_pick_it(imagenet_dir):
+    """RandomChoice([Identity(), RandomInvert(1.0)]): each sample is its crop as it is or inverted, by its own
+    draw (torchvision runs Identity as a child too; it was refused); RandomOrder and RandomApply take no-ops too."""
+    ds = fl.FolderDataset(imagenet_dir)
+    crop = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
+
+    def batch(*middle):
+        loader = fl.FastLoader(ds, batch_size=48, shuffle=False, seed=3, transform=T.Compose(crop + list(middle)))
+        return next(iter(loader))[0], loader
+
+    plain, _ = batch(T.Identity())
+    chosen, loader = batch(T.RandomChoice([T.Identity(), T.RandomInvert(1.0)]))
+    picks = loader.pipeline.photometric[0].choices(3, 0, np.arange(48))
+    assert 10 < int(picks.sum()) < 38  # both children picked, per sample
+    for i in range(48):
+        assert torch.equal(chosen[i], 255 - plain[i] if picks[i] else plain[i])
+    assert torch.equal(batch(T.RandomOrder([T.Identity(), T.RandomInvert(1.0)]))[0], 255 - plain)
+    assert torch.equal(batch(T.RandomApply([T.ToImage(), T.Identity()], p=0.5))[0], plain)
+    assert repr(T.RandomChoice([T.Identity()])) == "RandomChoice([Identity()], p=[1.0])"
+    with pytest.raises(TypeError, match="RGB"):  # not a no-op after Grayscale(): still refused in a container
+        T.RandomChoice([T.RGB(), T.RandomInvert()])

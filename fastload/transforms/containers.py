@@ -54,11 +54,37 @@ def _kind_of_children(container, transforms, kinds):
     return found[0]
 
 
+class _NoOp:
+    """A no-op child (Identity, ToImage, PILToTensor, ToPureTensor) as a photometric step of no slots: a sample that
+    picks it, or an order that places it, keeps its pixels, as in torchvision."""
+
+    kind = "photometric"
+    slots = 0
+    stream = 0
+
+    def __init__(self, of):
+        self.of = of
+
+    def table(self, seed, epoch, indices):
+        return PhotometricTable.identity(len(indices), 0)
+
+    def __repr__(self):
+        return repr(self.of)
+
+
 def _own_children(transforms):
     """The container's own copies of its children (a transform listed twice draws twice, as torchvision calls it
-    twice); a Compose child becomes RandomApply(its transforms, p=1): all of them, in order."""
-    from .pipeline import Compose
-    return [RandomApply(t.flat(), p=1.0) if isinstance(t, Compose) else copy.deepcopy(t) for t in transforms]
+    twice); a Compose child becomes RandomApply(its transforms, p=1): all of them, in order; a no-op, _NoOp. (RGB
+    is not one: after Grayscale() it changes the channel count.)"""
+    from .pipeline import RGB, Compose, ToImage
+
+    def own(t):
+        if isinstance(t, Compose):
+            return RandomApply(t.flat(), p=1.0)
+        if isinstance(t, ToImage) and not isinstance(t, RGB):
+            return _NoOp(t)
+        return copy.deepcopy(t)
+    return [own(t) for t in transforms]
 
 
 def _check_list(transforms, not_a_sequence="Argument transforms should be a sequence of callables"):
