@@ -338,7 +338,7 @@ class Cores:
                     indices[k] = pick[0]
                     used += need
                     break
-                counts["skipped"] += 1
+                # a replacement that fails too is tried again, not counted: "skipped" counts replaced samples
             else:
                 name, why = m.ds.sample_name(original), messages.get(k, "")
                 raise DecodeError(f"{name}: {why} (and {_MAX_REPLACEMENTS} replacements failed too)", sample=name,

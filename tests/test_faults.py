@@ -20,6 +20,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+import torch
 
 import fastload as fl
 from fastload import ops
@@ -144,6 +145,18 @@ def test_file_gone_between_scan_and_read(tree, tmp_path, fault):
     assert n == len(ds) and stats["skipped"] == 1
     with pytest.raises(fl.DecodeError, match=rf"{victim}: cannot read"):
         ds[5]
+
+
+def test_skipped_counts_replaced_samples_once(tree, tmp_path):
+    """A broken sample among four: its replacement is drawn from all four, so a pick can be the broken one again
+    (then drawn anew). "skipped" counts the replaced sample once, whatever the picks (it counted each failed pick)."""
+    root = fresh_tree(tree, tmp_path)
+    ds = fl.FolderDataset(root)
+    open(ds.paths[5], "wb").close()  # empty: cannot decode
+    four = torch.utils.data.Subset(ds, [4, 5, 6, 7])
+    for seed in range(6):
+        loader = fl.FastLoader(four, batch_size=4, crop=fl.CenterCrop(32), seed=seed, on_error="skip")
+        assert sum(len(y) for _, y in loader) == 4 and loader.stats()["skipped"] == 1, seed
 
 
 def _can_drop_root_read_rights():

@@ -455,3 +455,27 @@ def test_ctrl_c_waits_for_the_workers_in_native_code():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_ctrl_c_during_the_force_swap_waits_for_it(pack_tree, tmp_path, monkeypatch):
+    """--force replaces DST with two renames; a Ctrl-C between them left no DST and the old store at DST.old-PID
+    forever. Now it is raised once the swap and the old store's removal are done."""
+    dst = tmp_path / "s.lmdb"
+    pack(pack_tree, dst, progress=False, log=lambda m: None)
+    rename = os.rename
+    calls = []
+
+    def interrupted_rename(a, b):
+        rename(a, b)
+        calls.append(str(b))
+        if str(b).startswith(f"{dst}.old-"):
+            os.kill(os.getpid(), signal.SIGINT)  # between the two renames
+
+    monkeypatch.setattr(os, "rename", interrupted_rename)
+    with pytest.raises(KeyboardInterrupt):
+        pack(pack_tree, dst, force=True, max_side=256, progress=False, log=lambda m: None)
+    monkeypatch.setattr(os, "rename", rename)
+    first = next(k for k, c in enumerate(calls) if c.startswith(f"{dst}.old-"))
+    assert calls[first + 1:] == [str(dst)]  # the swap went on to its end
+    assert not [p for p in os.listdir(tmp_path) if ".old-" in p or p.endswith(".partial")]
+    assert LMDBDataset(dst).meta["options"]["max_side"] == 256  # the new store, complete

@@ -555,26 +555,35 @@ def _pack_files(env, plan, prog, opt, workers, commit_every, on_error, progress,
         bar.close()
 
 
-def _join_workers(pool):
-    """Waits for the worker threads even through more Ctrl-Cs (a double Ctrl-C, or `timeout` signalling the process
-    and then its group): a worker is inside a native call with the GIL released, and an interpreter that exits
-    under it aborts the process (std::terminate) instead of leaving the partial store to --resume. A Ctrl-C that
-    comes meanwhile is raised once they are done."""
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Holds a Ctrl-C (SIGINT) off while the block runs and raises it once the block is done (unless the block
+    raised: that exception goes on). Main thread only, where Python runs signal handlers; elsewhere a no-op. Yields
+    the list a caught Ctrl-C is appended to."""
     caught = []
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, lambda *_: caught.append(1)) if main_thread else None
     try:
-        while True:
-            try:
-                pool.shutdown(wait=True, cancel_futures=True)
-                break
-            except KeyboardInterrupt:  # one raised before the handler above took over
-                caught.append(1)
+        yield caught
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
     if caught and sys.exc_info()[1] is None:
         raise KeyboardInterrupt
+
+
+def _join_workers(pool):
+    """Waits for the worker threads even through more Ctrl-Cs (a double Ctrl-C, or `timeout` signalling the process
+    and then its group): a worker is inside a native call with the GIL released, and an interpreter that exits
+    under it aborts the process (std::terminate) instead of leaving the partial store to --resume. A Ctrl-C that
+    comes meanwhile is raised once they are done."""
+    with _ctrl_c_deferred() as caught:
+        while True:
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:  # one raised before the handler took over
+                caught.append(1)
 
 
 def _finalize(env, plan):
@@ -679,9 +688,13 @@ def _write_report(partial, meta, dst):
 def _swap_into_place(partial, dst):
     if os.path.lexists(dst):  # --force: the old store goes only now that the new one is complete
         old = f"{dst}.old-{os.getpid()}"
-        os.rename(dst, old)
-        os.rename(partial, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        # A Ctrl-C between the renames would leave no DST and the old store at DST.old-PID, never cleaned up:
+        # it waits until the swap and the clean-up are done (a few seconds for a large store at most).
+        with _ctrl_c_deferred():
+            os.rename(dst, old)
+            os.rename(partial, dst)
+            _fsync_dir(os.path.dirname(dst))
+            shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(partial, dst)
-    _fsync_dir(os.path.dirname(dst))
+        _fsync_dir(os.path.dirname(dst))
