@@ -421,6 +421,8 @@ class Engines:
             buffers = self._buffers(reader, indices[chosen], slot)
             keep = engine_ready(self.decodable, verdicts[chosen], buffers, threads=m.threads,
                                 max_pixels=m.max_pixels)
+            # verify_jpegs is a strict whole-scan check: the cores need not read those scans again
+            self.cores.crops.checks.passed[verdicts[chosen[keep]]] = True
             # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose
             # path reports or skips it as decoder="cpu" would.
             chosen = chosen[keep]

@@ -84,6 +84,10 @@ def test_per_channel_fill_is_each_channels_own(images, device):
                                                            dtype=images_.dtype, device=device)[:, None].expand(3, 64 * 80))
     with pytest.raises(RuntimeError, match="fill must have 1 value or one per channel"):
         ops.affine_nearest(x, m.to(device), fill=[1.0, 2.0])
+    # more channels than fill values can name (one value then): every plane's fill, the CPU's AVX2 lanes included
+    x6 = torch.cat([x, x], 1)
+    assert torch.equal(ops.affine_nearest(x6, m.to(device), fill=77),
+                       ops.affine_nearest(x6.float(), m.to(device), fill=77).to(torch.uint8))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])

@@ -91,7 +91,11 @@ def test_a_whole_scan_decode_gives_the_crops_pixels(imagenet_dir, window):
     crops otherwise decode only the segments around the window)."""
     path = _class_dirs(imagenet_dir)[0]
     data = open(os.path.join(path, sorted(os.listdir(path))[0]), "rb").read()
-    for variant in (data, ops.add_restart_markers(data)):
+    import io
+    from PIL import Image
+    progressive = io.BytesIO()
+    Image.open(io.BytesIO(data)).save(progressive, "JPEG", quality=90, progressive=True)
+    for variant in (data, ops.add_restart_markers(data), progressive.getvalue()):
         status_a, _, a = _decode(variant, window, whole=False)
         status_b, _, b = _decode(variant, window, whole=True)
         assert status_a == status_b == ops.OK and torch.equal(a, b)
@@ -209,6 +213,29 @@ def test_force_never_deletes_an_lmdb_database_fastload_did_not_make(imagenet_dir
     assert len(fl.LMDBDataset(store)) > 0
 
 
+def test_force_refuses_a_truncated_lmdb_database_without_reading_past_its_end(imagenet_dir, tmp_path):
+    """A truncated data.mdb is read past its end (SIGBUS) by any look at its keys: --force leaves it, saying why."""
+    root = photo_tree(imagenet_dir, tmp_path / "photos", png=False)
+    store = pack(root, tmp_path / "s.lmdb", progress=False, log=lambda m: None).path
+    data = os.path.join(store, "data.mdb")
+    os.truncate(data, os.path.getsize(data) // 2)
+    with pytest.raises(DatasetError, match="truncated LMDB database"):
+        pack(root, store, force=True, progress=False, log=lambda m: None)
+
+
+@pytest.mark.cuda
+def test_the_engines_check_spares_the_cores_a_second_scan(imagenet_dir):
+    """decoder="nvjpeg" verifies each JPEG's whole scan (ops.verify_jpegs) before the engines take it: the cores'
+    first-decode check counts it as done."""
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=16, crop=fl.RandomResizedCrop(64), device="cuda", decoder="nvjpeg")
+    for _ in loader:
+        pass
+    engines, checks = loader._maker._parts["engines"], loader._maker._parts["scan checks"]
+    verified = engines.decodable == 2  # VERIFIED
+    assert verified.sum() > len(ds) // 2 and checks.passed[verified].all()
+
+
 def test_a_damaged_index_is_caught_at_the_read(imagenet_dir, tmp_path):
     """The loader plans crops and labels from the metadata's index; a record that disagrees with it (a damaged
     index: wrong size or label) is refused naming the sample, not cropped at the wrong size or mislabelled."""
@@ -227,3 +254,15 @@ def test_a_damaged_index_is_caught_at_the_read(imagenet_dir, tmp_path):
             pass
     n = sum(len(y) for _, y in fl.FastLoader(ds, batch_size=8, crop=fl.CenterCrop(64), on_error="skip"))
     assert n == len(ds)
+    for read in (lambda: ds[2], lambda: ds.record(2)):  # the single-record reads check it too
+        with pytest.raises(fl.DecodeError, match="disagrees with the store's index"):
+            read()
+
+
+def test_a_relabelled_store_loads_its_new_labels(imagenet_dir, tmp_path):
+    """The check compares records with the index as packed, not with ds.labels, which a user may replace."""
+    root = photo_tree(imagenet_dir, tmp_path / "photos", png=False)
+    ds = fl.LMDBDataset(pack(root, tmp_path / "s.lmdb", progress=False, log=lambda m: None).path)
+    ds.labels = np.asarray(ds.labels) + 10
+    y = torch.cat([y for _, y in fl.FastLoader(ds, batch_size=8, crop=fl.CenterCrop(64), shuffle=False)])
+    assert torch.equal(y, torch.as_tensor(ds.labels))

@@ -104,6 +104,10 @@ def holds_fastload_keys(where):
     try:
         if env is None:
             env = own = open_env(where, True)
+            need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if os.path.getsize(os.path.join(where, "data.mdb")) < need:  # reading past its end: SIGBUS
+                raise DatasetError(f"{where}: a truncated LMDB database; fastload cannot tell whether it made it, so "
+                                   f"--force leaves it: remove it yourself if it is a store you want replaced")
         with env.begin() as txn:
             return txn.stat()["entries"] == 0 or txn.get(META_KEY) is not None or txn.get(PLAN_KEY) is not None
     except lmdb.Error:
@@ -174,7 +178,8 @@ class _LMDBReader:
     def get(self, i):
         """The image bytes of record i, checked against the CRC-32 they had when packed (as the loader's native
         reads are): damaged bytes raise DecodeError naming the sample, even where they would still decode."""
-        (_, _, _, _, _, crc), view = self.raw(i)
+        (fmt, _, h, w, label, crc), view = self.raw(i)
+        self._check_index([i], [(fmt, h, w, label)])
         actual = zlib.crc32(view)
         if actual != crc:
             name = self._ds.sample_name(i, self._txn)
@@ -198,21 +203,21 @@ class _LMDBReader:
         """The loader plans crops and labels from the metadata's index without reading records; each record read
         is checked against it (one vectorised compare a batch), so a damaged index fails here, naming the sample,
         instead of cropping at the wrong size or carrying the wrong label."""
-        ds, idx = self._ds, np.asarray(indices, dtype=np.int64)
+        index, idx = self._ds._packed, np.asarray(indices, dtype=np.int64)
         got = np.asarray(headers, dtype=np.int64).reshape(-1, 4)
-        ok = ((got[:, 0] == ds.formats[idx]) & (got[:, 1] == ds.heights[idx]) & (got[:, 2] == ds.widths[idx])
-              & (got[:, 3] == ds.labels[idx]))
+        want = index[idx]
+        ok = (got == want).all(axis=1)
         if not ok.all():
             k = int(np.flatnonzero(~ok)[0])
-            name = ds.sample_name(int(idx[k]), self._txn)
-            fmt, h, w, label = got[k].tolist()
+            name = self._ds.sample_name(int(idx[k]), self._txn)
+            (fmt, h, w, label), (f0, h0, w0, l0) = got[k].tolist(), want[k].tolist()
             why = (f"record header disagrees with the store's index (format {fmt}, {w}x{h}, label {label} against "
-                   f"{int(ds.formats[idx[k]])}, {int(ds.widths[idx[k]])}x{int(ds.heights[idx[k]])}, label "
-                   f"{int(ds.labels[idx[k]])}): damaged metadata")
+                   f"{f0}, {w0}x{h0}, label {l0}): damaged metadata")
             raise DecodeError(f"{name}: {why}", sample=name, reason=why)
 
     def record(self, i):
         (fmt, _, h, w, label, _), data = self.raw(i)
+        self._check_index([i], [(fmt, h, w, label)])
         return Record(data, h, w, label, fmt)
 
 
@@ -237,6 +242,9 @@ class LMDBDataset(ImageDataset):
             raise DatasetError(f"{self.path}: damaged fastload metadata index ({e})") from None
         self.heights, self.widths = arrays["heights"], arrays["widths"]
         self.labels, self.formats = arrays["labels"], arrays["formats"]
+        # [N, 4] (format, height, width, label) as packed, which each record read is checked against: its own
+        # copy, so a user who relabels the dataset (ds.labels = ...) changes what batches carry, not the check
+        self._packed = np.stack([arrays[k].astype(np.int64) for k in ("formats", "heights", "widths", "labels")], 1)
         self.classes = list(meta["classes"])
         self.skipped = [tuple(s) for s in meta.get("skipped", [])]
         # Every JPEG record passed a strict whole-scan decode when packed, and each read checks its CRC-32: the

@@ -94,7 +94,8 @@ __attribute__((target("avx2"))) int gather_row_u8_avx2(const uint8_t* src, uint8
             _mm256_mask_i32gather_epi32(fills[0], reinterpret_cast<const int*>(src), at, inside, 1), low);
       } else {
         g = _mm256_srli_epi32(_mm256_mask_i32gather_epi32(
-                                  fills[ch < kMaxChannels ? ch : 0], reinterpret_cast<const int*>(src + ch * s_c - 3),
+                                  // past kMaxChannels the fill is one value: plane 1's (shifted) entry holds it
+                                  fills[ch < kMaxChannels ? ch : 1], reinterpret_cast<const int*>(src + ch * s_c - 3),
                                   at, inside, 1), 24);
       }
       const __m256i words = _mm256_packus_epi32(g, g);
@@ -177,7 +178,7 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
 
 Fill nearest_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op) {
   const int64_t n = static_cast<int64_t>(fill.size());
-  FL_CHECK(n == 1 || (n == channels && n <= kMaxChannels),
+  FL_CHECK(n == 1 || (n >= 1 && n == channels && n <= kMaxChannels),
            "%s: fill must have 1 value or one per channel (at most %d), got %lld for %lld channels", op,
            kMaxChannels, static_cast<long long>(n), static_cast<long long>(channels));
   Fill out;

@@ -291,7 +291,8 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
   // the last, which is decoded. A window that reaches the last row has read the whole scan. Under strict, such a
   // decode finishes: it reads up to EOI, where libjpeg reports leftover corrupt data (e.g. "extraneous bytes
   // before marker") that must not pass.
-  if (limits.strict && limits.whole_scan && cinfo.output_scanline < cinfo.output_height) {
+  // (A progressive file needs none: jpeg_start_decompress has read all its scans, to EOI.)
+  if (limits.strict && limits.whole_scan && !cinfo.progressive_mode && cinfo.output_scanline < cinfo.output_height) {
     // Skipping to the very end returns at once without reading (libjpeg-turbo's shortcut for the bottom of the
     // image), so skip to the last row and decode that one, as verify_jpeg does.
     const JDIMENSION last = cinfo.output_height - 1;
