@@ -86,11 +86,10 @@ def add_pack(sub):
     p.add_argument("--workers", type=_positive, default=None, metavar="N",
                    help="reader/checker threads (default: one per core, at most 8)")
     p.add_argument("--verify-decode", action="store_true",
-                   help="also fully decode every JPEG while packing. The default header + structure check "
-                   "finds empty, garbage and truncated files but not damaged image data inside a complete file; "
-                   "a full decode finds that too, but costs ~0.6 ms per ImageNet-sized JPEG per core: on 2 cores "
-                   "it takes packing from ~7,000 to ~2,300 files/s (less on a busy machine). `fastload verify "
-                   "DST` does the same check later, and the loader reports any file that fails to decode")
+                   help="also decode every JPEG's pixels while packing (IDCT and colour conversion). A strict pack "
+                   "(the default) already entropy-decodes every JPEG's whole scan, which refuses damaged image data "
+                   "exactly as a full decode does; this adds the pixel reconstruction, which finds nothing more "
+                   "libjpeg would report. `fastload verify DST` decodes every record later")
     p.add_argument("--seekable", action="store_true",
                    help="re-encode JPEGs losslessly with restart markers (same DCT coefficients, so every decoder "
                    "gives exactly the same pixels; optimised Huffman tables; APPn/COM markers kept), so that the "
