@@ -66,7 +66,7 @@ def main(argv=None):
         return once
 
     cpus = os.cpu_count()
-    configs = [("pack (default: header + structure check)", {}),
+    configs = [("pack (default: structure check + every scan entropy-decoded)", {}),
                ("pack --workers 1", {"workers": 1}),
                ("pack --workers 2", {"workers": 2}),
                ("pack --verify-decode (full decode of every JPEG)", {"verify_decode": True}),
