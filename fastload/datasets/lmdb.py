@@ -104,8 +104,7 @@ def holds_fastload_keys(where):
     try:
         if env is None:
             env = own = open_env(where, True)
-            need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-            if os.path.getsize(os.path.join(where, "data.mdb")) < need:  # reading past its end: SIGBUS
+            if _short_by(env, where, True):  # reading past its end: SIGBUS
                 raise DatasetError(f"{where}: a truncated LMDB database; fastload cannot tell whether it made it, so "
                                    f"--force leaves it: remove it yourself if it is a store you want replaced")
         with env.begin() as txn:
@@ -117,12 +116,19 @@ def holds_fastload_keys(where):
             own.close()
 
 
+def _short_by(env, where, subdir):
+    """(file size, bytes its pages need) when the data file is shorter than its metadata says, else None."""
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(os.path.join(where, "data.mdb") if subdir else where)
+    return (size, need) if size < need else None
+
+
 def _check_length(env, where, subdir):
     """DatasetError (env closed) for a data file shorter than the pages its metadata says it has: reading a page
     past the end of a memory-mapped file kills the process with SIGBUS (a copy cut short, a full disk)."""
-    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    size = os.path.getsize(os.path.join(where, "data.mdb") if subdir else where)
-    if size < need:
+    short = _short_by(env, where, subdir)
+    if short:
+        size, need = short
         env.close()
         raise DatasetError(f"{where}: truncated store: its data file is {size} bytes, its pages need {need} "
                            f"(copied or written incompletely?); copy it again or re-pack it")

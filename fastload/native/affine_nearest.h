@@ -87,7 +87,5 @@ void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op)
 void nearest_gather_u8(const uint8_t* src, uint8_t* dst, int h, int w, const float* matrix,
                        const nearest::Fills<uint8_t>& fill, std::vector<int>& source, std::vector<uint8_t>& staged);
 #endif
-// The ops' `fill` (one value, or one per channel of an image of at most kMaxChannels) for `channels` channels,
-// every entry set (one value broadcast); errors name `op`. In affine_nearest_cpu.cpp.
-Fill nearest_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op);
+
 }  // namespace fastload

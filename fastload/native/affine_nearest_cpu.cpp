@@ -176,16 +176,6 @@ void gather_sample(const T* src, T* dst, int c, int h, int w, int s_c, int s_y, 
 
 }  // namespace
 
-Fill nearest_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op) {
-  const int64_t n = static_cast<int64_t>(fill.size());
-  FL_CHECK(n == 1 || (n >= 1 && n == channels && n <= kMaxChannels),
-           "%s: fill must have 1 value or one per channel (at most %d), got %lld for %lld channels", op,
-           kMaxChannels, static_cast<long long>(n), static_cast<long long>(channels));
-  Fill out;
-  for (int c = 0; c < kMaxChannels; ++c) out.v[c] = static_cast<float>(fill[n == 1 || c >= n ? 0 : c]);
-  return out;
-}
-
 void check_sample_list(const at::Tensor& samples, int64_t batch, const char* op) {
   const int64_t* index = samples.data_ptr<int64_t>();
   std::vector<bool> seen(batch, false);
@@ -242,7 +232,7 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
 void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
                         c10::ArrayRef<double> fill_arg) {
   check_affine_nearest_args(images, samples, matrices);
-  const Fill fill = nearest_fill(fill_arg, images.size(1), "affine_nearest_");
+  const Fill fill = make_fill(fill_arg, images.size(1), "affine_nearest_");
   if (samples.numel() == 0 || images.numel() == 0) return;
   if (images.scalar_type() == at::kByte)
     affine_nearest_samples<uint8_t>(images, samples, matrices, fill);

@@ -133,7 +133,7 @@ void run(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matric
 void affine_nearest_cuda(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
                          c10::ArrayRef<double> fill_arg) {
   check_affine_nearest_args(images, samples, matrices);
-  const Fill fill = nearest_fill(fill_arg, images.size(1), "affine_nearest_");
+  const Fill fill = make_fill(fill_arg, images.size(1), "affine_nearest_");
   if (samples.numel() == 0 || images.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(images.device());
   FL_CHECK(samples.size(0) <= 65535, "affine_nearest_: at most 65535 samples per call on CUDA, got %lld",

@@ -584,7 +584,7 @@ at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at:
                            const std::optional<at::Tensor>& matrices, c10::ArrayRef<double> fill_arg,
                            at::IntArrayRef map_slots) {
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
-  const auto fill = nearest::typed<uint8_t>(nearest_fill(fill_arg, 3, "photometric"));
+  const auto fill = nearest::typed<uint8_t>(make_fill(fill_arg, 3, "photometric"));
   check_photometric_maps(x, samples, matrices);
   check_table(ops, params, static_cast<int>(x.size(2)), static_cast<int>(x.size(3)));
   const int64_t listed = samples ? samples->size(0) : 0, batch = x.size(0);

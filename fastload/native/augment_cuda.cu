@@ -732,7 +732,7 @@ at::Tensor photometric_cuda(const at::Tensor& x, const at::Tensor& ops, const at
   const int64_t listed = samples ? samples->size(0) : 0;
   const std::vector<int64_t> slot_of = photometric_map_slots(map_slots, listed, ops.size(1));
   if (out.numel() == 0) return out;
-  Moves moves{nullptr, nullptr, nearest::typed<uint8_t>(nearest_fill(fill, 3, "photometric")), nullptr, 0, 0};
+  Moves moves{nullptr, nullptr, nearest::typed<uint8_t>(make_fill(fill, 3, "photometric")), nullptr, 0, 0};
   at::Tensor map_of;
   if (listed > 0) {
     FL_CHECK(listed <= std::max<int64_t>(ops.size(1), 1) * x.size(0),

@@ -12,6 +12,8 @@
 // boundary exactly where torchvision's is (a crop's edge, the true image edge of a DCT-downscaled decode, whose last
 // decoded pixel covers part of the image only) while the filter's taps still read the whole decoded window.
 #pragma once
+#include <c10/util/ArrayRef.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -36,12 +38,17 @@ namespace fastload {
 constexpr int kMaxChannels = 4;
 
 // The value of pixels outside the visible box, per channel, on the input's scale (alpha/beta not yet applied):
-// torchvision's `fill`, one value or one per channel (warp_op.h's make_fill broadcasts one). Passed by value,
-// CUDA kernels included.
+// torchvision's `fill`, one value or one per channel (make_fill broadcasts one). Passed by value, CUDA kernels
+// included.
 struct Fill {
   float v[kMaxChannels];
   FL_HD float operator[](int c) const { return v[c]; }
 };
+
+// The ops' `fill` for an image of `channels` channels: one value, or one per channel where there are at most
+// kMaxChannels; every entry set (one value broadcast). Errors name `op`. In warp_cpu.cpp; the ops of warp,
+// affine_nearest and photometric all take it.
+Fill make_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op);
 
 FL_HD float triangle(float x) {
   x = fabsf(x);

@@ -34,12 +34,12 @@ namespace fastload {
 at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last);
 
 Fill make_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op) {
-  FL_CHECK(fill.size() == 1 || static_cast<int64_t>(fill.size()) == channels,
-           "%s: fill must have 1 value or one per channel (%lld), got %lld", op, static_cast<long long>(channels),
-           static_cast<long long>(fill.size()));
-  FL_CHECK(channels >= 1 && channels <= kMaxChannels, "%s: at most %d channels", op, kMaxChannels);
-  Fill out{};
-  for (int64_t c = 0; c < channels; ++c) out.v[c] = static_cast<float>(fill[fill.size() == 1 ? 0 : c]);
+  const int64_t n = static_cast<int64_t>(fill.size());
+  FL_CHECK(n == 1 || (n >= 1 && n == channels && n <= kMaxChannels),
+           "%s: fill must have 1 value or one per channel (at most %d), got %lld for %lld channels", op,
+           kMaxChannels, static_cast<long long>(n), static_cast<long long>(channels));
+  Fill out;
+  for (int c = 0; c < kMaxChannels; ++c) out.v[c] = static_cast<float>(fill[n == 1 || c >= n ? 0 : c]);
   return out;
 }
 

@@ -20,9 +20,6 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
                                int64_t channels, int64_t out_h, int64_t out_w, at::ScalarType out_dtype,
                                bool channels_last);
 
-// The op's `fill` (1 value, or one per channel) as a Fill for `channels` channels; errors name `op`.
-Fill make_fill(c10::ArrayRef<double> fill, int64_t channels, const char* op);
-
 template <typename T>
 struct TypeTag {
   using type = T;
