@@ -96,6 +96,17 @@ def full_resolution(windows, matrices):
 
 # ---- reading ------------------------------------------------------------------------------------------------
 
+def _get(reader, i):
+    """reader.get(i) of a protocol dataset: whatever it raises (an OSError from a network file system, a KeyError)
+    is that sample's read error, named and subject to on_error like a failed decode."""
+    try:
+        return reader.get(i)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f"cannot read it: {type(e).__name__}: {e}") from e
+
+
 def read_sources(reader, indices, unreadable=None):
     """(sources, crcs) of these samples for the native decoder: zero-copy views and their packed CRC-32 for LMDB,
     file paths (read by the native threads) and no checksums for folders. A record that cannot be read (a damaged
@@ -103,7 +114,7 @@ def read_sources(reader, indices, unreadable=None):
     like a failed decode."""
     sources = getattr(reader, "sources", None)
     if sources is None:  # a dataset of our protocol's minimum: bytes from get(), no checksums
-        sources = lambda idx: ([reader.get(i) for i in idx], None)  # noqa: E731
+        sources = lambda idx: ([_get(reader, i) for i in idx], None)  # noqa: E731
     try:
         buffers, crcs = sources(indices.tolist())
         return list(buffers), (None if crcs is None else list(crcs))

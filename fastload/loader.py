@@ -42,6 +42,18 @@ def _stop_all():  # interpreter exit: no producer outlives it, even one whose it
         producers.close()
 
 
+def _forget_inherited():
+    """os.fork's child: the parent's producer threads do not exist here, so nothing of theirs is waited for (a
+    close() or the exit would wait its full timeout on them); an iterator inherited from the parent ends, and a new
+    iteration in the child starts producers of its own."""
+    for producers in list(_live):
+        producers.forget()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
+
+
 class FastLoader:
     """Batches of crops from a FolderDataset or LMDBDataset, decoded only where the crop is.
 
@@ -171,6 +183,8 @@ class FastLoader:
         self.timeout = timeout
         self.sampler = ShardedSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                                       drop_last=drop_last, pad=pad, repeats=repeats)
+        # The DDP habit `loader.sampler.set_epoch(epoch)` selects the loader's epoch, as set_epoch does.
+        self.sampler.on_set_epoch = weakref.WeakMethod(self.set_epoch)
         self.seed = seed
         self._stats = LoaderStats()
         # Repeated augmentation: the sampler hands out keys (index + copy * n); the producers read a view in which
@@ -222,7 +236,8 @@ class FastLoader:
 
     # --- epoch bookkeeping -------------------------------------------------------------------------------
     def set_epoch(self, epoch):
-        """Selects the epoch the next iteration runs (its shuffle and crops). Without calls, epochs count up."""
+        """Selects the epoch the next iteration runs (its shuffle and crops), from its first batch (``loader.sampler.
+        set_epoch`` does the same). Without calls, epochs count up."""
         if self._start_batch and int(epoch) == self._epoch:
             self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
             return
@@ -259,9 +274,10 @@ class FastLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def state_dict(self):
-        """Position to resume from: the batches after the last one this loader handed out."""
+        """Position to resume from: the batches after the last one this loader handed out (where the next
+        ``iter(loader)`` starts, in this process or another)."""
         epoch, done = self._epoch, self._batches_done
-        if self._finished_epoch and not self._epoch_set:  # a finished epoch resumes at the next one
+        if self._epoch_done() and not self._epoch_set:  # a finished epoch resumes at the next one
             epoch, done = epoch + 1, 0
         sampler = self.sampler.state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
         sampler["epoch"] = epoch
@@ -308,9 +324,7 @@ class FastLoader:
     def close(self):
         """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
         ends. Nothing is lost: a loop over the loader that goes on after it continues with the next batch (new
-        producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says (unless the
-        loop's iterator is gone, after a ``break``: a new iteration then starts the epoch over, as without
-        close()). Call it before forking worker processes (a torch DataLoader for another dataset), so no producer
+        producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says. Call it before forking worker processes (a torch DataLoader for another dataset), so no producer
         is mid-decode at the fork, or to free the buffers at once; dropping the loader does the same when the
         garbage collector gets to it."""
         current = self._iterator() if self._iterator is not None else None
@@ -340,13 +354,25 @@ class FastLoader:
         return summary
 
     # --- iteration ---------------------------------------------------------------------------------------
+    def _epoch_done(self):
+        """Whether the latest iteration handed out its epoch's last batch (with or without its StopIteration)."""
+        return self._finished_epoch or (self._running[0] == self._epoch and 0 < len(self) <= self._batches_done)
+
     def __iter__(self):
+        """The batches from the loader's position: where the last iteration stopped (a break, an exception, a
+        second iter()), as state_dict says; the next epoch once one is finished; set_epoch's or load_state_dict's
+        choice. One iteration runs at a time: an earlier iterator still going raises if used again."""
         previous = self._iterator() if self._iterator is not None else None
         if previous is not None:
-            previous.close()  # a new epoch (or a break and restart) ends the previous producers
+            previous.retire()
         self._switch_to_next_decoder()
-        if not self._epoch_set and self._finished_epoch:
-            self._epoch += 1
+        if not self._epoch_set:
+            if self._epoch_done():
+                self._epoch += 1
+            elif self._batches_done and not self._start_batch and self._running[0] == self._epoch:
+                # Stopped mid-epoch: go on after the last batch handed out. Starting the epoch over would give a
+                # loop that breaks after N steps the same N batches every time.
+                self._start_batch, self._resume_size = self._batches_done, self._running[1]
         self._epoch_set = self._finished_epoch = False
         start, self._start_batch, self._paused = self._start_batch, 0, None
         self._batches_done = start
@@ -702,11 +728,20 @@ class _Producers:
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:
-            self.changed.wait_for(lambda: not self.running - {me}, timeout)
+            idle = self.changed.wait_for(lambda: not self.running - {me}, timeout)
         for t in self.threads + [p.thread for p in self.planners]:
             if t.is_alive() and t is not me:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
-        _live.discard(self)
+        if idle:  # else the exit's _stop_all waits for them again
+            _live.discard(self)
+
+    def forget(self):
+        """In a forked child: the threads are the parent's; mark everything stopped, wait for nothing (the locks
+        may have been held by the parent's threads at the fork, so new ones)."""
+        self.stop = threading.Event()
+        self.stop.set()
+        self.running, self.changed = set(), threading.Condition()
+        self.threads, self.planners = [], []
 
 
 class _EpochIterator:
@@ -716,6 +751,7 @@ class _EpochIterator:
         self.next_batch = start
         self.epoch = epoch
         self.paused = False  # stopped by loader.close(): the next __next__ starts producers at next_batch
+        self.retired = False  # a newer iter(loader) took over: using this one is an error
         self.last_taken = None  # decoder="auto": when the loop took the previous batch of this run of producers
         self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
         self.producers = _Producers(loader, batches, start, epoch)
@@ -741,7 +777,8 @@ class _EpochIterator:
                     raise RuntimeError("fastload producer threads stopped unexpectedly")
                 waited = time.perf_counter() - t
                 if self.loader.timeout is not None and waited > self.loader.timeout:
-                    self.close()
+                    self.paused = False
+                    p.close(timeout=0)  # stuck threads are not waited for here (the exit still waits for them)
                     raise TimeoutError(f"no batch for {waited:.0f} s (timeout={self.loader.timeout}): batch "
                                        f"{self.next_batch} of epoch {self.loader._epoch} is stuck reading or decoding")
         self.loader._stats.add(wait=time.perf_counter() - t)
@@ -760,6 +797,11 @@ class _EpochIterator:
 
     def __next__(self):
         loader = self.loader
+        if self.retired:
+            raise RuntimeError("this FastLoader iteration was replaced by a newer iter(loader), which went on from its "
+                               "position: a loader runs one iteration at a time (a second loop over the same loader, "
+                               "zip(loader, loader), or next(iter(loader)) inside the loop); build a second "
+                               "FastLoader to read the data twice at once")
         if self.paused:
             self._resume()
         if self.producers.stop.is_set():
@@ -813,6 +855,11 @@ class _EpochIterator:
     def live(self):
         """Whether it has batches to come and producers making them (not finished, failed or closed)."""
         return self.producers is not None and not self.producers.stop.is_set() and self.next_batch < len(self.batches)
+
+    def retire(self):
+        """A newer iteration takes over: stop, and raise if asked for another batch."""
+        self.retired = self.next_batch < len(self.batches)
+        self.close()
 
     def pause(self):
         """Stops the producers of a live iterator; unlike close(), it goes on at its next batch if asked for one."""

@@ -73,6 +73,7 @@ class ShardedSampler(torch.utils.data.Sampler):
         self.drop_last = bool(drop_last)
         self.pad = bool(pad)
         self.epoch = 0
+        self.on_set_epoch = None  # a FastLoader's set_epoch (a weak method), which this sampler feeds
         self._consumed = 0  # indices of this epoch handed out so far (what state_dict records)
         self._resuming = False  # the next __iter__ starts at _consumed instead of 0
 
@@ -94,6 +95,9 @@ class ShardedSampler(torch.utils.data.Sampler):
             self._consumed = 0
             self._resuming = False
         self.epoch = int(epoch)
+        owner = self.on_set_epoch() if self.on_set_epoch is not None else None
+        if owner is not None:
+            owner(self.epoch)
 
     def permutation(self, epoch=None):
         """The whole dataset's order for an epoch (identical on every rank): argsort of per-index hash keys."""

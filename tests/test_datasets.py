@@ -10,6 +10,7 @@ import lmdb
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 
 import fastload
@@ -120,11 +121,13 @@ def test_extensions_hidden_symlinks_and_magic(ds_tree, tmp_path):
     (root / "a" / "sub").mkdir(parents=True)
     (root / "b").mkdir()
     (root / ".hidden_class").mkdir()
+    (root / ".ipynb_checkpoints").mkdir()  # a hidden folder without images: no class
     shutil.copy(jpgs[0], root / "a" / "UPPER.JPG")
     shutil.copy(jpgs[1], root / "a" / "sub" / "x.jpeg")
     shutil.copy(jpgs[2], root / "a" / "really_a_jpeg.png")  # named .png, detected as JPEG by its bytes
     shutil.copy(jpgs[3], root / "a" / ".hidden.jpg")
     shutil.copy(jpgs[4], root / ".hidden_class" / "y.jpg")
+    shutil.copy(jpgs[6], root / "b" / "not_an_imagefolder_extension.jfif")
     (root / "a" / "readme.txt").write_text("not an image extension: ignored")
     os.symlink(root / "a", root / "a" / "sub" / "loop")  # a cycle: must not be walked forever
     outside = tmp_path / "outside"
@@ -132,11 +135,20 @@ def test_extensions_hidden_symlinks_and_magic(ds_tree, tmp_path):
     shutil.copy(jpgs[5], outside / "z.jpg")
     os.symlink(outside, root / "b" / "linked")  # symlinked folders are followed
     ds = FolderDataset(root)
-    rel = sorted(os.path.relpath(p, root) for p in ds.paths)
-    assert rel == ["a/UPPER.JPG", "a/really_a_jpeg.png", "a/sub/x.jpeg", "b/linked/z.jpg"]
-    assert ds.classes == ["a", "b"]
-    assert ds.formats.tolist() == [0, 0, 0, 0]
+    rel = [os.path.relpath(p, root) for p in ds.paths]
+    assert rel == [".hidden_class/y.jpg", "a/.hidden.jpg", "a/UPPER.JPG", "a/really_a_jpeg.png", "a/sub/x.jpeg",
+                   "b/linked/z.jpg"]
+    assert ds.classes == [".hidden_class", "a", "b"]
+    assert ds.labels.tolist() == [0, 1, 1, 1, 1, 2]
+    assert ds.formats.tolist() == [0] * 6
     assert all(torch.equal(ds[i][0], pillow_rgb(ds.paths[i])) for i in range(len(ds)))
+    os.remove(root / "a" / "sub" / "loop")  # torchvision's walk does not stop at a cycle
+    shutil.rmtree(root / ".ipynb_checkpoints")  # ImageFolder refuses a class folder without images
+    tv = torchvision.datasets.ImageFolder(str(root))
+    ds = FolderDataset(root, cache=False)
+    assert ds.classes == tv.classes
+    assert [(os.path.relpath(p, root), y) for p, y in zip(ds.paths, ds.labels.tolist())] == \
+        [(os.path.relpath(p, root), y) for p, y in tv.samples]
 
 
 def test_broken_files_are_left_out_and_reported(imagenet_dir, tmp_path):

@@ -271,10 +271,12 @@ def test_a_stuck_read_becomes_an_error(store):
     outcome = []
 
     def consume():
+        t = time.monotonic()
         try:
             outcome.append(run_epoch(ds, timeout=2))
         except Exception as e:  # noqa: BLE001 -- the error a timeout would raise is what we want
             outcome.append(e)
+        outcome.append(time.monotonic() - t)
 
     t = threading.Thread(target=consume, daemon=True)
     t.start()
@@ -283,6 +285,9 @@ def test_a_stuck_read_becomes_an_error(store):
     t.join(timeout=30)
     assert outcome and isinstance(outcome[0], TimeoutError), "the loader waited on the stuck read for 5 s"
     assert "stuck" in str(outcome[0])
+    # raised at its timeout, not after waiting for the stuck threads to stop as well (they cannot: 2 + 5 s); the
+    # margin covers the loader's start on a loaded CI machine
+    assert outcome[1] < 4.5, f"TimeoutError after {outcome[1]:.1f} s with timeout=2"
 
 
 # ---- stores: truncated, newer, unfinished -------------------------------------------------------------------------

@@ -241,9 +241,101 @@ def test_close_mid_epoch_loses_no_batch(coded_dir):
     assert len(head) + len(rest) == len(full)
     for (xa, ya), (xb, yb) in zip(full, head + rest):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
-    with pytest.raises(StopIteration):  # the old iterator was replaced by the new iteration: it stays stopped
+    with pytest.raises(RuntimeError, match="replaced by a newer iter"):  # the new iteration took over
         next(it)
     assert second.state_dict()["epoch"] == 1
+
+
+def same_batches(a, b):
+    return len(a) == len(b) and all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
+
+
+def test_a_loop_that_stops_early_goes_on_where_it_stopped(coded_dir):
+    """A break (or an exception) mid-epoch leaves the loader after the last batch handed out: the next loop goes on
+    there, as state_dict says (a loop breaking after N steps must not see the same N batches every time), and once
+    the epoch's last batch is out, by StopIteration or not, the next loop runs the next epoch."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    epochs = [collect_epoch(make(), e) for e in range(3)]
+    n = len(epochs[0])
+    loader = make()
+    got = []
+    for _ in range(2):  # two "epochs" of 3 steps each
+        for step, (x, y) in enumerate(loader):
+            got.append((x.clone(), y.clone()))
+            if step == 2:
+                break
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (0, 6)
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = collect(loader)
+    assert same_batches(got + rest, epochs[0])
+    assert same_batches(collect(resumed), rest)  # the checkpoint taken after the break continues the same way
+    it = iter(loader)  # epoch 1, taken with next() to its last batch, without the StopIteration
+    taken = [next(it) for _ in range(n)]
+    assert same_batches(taken, epochs[1]) and loader.state_dict()["epoch"] == 2
+    assert same_batches(collect(loader), epochs[2])
+    loader.set_epoch(0)  # set_epoch starts an epoch at its first batch
+    assert same_batches(collect(loader)[:2], epochs[0][:2])
+
+
+def test_one_iteration_at_a_time(coded_dir):
+    """A second iter() takes over the position; the first iterator then raises instead of ending quietly (a nested
+    loop over the same loader would otherwise cut the outer epoch short without a word)."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    full = collect(make())
+    loader = make()
+    outer = iter(loader)
+    first = next(outer)
+    peek = next(iter(loader))  # batch 1: the new iteration went on from the outer one's position
+    assert same_batches([first, peek], full[:2])
+    with pytest.raises(RuntimeError, match="replaced by a newer iter"):
+        next(outer)
+    with pytest.raises(RuntimeError, match="replaced by a newer iter"):
+        list(zip(loader, loader))
+
+
+def test_the_samplers_set_epoch_selects_the_loaders_epoch(coded_dir):
+    """`loader.sampler.set_epoch(e)`, the DDP habit (torchvision's reference scripts), selects epoch e as
+    loader.set_epoch does: a run resumed from a model checkpoint alone gets epoch e's shuffle and crops."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    loader = make()
+    loader.sampler.set_epoch(2)
+    assert same_batches(collect(loader), collect_epoch(make(), 2))
+
+
+def test_a_forked_child_does_not_wait_for_the_parents_threads(coded_dir):
+    """os.fork copies the loader but not its threads: closing it, a new iteration, and the exit in the child must
+    not wait on threads that exist only in the parent (each waited its 5 s timeout)."""
+    ds = fl.FolderDataset(coded_dir)
+    loader = fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    it = iter(loader)
+    next(it)
+    r, w = os.pipe()
+    import warnings
+    with warnings.catch_warnings():  # "this process is multi-threaded, use of fork() may lead to deadlocks"
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report (seconds to close, batches of a new iteration), leave without cleanup
+        try:
+            t = time.monotonic()
+            loader.close()
+            closed = time.monotonic() - t
+            batches = len(collect(loader))
+            os.write(w, f"{closed:.3f} {batches}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    closed, batches = os.read(r, 100).decode().split()
+    os.close(r)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert float(closed) < 1.0, f"close() in the child took {closed} s"
+    assert int(batches) == len(loader) - 1  # it went on after the batch the parent had taken
+    assert len(collect(loader)) == len(loader) - 1  # the parent's own loop is untouched by the child
 
 
 def test_close_keeps_a_position_chosen_since_the_iteration_began(coded_dir):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fastload as fl
+from fastload.errors import DecodeError
 from fastload.datasets import FolderDataset, pack
 from fastload.datasets.source import SubsetSource, as_source
 from pack_corpus import photo_tree
@@ -139,6 +140,38 @@ def test_a_protocol_object_loads(folder):
     bad.labels = folder.labels[:-1]
     with pytest.raises(ValueError, match=f"labels has {len(folder) - 1} entries but the dataset has {len(folder)}"):
         fl.FastLoader(bad)
+
+
+def test_a_protocol_readers_own_error_is_the_samples_error(folder):
+    """What a protocol dataset's get() raises (an OSError from a network file system) names the sample and is
+    subject to on_error like a failed decode: raised by default, skipped with on_error="skip"."""
+    class Flaky:
+        heights, widths, labels, formats = folder.heights, folder.widths, folder.labels, folder.formats
+
+        def __len__(self):
+            return len(folder)
+
+        def sample_name(self, i):
+            return f"flaky[{i}]"
+
+        def reader(self):
+            import contextlib
+
+            class R:
+                def get(self, i):
+                    if i == 3:
+                        raise OSError(5, "Input/output error")
+                    return Path(folder.paths[i]).read_bytes()
+            return contextlib.nullcontext(R())
+
+    with pytest.raises(DecodeError, match=r"flaky\[3\].*OSError.*Input/output error"):
+        epoch(Flaky())
+    loader = fl.FastLoader(Flaky(), batch_size=8, shuffle=False, crop=fl.CenterCrop(48), threads=2, on_error="skip")
+    x, y = (torch.cat(t) for t in zip(*loader))
+    ref_x, ref_y = epoch(folder)
+    keep = [i for i in range(len(folder)) if i != 3]  # sample 3 is replaced by another one
+    assert loader.stats()["skipped"] == 1 and len(y) == len(folder)
+    assert torch.equal(y[keep], ref_y[keep]) and torch.equal(x[keep], ref_x[keep])
 
 
 def test_transforms_on_the_dataset_are_refused_not_ignored(tree, folder):

@@ -18,9 +18,9 @@ from .base import DataError, DatasetError, ImageDataset, Record
 from .check import MAX_FILE_BYTES, first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
 from .record import JPEG, OTHER
 
-#: Extensions (lowercase, with the dot) that FolderDataset and `fastload pack` pick up in class folders.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff",
-                    ".ppm", ".pgm", ".pbm", ".pnm")
+#: Extensions (lowercase, with the dot) that FolderDataset and `fastload pack` pick up in class folders:
+#: torchvision's IMG_EXTENSIONS, so a folder gives ImageFolder's samples (pass extensions= for others).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 _CACHE_VERSION = 1
 _HEAD_BYTES = 64 << 10   # a JPEG's header (EXIF and ICC included) is almost always within its first 64 KiB
@@ -33,10 +33,6 @@ Listing = namedtuple("Listing", "root classes paths labels sizes mtimes skipped"
 
 def default_threads():
     return min(16, 2 * (os.cpu_count() or 1))
-
-
-def _visible(name):
-    return not name.startswith(".")
 
 
 def _walk_class(class_dir, extensions, skipped, root):
@@ -64,8 +60,6 @@ def _walk_class(class_dir, extensions, skipped, root):
             skipped.append((os.path.relpath(d, root), f"cannot list folder: {e.strerror}"))
             continue
         for entry in entries:
-            if not _visible(entry.name):
-                continue
             try:
                 is_dir = entry.is_dir()
             except OSError:
@@ -97,10 +91,12 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
     """The image files of ``root`` as a Listing. Raises DatasetError for a missing, class-less or empty folder.
 
     ImageFolder layout: one sub-folder per class, classes sorted by name -> 0..C-1, files found recursively,
-    extensions matched case-insensitively, hidden files and folders ignored. With ``file_list``, exactly the
-    listed files, in that order (see ``read_file_list`` for its two formats). ``classes`` (names; label k is
-    classes[k]) fixes the label numbers instead: a validation set missing a class keeps the training set's numbers
-    (pass ``classes=train.classes``); a class folder or list label that is not among them is an error.
+    extensions matched case-insensitively: ImageFolder's classes, samples and order (hidden files and folders
+    included, as ImageFolder includes them; a hidden folder with no images, such as .ipynb_checkpoints, is no class,
+    where ImageFolder refuses the tree). With ``file_list``, exactly the listed files, in that order (see
+    ``read_file_list`` for its two formats). ``classes`` (names; label k is classes[k]) fixes the label numbers
+    instead: a validation set missing a class keeps the training set's numbers (pass ``classes=train.classes``); a
+    class folder or list label that is not among them is an error.
     """
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -110,10 +106,12 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
         return _list_from_file(root, os.fspath(file_list), classes)
     extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
     try:
-        entries = sorted((e for e in os.scandir(root) if _visible(e.name)), key=lambda e: e.name)
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as e:
         raise DatasetError(f"{root}: cannot list the folder: {e.strerror}") from None
-    found = [e.name for e in entries if e.is_dir()]
+    skipped = []
+    walked = {e.name: _walk_class(e.path, extensions, skipped, root) for e in entries if e.is_dir()}
+    found = [name for name, files in walked.items() if files or not name.startswith(".")]
     if not found:
         loose = sum(os.path.splitext(e.name)[1].lower() in extensions for e in entries)
         hint = f"; it has {loose} images directly inside: move them into class folders" if loose else ""
@@ -125,11 +123,11 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
         if unknown:
             raise DatasetError(f"{root}: class folder(s) {', '.join(unknown[:5])} not among the {len(classes)} "
                                f"classes given (classes=): add them there, or remove the folders")
-    paths, labels, sizes, mtimes, skipped = [], [], [], [], []
+    paths, labels, sizes, mtimes = [], [], [], []
     index = {c: i for i, c in enumerate(classes)}
     for name in found:  # sorted folder names, as ImageFolder: the order of samples does not depend on classes=
         label = index[name]
-        for rel, size, mtime in _walk_class(os.path.join(root, name), extensions, skipped, root):
+        for rel, size, mtime in walked[name]:
             paths.append(rel)
             labels.append(label)
             sizes.append(size)
