@@ -278,6 +278,34 @@ def test_apply_table_refuses_bad_tables(photos):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_blends_round_as_torchvision(photos, flat_photos, dtype, device):
+    """On float16 / bfloat16 images torchvision multiplies by the factor (a Python float) in float32 and rounds
+    once: brightness, contrast and saturation equal it exactly (they rounded the factor to the half type first: one
+    step off in a sixth of the values). Sharpness: within one step of the type (the 3x3 blur's own rounding)."""
+    for images in (photos, flat_photos):
+        x = _as(images, dtype, device)
+        for op, tv_op in FACTOR_OPS:
+            out, ref = op(x, FACTORS), _reference(tv_op, x, FACTORS)
+            if op is F.adjust_sharpness:
+                step = torch.finfo(dtype).eps  # one step of the type at 1.0, the largest value
+                torch.testing.assert_close(out, ref, rtol=0, atol=step)
+            else:
+                assert torch.equal(out, ref), op.__name__
+
+
+def test_images_without_pixels_pass_through_as_in_torchvision(photos):
+    """An image of height or width 0 (or a batch of none): every op returns it, as torchvision does (autocontrast
+    raised IndexError: the range of nothing)."""
+    for empty in (photos[:, :, :0], photos[:, :, :, :0], photos[:0]):
+        for op, tv_op in ((F.autocontrast, TF.autocontrast), (F.equalize, TF.equalize), (F.invert, TF.invert)):
+            out = op(empty)
+            assert out.shape == empty.shape and out.dtype == empty.dtype
+            if len(empty):
+                assert tv_op(empty[0]).shape == out[0].shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fma_matches_torch_add(photos, device):
     """What makes the blends exact: torchvision's ``a.add_(b, alpha=s)`` rounds a + s * b once (a fused
     multiply-add), and torch.addcmul with a per-sample alpha tensor, which the blends use, must do the same on this

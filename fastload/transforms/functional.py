@@ -87,9 +87,24 @@ def _col(t):
     return t.view(-1, 1, 1, 1)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _fma(a, b, alpha):
-    """a + alpha * b rounded once: torchvision's ``a.add_(b, alpha=...)`` with a per-sample alpha [B]."""
+    """a + alpha * b rounded once: torchvision's ``a.add_(b, alpha=...)`` with a per-sample alpha [B] (a
+    half-precision sum is computed in float32, as ATen's kernel does)."""
+    if a.dtype in _HALF:
+        return torch.addcmul(a.float(), b.float(), _col(alpha.float())).to(a.dtype)
     return torch.addcmul(a, b, _col(alpha))
+
+
+def _times(x, factor):
+    """x * factor [B] in the computation dtype, as torchvision's ``x.mul(factor)`` with a Python float: a
+    half-precision image times the float32 factor, rounded once (not times the factor rounded to half first)."""
+    dt = _cdtype(x)
+    if dt in _HALF:
+        return (x.float() * _col(factor.float())).to(dt)
+    return x.to(dt) * _col(factor.to(dt))
 
 
 def _gray(x):
@@ -107,7 +122,7 @@ def _blend(x, other, ratio, one_minus=None):
     """torchvision's _blend: x * ratio + other * (1 - ratio), clamped, truncated to uint8 for uint8 images.
     ``one_minus``: 1 - ratio where the caller has it more exactly than ratio (a table's p1), else computed."""
     dt = _cdtype(x)
-    out = _fma(x.to(dt) * _col(ratio.to(dt)), other, _one_minus(ratio, one_minus).to(dt)).clamp_(0, _bound(x))
+    out = _fma(_times(x, ratio), other, _one_minus(ratio, one_minus).to(dt)).clamp_(0, _bound(x))
     return out.to(x.dtype)
 
 
@@ -143,7 +158,7 @@ def _op(name, fake=_same):
 @_op("adjust_brightness")
 def _brightness(x: Tensor, factor: Tensor) -> Tensor:
     dt = _cdtype(x)
-    return (x.to(dt) * _col(factor.to(dt))).clamp_(0, _bound(x)).to(x.dtype)
+    return _times(x, factor).clamp_(0, _bound(x)).to(x.dtype)
 
 
 @_op("adjust_contrast")
@@ -269,6 +284,8 @@ def _solarize(x: Tensor, threshold: Tensor) -> Tensor:
 
 @_op("autocontrast")
 def _autocontrast(x: Tensor) -> Tensor:
+    if x.numel() == 0:  # no pixels: no range to take (amin of nothing raises); torchvision returns it as it is
+        return x.clone(memory_format=torch.contiguous_format)
     bound = _bound(x)
     image = x.to(_cdtype(x))
     minimum = image.amin(dim=(-2, -1), keepdim=True)

@@ -208,6 +208,7 @@ class _Step(NamedTuple):
     widths: np.ndarray
     crop: tuple = None
     reach: bool = False
+    canvas: bool = False  # an affine step: torchvision fills outside its input canvas, which later steps may reach
 
 
 class _Geometry:
@@ -579,7 +580,7 @@ class RandomAffine(_Geometry):
     def _step(self, p, heights, widths):
         m = _inverse_affine(p["angle"], p["tx"], p["ty"], p["scale"], p["shear_x"], p["shear_y"], self.center,
                             heights, widths)
-        return _Step(m, heights, widths)
+        return _Step(m, heights, widths, canvas=True)
 
 
 class RandomRotation(_Geometry):
@@ -603,10 +604,19 @@ class RandomRotation(_Geometry):
         zero = np.zeros(len(heights))
         # F.rotate turns anticlockwise: torchvision builds its matrix with -angle
         m = _inverse_affine(-p["angle"], zero, zero, 1.0, zero, zero, self.center, heights, widths)
-        return _Step(m, heights, widths)
+        return _Step(m, heights, widths, canvas=True)
 
 
 # ---------------------------------------------------------------- the planner
+
+def _aligned(a):
+    """Per map [B, 3, 3]: whether it takes axis-aligned boxes to axis-aligned boxes (no rotation but quarter turns,
+    no shear), up to the rounding of cos/sin at multiples of 90 degrees."""
+    a = np.asarray(a)
+    big = np.maximum(np.abs(a[:, :2, :2]).max((1, 2)), 1e-300)
+    small = lambda v: np.abs(v) <= 1e-12 * big  # noqa: E731
+    return (small(a[:, 0, 1]) & small(a[:, 1, 0])) | (small(a[:, 0, 0]) & small(a[:, 1, 1]))
+
 
 def _reach(row_x, row_y):
     """Original pixels the warp's filter reads beyond a sample centre along one input axis: its support
@@ -708,8 +718,11 @@ class GeometryPlanner:
         from torchvision:
         - the fill boundary is hard (a pixel is fill or image, by its centre) where torchvision blends the last
           pixel with fill (grid_sample's bilinear mask): a band of about one pixel along fill edges;
-        - a crop can only clip while its outline is axis-aligned in the original image: a crop after a rotation
-          (e.g. RandomRotation then CenterCrop then a policy's rotate) does not hide what lies outside it;
+        - a canvas (a crop's, or the input of RandomAffine / RandomRotation, outside which torchvision fills) can
+          only clip while it is axis-aligned in the original image (a rotation by a multiple of 90 degrees is): a
+          step that reads outside a canvas left rotated or sheared (RandomRotation then Pad, two rotations, a
+          BILINEAR policy's rotate after RandomRotation) raises ValueError naming both, instead of showing image
+          where torchvision shows fill;
         - CenterCrop pads with the pipeline's fill where torchvision pads with 0.
         """
         heights = np.asarray(heights, dtype=np.int64).reshape(-1)
@@ -728,6 +741,7 @@ class GeometryPlanner:
         shown = clip.copy()  # what is visible: the crops' boxes without the filter's reach
         ch, cw = heights, widths
         flips = np.zeros(b, np.int64)
+        tilted = []  # (step, map to the original, box [n, 4], samples) for the boxes not axis-aligned there
         for t in self.steps:
             params = t.draw(ch, cw, seed, epoch, indices)
             with np.errstate(divide="ignore", invalid="ignore"):  # a canvas resized to nothing: refused below
@@ -738,15 +752,21 @@ class GeometryPlanner:
                 raise ValueError(f"sample {indices[i]}: {t!r} turns its {ch[i]}x{cw[i]} canvas into "
                                  f"{step.heights[i]}x{step.widths[i]} (a side rounds to 0 pixels); torchvision "
                                  f"cannot resize it either")
-            if step.crop is not None:
-                clip = self._clip(clip, a, step)
-                shown = self._clip(shown, a, step._replace(reach=False))
+            if step.canvas:  # torchvision fills where it reads outside its input canvas: as a crop of all of it
+                step = step._replace(crop=(0.0, cw, 0.0, ch), reach=True)
+            if step.crop is not None:  # what it shows of its input canvas: its box inside that canvas
+                x0, x1, y0, y1 = step.crop
+                step = step._replace(crop=(np.maximum(x0, 0), np.minimum(x1, cw), np.maximum(y0, 0),
+                                           np.minimum(y1, ch)))
+                clip, shown, tilted = self._bound(clip, shown, tilted, a, step, t)
             a = a @ step.map
             ch, cw = step.heights, step.widths
             if isinstance(t, RandomHorizontalFlip) and t.axis == 0:
                 flips += params["flip"]
         out_h, out_w = self.out_size
-        if extra is not None:
+        if extra is not None:  # a BILINEAR policy's rotate/shear/translate: fill outside the final canvas too
+            final = _Step(None, None, None, crop=(0.0, cw, 0.0, ch), reach=True)
+            clip, shown, tilted = self._bound(clip, shown, tilted, a, final, None)
             extra = np.asarray(extra, np.float64).reshape(b, 3, 3)
             # pixel-index -> edge coordinates: T(.5) . extra . T(-.5)
             one = np.ones(b)
@@ -754,7 +774,9 @@ class GeometryPlanner:
         if read is None:
             read = np.zeros((b, 4))
             read[:, 1], read[:, 3] = out_w, out_h
-        x0, x1, y0, y1 = self._box(a, np.asarray(read, np.float64).reshape(b, 4))
+        read = np.asarray(read, np.float64).reshape(b, 4)
+        self._check_tilted(tilted, a, read, indices)
+        x0, x1, y0, y1 = self._box(a, read)
         rx, ry = _reach(a[:, 0, 0], a[:, 0, 1]), _reach(a[:, 1, 0], a[:, 1, 1])
         left = np.clip(np.floor(np.maximum(x0 - rx, clip[:, 0])), 0, widths - 1).astype(np.int64)
         right = np.clip(np.ceil(np.minimum(x1 + rx, clip[:, 1])), left + 1, widths).astype(np.int64)
@@ -775,6 +797,19 @@ class GeometryPlanner:
         return GeometryPlan(torch.from_numpy(windows), torch.from_numpy(m.astype(np.float32)), self.fill,
                             flips % 2 == 1)
 
+    def _bound(self, clip, shown, tilted, a, step, t):
+        """A crop box (or a whole canvas) of ``step`` bounds what the filter may read (clip) and what is visible
+        (shown) from now on where ``a`` keeps it axis-aligned in the original; where not, it goes to ``tilted``
+        for _check_tilted."""
+        clip = self._clip(clip, a, step)
+        shown = self._clip(shown, a, step._replace(reach=False))
+        off = np.flatnonzero(~_aligned(a))
+        if len(off):
+            box = np.stack(np.broadcast_arrays(*(np.asarray(v, np.float64) for v in step.crop), np.zeros(len(a))),
+                           1)[:, :4]
+            tilted = tilted + [(t, a[off], box[off], off)]
+        return clip, shown, tilted
+
     @staticmethod
     def _clip(clip, a, step):
         """The visible box narrowed by a crop (its box in the canvas that ``a`` maps to the original), for the
@@ -782,15 +817,43 @@ class GeometryPlanner:
         x0, x1, y0, y1 = (np.asarray(v, np.float64) for v in step.crop)
         # far edge as origin + scale * extent, the way planners.py (and _box on the next canvas) rounds it, so
         # that axis-aligned pipelines give planners' windows to the last bit
-        ox, oy = a[:, 0, 0] * x0 + a[:, 0, 2], a[:, 1, 1] * y0 + a[:, 1, 2]
-        xs = (ox, ox + a[:, 0, 0] * (x1 - x0))
-        ys = (oy, oy + a[:, 1, 1] * (y1 - y0))
-        rx, ry = (_reach(a[:, 0, 0], 0.0), _reach(0.0, a[:, 1, 1])) if step.reach else (0.0, 0.0)
-        box = np.stack([np.maximum(clip[:, 0], np.minimum(*xs) - rx), np.minimum(clip[:, 1], np.maximum(*xs) + rx),
-                        np.maximum(clip[:, 2], np.minimum(*ys) - ry), np.minimum(clip[:, 3], np.maximum(*ys) + ry)],
-                       1)
-        aligned = (a[:, 0, 1] == 0) & (a[:, 1, 0] == 0)
-        return np.where(aligned[:, None], box, clip)
+        straight = (a[:, 0, 1] == 0) & (a[:, 1, 0] == 0)
+        if straight.all():  # the common case, rounded as planners.py rounds it (the windows to the last bit)
+            ox, oy = a[:, 0, 0] * x0 + a[:, 0, 2], a[:, 1, 1] * y0 + a[:, 1, 2]
+            xs = (ox, ox + a[:, 0, 0] * (x1 - x0))
+            ys = (oy, oy + a[:, 1, 1] * (y1 - y0))
+            bx0, bx1, by0, by1 = np.minimum(*xs), np.maximum(*xs), np.minimum(*ys), np.maximum(*ys)
+        else:  # a quarter or half turn: the box's image is the box of its corners' images
+            corners = np.stack(np.broadcast_arrays(x0, x1, y0, y1, np.zeros(len(a))), 1)[:, :4]
+            bx0, bx1, by0, by1 = GeometryPlanner._box(a, corners)
+        rx, ry = (_reach(a[:, 0, 0], a[:, 0, 1]), _reach(a[:, 1, 0], a[:, 1, 1])) if step.reach else (0.0, 0.0)
+        box = np.stack([np.maximum(clip[:, 0], bx0 - rx), np.minimum(clip[:, 1], bx1 + rx),
+                        np.maximum(clip[:, 2], by0 - ry), np.minimum(clip[:, 3], by1 + ry)], 1)
+        return np.where(_aligned(a)[:, None], box, clip)
+
+    def _check_tilted(self, tilted, a, read, indices):
+        """A canvas that is not axis-aligned in the original cannot clip (the warp's visible part is a box there):
+        the pixels a later step (or a BILINEAR policy's ``extra``) reads must lie inside it, else ValueError."""
+        for t, ac, box, rows in tilted:
+            # the output's read box -> the tilted box's canvas: inverse(ac) . a, at the read box's corners
+            m = np.linalg.inv(ac) @ a[rows]
+            u0, u1, v0, v1 = read[rows].T
+            bx0, bx1, by0, by1 = box.T
+            tol = 1e-6 * (1.0 + np.abs(box).max(1))
+            for u, v in ((u0, v0), (u1, v0), (u0, v1), (u1, v1)):
+                x = m[:, 0, 0] * u + m[:, 0, 1] * v + m[:, 0, 2]
+                y = m[:, 1, 0] * u + m[:, 1, 1] * v + m[:, 1, 2]
+                out = np.flatnonzero((x < bx0 - tol) | (x > bx1 + tol) | (y < by0 - tol) | (y > by1 + tol))
+                if len(out):
+                    readers = self.steps[self.steps.index(t):] if t is not None else []
+                    readers = ", ".join(map(repr, readers)) or "a policy's BILINEAR rotate, shear or translate"
+                    raise ValueError(
+                        f"sample {indices[rows[out[0]]]}: an earlier RandomAffine or RandomRotation left the canvas "
+                        f"rotated or sheared in the image, and what follows ({readers}) reads outside it, where "
+                        f"torchvision shows fill: fastload clips only to canvases that stay axis-aligned, and "
+                        f"refuses rather than show image there. Keep the rotation last among the geometric steps, "
+                        f"or follow it only with steps that stay inside its canvas (a smaller CenterCrop, "
+                        f"RandomResizedCrop, Resize, flips)")
 
     @staticmethod
     def _box(a, read):
