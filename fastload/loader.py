@@ -191,7 +191,8 @@ class FastLoader:
         # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
         source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
         self._maker = BatchMaker(source, self.pipeline, seed, self._decoder_layout(kind)[1], on_error, strict,
-                                 max_pixels, self._stats, device=self.device, decoder=kind)
+                                 max_pixels, self._stats, device=self.device, decoder=kind,
+                                 ranks=(self.sampler.rank, self.sampler.world_size))
         self._use_decoder(kind)  # the loader's decoder, workers and threads
         if size_schedule is not None and not callable(size_schedule):
             raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")

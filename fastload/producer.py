@@ -98,10 +98,13 @@ class BatchMaker:
     of the stage once the batch's samples are final."""
 
     def __init__(self, dataset, pipeline, seed, threads, on_error, strict, max_pixels, stats, device=None,
-                 decoder="cpu"):
+                 decoder="cpu", ranks=(0, 1)):
         self.ds = dataset
         self.pipeline = pipeline
         self.seed = seed
+        # (rank, world size): the batch ops draw per global batch (k * world_size + rank), so that under torchrun
+        # each rank mixes its batch with its own lambda / box, as with torchvision in each rank's DataLoader
+        self.rank, self.world_size = ranks
         self.on_error = on_error
         self.strict = strict
         self.max_pixels = max_pixels
@@ -152,7 +155,7 @@ class BatchMaker:
         (bench/RESULTS.md, "Loaders alone with a policy")."""
         indices = np.asarray(indices, dtype=np.int64)
         return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
-                        self.pipeline.batch_plan(self.seed, epoch, k, len(indices)))
+                        self.pipeline.batch_plan(self.seed, epoch, k * self.world_size + self.rank, len(indices)))
 
     def _params(self, epoch, indices):
         return self.pipeline.sample_params(self.seed, epoch, indices,

@@ -1,6 +1,7 @@
 """The torch-op chain that RandomErasing.apply and MixUp/CutMix.apply_planned ran before the fused native op
 (issue 17), kept verbatim as the reference the op must equal bit for bit: erase with a mask built from aranges
-(torch.where / masked_scatter), then mix (MixUp: x[partner].mul_(other).add_(x.mul(own)); CutMix: torch.where).
+(torch.where / masked_scatter), then mix (MixUp: x[partner].mul_(other).add_(x.mul(own)) with the weights as Python
+floats, as torchvision holds them, so a half-precision batch is multiplied in float32; CutMix: torch.where).
 Both act on a contiguous batch, as the stage ran them (it made the batch channels_last after them)."""
 import torch
 
@@ -32,9 +33,9 @@ def partner(op, t):
 def mix(op, x, plan):
     """MixUp's or CutMix's old _mix_images with a plan() ([B, 6] float32 weights and box)."""
     w = plan.to(x.device)
-    if op._op_kind == "mixup":
-        own, other = (w[:, k, None, None, None].to(x.dtype) for k in (0, 1))
-        return partner(op, x).mul_(other).add_(x.mul(own))  # torchvision's order of operations
+    if op._op_kind == "mixup":  # torchvision's order of operations, its weights Python floats (per sample here)
+        other = partner(op, x)
+        return torch.stack([other[i].mul(float(w[i, 1])).add_(x[i].mul(float(w[i, 0]))) for i in range(len(x))])
     _, _, height, width = x.shape
     y1, y2, x1, x2 = w[:, 2:, None, None, None].unbind(1)  # each [B, 1, 1, 1]
     rows = torch.arange(height, device=x.device, dtype=torch.float32)[:, None]

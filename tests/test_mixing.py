@@ -234,7 +234,12 @@ def test_a_labels_getter_function_is_refused_not_ignored(name):
     getattr(T2, name)(num_classes=4, labels_getter=lambda inputs: inputs[1])
     with pytest.raises(ValueError, match="never be called"):
         globals()[name](num_classes=4, labels_getter=lambda inputs: inputs[1])
-    assert globals()[name](num_classes=4, labels_getter=None).labels_getter is None
+    # None: torchvision finds no labels and raises at the first batch; fastload says so when the op is built
+    batch = (torch.zeros(2, 3, 4, 4), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="The labels must be a tensor, but got <class 'NoneType'>"):
+        getattr(T2, name)(num_classes=4, labels_getter=None)(*batch)
+    with pytest.raises(ValueError, match="labels_getter=None gives MixUp/CutMix no labels"):
+        globals()[name](num_classes=4, labels_getter=None)
 
 
 @pytest.mark.parametrize("name", ["MixUp", "CutMix"])

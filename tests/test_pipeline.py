@@ -108,6 +108,24 @@ def test_batch_ops_mix_batch_k_with_batch_ks_draws(imagenet_dir):
     assert len({mix.choose(2, 0, k) for k in range(6)}) == 2  # both ops were exercised
 
 
+def test_each_rank_draws_its_own_batch_ops(imagenet_dir):
+    """Under torchrun each rank's batch k mixes with the draws of global batch k * world_size + rank (every rank
+    drew the same lambda, box and MixUp/CutMix choice at each step: one draw for the whole global batch)."""
+    ds = fl.FolderDataset(imagenet_dir)
+    mix = T.RandomChoice([T.MixUp(alpha=0.2, num_classes=4), T.CutMix(alpha=1.0, num_classes=4)])
+    ranks = [fl.FastLoader(ds, batch_size=4, seed=2, rank=r, world_size=2, transform=_policy_pipeline(extra=[mix]))
+             for r in range(2)]
+    plain = [list(fl.FastLoader(ds, batch_size=4, seed=2, rank=r, world_size=2, transform=_policy_pipeline()))
+             for r in range(2)]
+    op = ranks[0].pipeline.batch_ops[0]
+    for r, loader in enumerate(ranks):
+        for k, ((xm, ym), (xp, yp)) in enumerate(zip(loader, plain[r])):
+            xr, yr = op.apply(xp, yp, 2, 0, 2 * k + r)
+            assert torch.equal(xm, xr) and torch.equal(ym, yr), (r, k)
+    draws = [op.plan(2, 0, g, 4, 48, 48) for g in range(8)]  # (MixUp or CutMix, weights) per global batch
+    assert len({(c, float(w[0, 0])) for c, w in draws}) == 8
+
+
 def test_uint8_output_without_todtype(imagenet_dir):
     ds = fl.FolderDataset(imagenet_dir)
     x, _ = next(iter(fl.FastLoader(ds, batch_size=4, transform=T.Compose([T.RandomResizedCrop(32),

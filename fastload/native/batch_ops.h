@@ -72,19 +72,22 @@ FL_HD T erased(T v, const int32_t* row, int c, int r, int col, const float* fill
   return k >= 0 && k < n_noise ? cast<T>(noise[k]) : v;
 }
 
+// MixUp of own value a and partner's b with the row's weights, in torchvision's order of operations. torchvision
+// multiplies by Python floats, which torch keeps in float32 for a half-precision batch (its opmath): the weights
+// (own, other: the row's float32 bits) are not rounded to T first (they would no longer sum to 1).
+template <typename T>
+FL_HD T mixup(T a, T b, float own, float other) {
+  const T t1 = cast<T>(mul_ieee(static_cast<float>(b), other));  // x[partner].mul_(other)
+  const T t2 = cast<T>(mul_ieee(static_cast<float>(a), own));    // x.mul(own)
+  return cast<T>(add_ieee(static_cast<float>(t1), static_cast<float>(t2)));  // .add_()
+}
+
 // Sample i's output from its own (erased) value a and its partner's b.
 template <typename T>
 FL_HD T mixed(T a, T b, const int32_t* row, int mix, int r, int col) {
   if (mix == kCutMix)
     return r >= row[kY1] && r < row[kY2] && col >= row[kX1] && col < row[kX2] ? b : a;
-  if (mix == kMixUp) {
-    // own/other as torch holds them: w.to(x.dtype)
-    const float own = static_cast<float>(cast<T>(bits_to_float(row[kOwn])));
-    const float other = static_cast<float>(cast<T>(bits_to_float(row[kOther])));
-    const T t1 = cast<T>(mul_ieee(static_cast<float>(b), other));  // x[partner].mul_(other)
-    const T t2 = cast<T>(mul_ieee(static_cast<float>(a), own));    // x.mul(own)
-    return cast<T>(add_ieee(static_cast<float>(t1), static_cast<float>(t2)));  // .add_()
-  }
+  if (mix == kMixUp) return mixup(a, b, bits_to_float(row[kOwn]), bits_to_float(row[kOther]));
   return a;
 }
 

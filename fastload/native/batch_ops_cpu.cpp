@@ -113,13 +113,8 @@ void batch_ops_cpu_impl(const at::Tensor& x, const at::Tensor& table, const at::
       const T *__restrict__ xi = in + i * sn, *__restrict__ xj = in + j * sn;
       T* __restrict__ oi = o + i * sn;
       if (mix == kMixUp) {
-        const float own = static_cast<float>(cast<T>(bits_to_float(ri[kOwn])));
-        const float other = static_cast<float>(cast<T>(bits_to_float(ri[kOther])));
-        for (int64_t k = 0; k < per_sample; ++k) {
-          const T t1 = cast<T>(mul_ieee(static_cast<float>(xj[k]), other));
-          const T t2 = cast<T>(mul_ieee(static_cast<float>(xi[k]), own));
-          oi[k] = cast<T>(add_ieee(static_cast<float>(t1), static_cast<float>(t2)));
-        }
+        const float own = bits_to_float(ri[kOwn]), other = bits_to_float(ri[kOther]);
+        for (int64_t k = 0; k < per_sample; ++k) oi[k] = mixup(xi[k], xj[k], own, other);
       } else {
         std::memcpy(oi, xi, per_sample * sizeof(T));
         const int y1 = std::max(0, ri[kY1]), y2 = std::min(h, ri[kY2]);

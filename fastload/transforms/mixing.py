@@ -83,8 +83,12 @@ class MixParams(NamedTuple):
 def _labels_getter(labels_getter):
     """torchvision's _parse_labels_getter checks. FastLoader hands the dataset's labels to the op itself, so a
     function to find them would never be called: refused rather than ignored."""
-    if labels_getter == "default" or labels_getter is None:
+    if labels_getter == "default":
         return labels_getter
+    if labels_getter is None:  # torchvision then finds no labels and raises at the first batch
+        raise ValueError("labels_getter=None gives MixUp/CutMix no labels to mix (torchvision raises 'The labels must "
+                         "be a tensor, but got <class NoneType>' at the first batch); FastLoader mixes the dataset's labels: "
+                         "leave labels_getter at 'default'")
     if callable(labels_getter):
         raise ValueError(f"labels_getter={labels_getter!r} would never be called: FastLoader passes the dataset's "
                          f"labels to MixUp/CutMix itself (leave labels_getter at 'default')")
