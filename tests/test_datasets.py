@@ -182,8 +182,15 @@ def test_unreadable_file_is_reported(imagenet_dir, tmp_path, monkeypatch):
                 raise PermissionError(13, "Permission denied", str(path))
             return builtins.open(path, *args, **kwargs)
 
+        real_os_open = os.open
+
+        def guarded_os_open(path, flags, *args, **kwargs):  # pack opens files non-blocking, through os.open
+            if os.fspath(path) == str(locked):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_os_open(path, flags, *args, **kwargs)
+
         monkeypatch.setattr(folder_mod, "open", guarded_open, raising=False)
-        monkeypatch.setattr(pack_mod, "open", guarded_open, raising=False)
+        monkeypatch.setattr(pack_mod.os, "open", guarded_os_open)
     with pytest.warns(UserWarning, match="locked.jpg: unreadable: permission denied"):
         ds = FolderDataset(tree)
     assert len(ds) == 48

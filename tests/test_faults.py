@@ -9,6 +9,7 @@ process runs in a child process with a timeout.
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -234,6 +235,23 @@ def test_fifo_swapped_in_after_the_scan_does_not_hang(tree, tmp_path):
     assert proc.stdout.count("not a regular file") == 2, proc.stdout
 
 
+def test_pack_refuses_a_fifo_without_blocking(tree, tmp_path):
+    """A listed file that became a FIFO before it is read (between an interrupted pack and --resume, which keeps
+    the old listing): pack opens it non-blocking and skips it as not a regular file. (Before: open() blocked for
+    good, through Ctrl-C.)"""
+    import importlib
+    pack_module = importlib.import_module("fastload.datasets.pack")  # the package exports a function of that name
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    result = []
+    t = threading.Thread(target=lambda: result.append(pack_module._process(str(tmp_path), [(0, "x.jpg", 0)], None)),
+                         daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "pack blocked opening a FIFO"
+    assert result == [[(0, "not a regular file")]]
+
+
 class _StuckReader:
     def __init__(self, ds, gate):
         self._ds, self._gate = ds, gate
@@ -291,6 +309,68 @@ def test_a_stuck_read_becomes_an_error(store):
 
 
 # ---- stores: truncated, newer, unfinished -------------------------------------------------------------------------
+
+def _damage_big_node(store, tmp_path, name, change):
+    """A copy of the store with LMDB's own node of its first large (overflow) record changed in data.mdb:
+    ``change(data, offset)`` edits the node at ``offset`` of the latest B-tree (found from the meta pages, as
+    LMDB's format lays them out). Returns (copy, the record's index)."""
+    damaged = copy_store(store, tmp_path, name)
+    path, page = damaged / "data.mdb", 4096
+    data = bytearray(path.read_bytes())
+
+    def meta(k):  # (txnid, main DB root page) of meta page k
+        m = memoryview(data)[k * page + 16:]
+        return struct.unpack_from("<Q", m, 128)[0], struct.unpack_from("<Q", m, 72 + 40)[0]
+
+    root = max(meta(0), meta(1))[1]
+    stack = [root]
+    while stack:
+        p = stack.pop()
+        flags, lower = struct.unpack_from("<HH", data, p * page + 10)
+        offsets = struct.unpack_from(f"<{(lower - 16) // 2}H", data, p * page + 16)
+        if flags & 1:  # a branch page: its children
+            stack += [lo | hi << 16 | fl << 32 for lo, hi, fl in
+                      (struct.unpack_from("<HHH", data, p * page + o) for o in offsets)]
+            continue
+        for o in offsets:  # a leaf page: its first F_BIGDATA node holding a record
+            base = p * page + o
+            flags_n, ksize = struct.unpack_from("<HH", data, base + 4)
+            key = bytes(data[base + 8:base + 8 + ksize])
+            if flags_n & 1 and key != META_KEY:
+                change(data, base, ksize)
+                path.write_bytes(data)
+                return damaged, key_index(key)
+    raise AssertionError("no overflow record found")
+
+
+def test_a_damaged_btree_page_is_named_and_the_rest_is_read(store, tmp_path):
+    """A record whose node points at a page LMDB cannot find (MDB_PAGE_NOTFOUND): that sample is named (it was a
+    bare LMDB error, and LMDB fails the whole read transaction, so verify stopped there and the loader raised
+    lmdb's own exception); the other samples read on in a new transaction."""
+    def elsewhere(data, base, ksize):
+        struct.pack_into("<Q", data, base + 8 + ksize, 1 << 40)  # the overflow page number
+    damaged, i = _damage_big_node(store, tmp_path, "page.lmdb", elsewhere)
+    ds = fl.LMDBDataset(damaged)
+    failures = fl.datasets.verify(ds, progress=False)
+    assert [name for name, _ in failures] == [ds.sample_name(i)]
+    assert "damaged store" in failures[0][1]
+    with pytest.raises(fl.DecodeError, match=rf"\[{i}\].*cannot read the record"):
+        run_epoch(ds)
+    n, stats = run_epoch(ds, on_error="skip")
+    assert n == len(ds) and stats["skipped"] == 1
+
+
+def test_damaged_metadata_is_an_error_not_a_traceback(store, tmp_path):
+    """The metadata lost a key (one byte: "classes" -> "classer"): a DatasetError naming the store (KeyError)."""
+    damaged = copy_store(store, tmp_path, "meta.lmdb")
+    with lmdb.open(str(damaged), subdir=True, lock=False) as env, env.begin(write=True) as txn:
+        meta = loads(txn.get(META_KEY))
+        meta["classer"] = meta.pop("classes")
+        txn.put(META_KEY, dumps(meta))
+    with pytest.raises(DatasetError, match=r"damaged fastload metadata \(KeyError: 'classes'\)"):
+        fl.LMDBDataset(damaged)
+    assert main(["verify", "-q", str(damaged)]) == 2
+
 
 def test_truncated_store_is_refused_not_a_crash(store, tmp_path):
     """data.mdb cut short (a copy that stopped, a full disk): opening it must not touch pages past the end of the

@@ -186,6 +186,9 @@ def test_refusals(pack_tree, tmp_path, capsys):
     fails(["pack", str(pack_tree), str(tmp_path / "huge.lmdb"), "--map-size", "1000000T"], "cannot create the store")
     assert not os.path.lexists(tmp_path / "huge.lmdb.partial")  # no "interrupted pack" left behind
     fails(["pack", str(pack_tree), str(pack_tree / "inside.lmdb")], "must not be inside the source")
+    os.symlink(pack_tree, tmp_path / "link_to_src")  # through a symlink: the store would become a class of SRC
+    fails(["pack", str(pack_tree), str(tmp_path / "link_to_src" / "00.lmdb")], "must not be inside the source")
+    assert not os.path.lexists(pack_tree / "00.lmdb.partial")
     fails(["pack", str(tmp_path / "nope"), str(tmp_path / "x.lmdb")], "no such folder")
     fails(["pack", str(pack_tree), str(tmp_path / "x.lmdb"), "--quality", "80"], "use it with --max-side")
     fails(["pack", str(pack_tree), str(tmp_path / "x.lmdb"), "--max-side", "300", "--quality", "0"], "1..100")
@@ -200,6 +203,12 @@ def test_refusals(pack_tree, tmp_path, capsys):
     partial = tmp_path / "p.lmdb.partial"
     partial.mkdir()
     fails(["pack", str(pack_tree), str(tmp_path / "p.lmdb")], "Continue it with --resume")
+    from fastload.datasets.pack import _lock
+    held = _lock(str(partial))  # a pack writing it right now: said so, not "interrupted"
+    try:
+        fails(["pack", str(pack_tree), str(tmp_path / "p.lmdb")], "another fastload pack is writing it right now")
+    finally:
+        os.close(held)
     empty = tmp_path / "empty"
     empty.mkdir()
     fails(["pack", str(empty), str(tmp_path / "e.lmdb")], "no class folders")

@@ -162,16 +162,29 @@ def read_meta(path):
 class _LMDBReader:
     """Inside one read transaction: views of record values, valid until the transaction ends."""
 
-    def __init__(self, ds, txn):
+    def __init__(self, ds, env):
         self._ds = ds
-        self._txn = txn
+        self._env = env
+        self._txn = env.begin(buffers=True)
+        self._spent = []  # transactions LMDB failed in: kept open, so the views they gave stay valid
         self._n = len(ds)
+
+    def close(self):
+        for txn in self._spent + [self._txn]:
+            txn.abort()
 
     def raw(self, i):
         """(format, flags, height, width, label, crc) and a memoryview of the image bytes of record i."""
         if not 0 <= i < self._n:
             raise IndexError(f"record {i} is out of range for a store of {self._n} records")
-        value = self._txn.get(record_key(i))
+        try:
+            value = self._txn.get(record_key(i))
+        except lmdb.Error as e:  # a damaged B-tree page: LMDB fails the transaction, so the next reads get a new one
+            self._spent.append(self._txn)
+            self._txn = self._env.begin(buffers=True)
+            name = self._ds.sample_name(i)
+            raise DecodeError(f"{name}: cannot read the record: {e} (damaged store)", sample=name,
+                              reason="damaged store") from None
         if value is None:
             name = self._ds.sample_name(i, self._txn)
             raise DecodeError(f"{name}: record missing (damaged store)", sample=name, reason="missing record")
@@ -241,17 +254,18 @@ class LMDBDataset(ImageDataset):
         self.path = os.path.abspath(os.fspath(path))
         meta, self._key = read_meta(self.path)
         self._where, self._subdir = _locate(self.path)
-        count = int(meta["count"])
         try:
+            count, classes = int(meta["count"]), [str(c) for c in meta["classes"]]
             arrays = decode_index(meta.pop("index"), count)
         except (ValueError, KeyError, TypeError) as e:
-            raise DatasetError(f"{self.path}: damaged fastload metadata index ({e})") from None
+            raise DatasetError(f"{self.path}: damaged fastload metadata ({type(e).__name__}: {e}); the records "
+                               f"may be intact: pack the source folder again") from None
         self.heights, self.widths = arrays["heights"], arrays["widths"]
         self.labels, self.formats = arrays["labels"], arrays["formats"]
         # [N, 4] (format, height, width, label) as packed, which each record read is checked against: its own
         # copy, so a user who relabels the dataset (ds.labels = ...) changes what batches carry, not the check
         self._packed = np.stack([arrays[k].astype(np.int64) for k in ("formats", "heights", "widths", "labels")], 1)
-        self.classes = list(meta["classes"])
+        self.classes = classes
         self.skipped = [tuple(s) for s in meta.get("skipped", [])]
         # Every JPEG record passed a strict whole-scan decode when packed, and each read checks its CRC-32: the
         # loader needs no first-decode check of its own (decoders.ScanChecks). Stores packed before it: False.
@@ -261,11 +275,11 @@ class LMDBDataset(ImageDataset):
     @contextlib.contextmanager
     def reader(self):
         env, _ = shared_env(self._where, self._subdir, self._key)
-        txn = env.begin(buffers=True)
+        reader = _LMDBReader(self, env)
         try:
-            yield _LMDBReader(self, txn)
+            yield reader
         finally:
-            txn.abort()
+            reader.close()
 
     def sample_name(self, i, txn=None):
         """``store[i]``, and the file it was packed from where the store records it: ``store[i] (from path)``."""

@@ -19,6 +19,7 @@ import io
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -118,9 +119,14 @@ def _pillow_to_jpeg(data, max_side, quality):
 
 
 def _read(path):
-    """The file's bytes in a bytearray after HEADER_SIZE free bytes (room for the record header: no copy later)."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+    """The file's bytes in a bytearray after HEADER_SIZE free bytes (room for the record header: no copy later).
+    Opened non-blocking and refused unless a regular file: a FIFO put where a listed image was (before a --resume,
+    say) blocked the open for good, through Ctrl-C; a device would be read without end."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb", buffering=0) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        size = st.st_size
         if size > MAX_FILE_BYTES:
             raise ValueError(f"file too large ({size / 2**30:.1f} GiB)")
         buf = bytearray(HEADER_SIZE + size)
@@ -359,7 +365,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                    bool(convert_to_jpeg), bool(verify_decode), bool(seekable), bool(strict))
     if not os.path.isdir(src):
         raise DatasetError(f"{src}: no such folder" if not os.path.exists(src) else f"{src}: not a folder")
-    if (dst + os.sep).startswith(src + os.sep):
+    real_src, real_dst = os.path.realpath(src), os.path.join(os.path.realpath(parent), os.path.basename(dst))
+    if (real_dst + os.sep).startswith(real_src + os.sep):  # through symlinks too: it would become a class of SRC
         raise DatasetError(f"{dst}: the store must not be inside the source folder {src}")
     if resume and os.path.lexists(dst) and not os.path.lexists(partial):
         return _already_done(src, dst, file_list, opt, log, t0, classes)
@@ -377,6 +384,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
             os.close(_lock(partial))  # never a pack that is running: its lock says so
             shutil.rmtree(partial)
         elif not resume:
+            if os.path.isdir(partial):
+                os.close(_lock(partial))  # a pack running right now says so, rather than "interrupted"
             raise DatasetError(f"{partial} exists: an interrupted pack. Continue it with --resume, or discard it "
                                f"and start over with --force")
     elif resume:
@@ -389,7 +398,11 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     if created:
         listing = _listing(src, file_list, classes)  # errors before anything is created
         _raise_listing_skip(listing.skipped, src, on_error, "")
-        os.makedirs(partial)
+        try:
+            os.makedirs(partial)
+        except FileExistsError:  # another pack of the same store started a moment ago (every rank of a job, say)
+            raise DatasetError(f"{partial}: another fastload pack started writing it just now; let one pack "
+                               f"make the store (e.g. rank 0) and the others wait for it") from None
     lock_fd = _lock(partial)
     env = None
     try:
