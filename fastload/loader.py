@@ -325,9 +325,10 @@ class FastLoader:
     def close(self):
         """Stops the producer threads now: the epoch's and those of the next epoch, which start while an epoch
         ends. Nothing is lost: a loop over the loader that goes on after it continues with the next batch (new
-        producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says. Call it before forking worker processes (a torch DataLoader for another dataset), so no producer
-        is mid-decode at the fork, or to free the buffers at once; dropping the loader does the same when the
-        garbage collector gets to it."""
+        producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says. Call it before
+        forking worker processes (a torch DataLoader for another dataset), so no producer is mid-decode at the
+        fork, or to free the buffers at once; dropping the loader does the same when the garbage collector gets to
+        it."""
         current = self._iterator() if self._iterator is not None else None
         if current is not None:
             # Paused only while the loader's position is still that iterator's: set_epoch or load_state_dict
