@@ -273,8 +273,9 @@ def warped_samples(steps, planner, photos, n, seed, epoch, fill):
             yield Warped(k, full, d, crop, plan.matrices[i], ours, [{key: v[i] for key, v in p.items()} for p in draws])
 
 
-def torchvision_crop_pad(img, steps, params, fill=FILL):
-    """torchvision's functional ops for the steps, with fastload's draws (params: per step, for this sample)."""
+def torchvision_steps(img, steps, params, fill=FILL):
+    """torchvision's functional ops for the steps, with fastload's draws (params: per step, for this sample);
+    rotations and affine maps BILINEAR (fastload's one resample is bilinear)."""
     for t, p in zip(steps, params):
         if isinstance(t, G.Resize):
             img = F.resize(img, t.size, antialias=True)
@@ -282,6 +283,11 @@ def torchvision_crop_pad(img, steps, params, fill=FILL):
             img = F.center_crop(img, list(t.size))
         elif isinstance(t, G.Pad):
             img = F.pad(img, t.padding, fill=fill)
+        elif isinstance(t, G.RandomRotation):
+            img = F.rotate(img, float(p["angle"]), interpolation=BILINEAR, fill=fill)
+        elif isinstance(t, G.RandomAffine):
+            img = F.affine(img, float(p["angle"]), [int(p["tx"]), int(p["ty"])], float(p["scale"]),
+                           [float(p["shear_x"]), float(p["shear_y"])], interpolation=BILINEAR, fill=fill)
         else:  # RandomCrop: fastload's corner is in the unpadded canvas; pad what the crop reaches outside it
             top, left = int(p["top"]), int(p["left"])
             pad = [max(0, -left), max(0, -top), max(0, left + t.size[1] - img.shape[2]),
@@ -302,9 +308,9 @@ def test_random_crop_and_pad_pixels_equal_torchvision(photos, case):
     worst, ring_worst, filled = 0.0, 0.0, 0
     for s in warped_samples(steps, planner, photos[:3], 6, 3, 1, FILL):
         ours = s.ours
-        theirs = torchvision_crop_pad(s.full, steps, s.draws)
+        theirs = torchvision_steps(s.full, steps, s.draws)
         assert ours.shape == theirs.shape
-        is_fill = torchvision_crop_pad(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL
+        is_fill = torchvision_steps(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL
         ring = (tF.max_pool2d(is_fill.float()[None], 3, 1, 1)[0] > 0) & ~is_fill
         assert torch.equal(ours[is_fill.expand_as(ours)], theirs[is_fill.expand_as(ours)])
         diff = (ours - theirs).abs()
@@ -325,8 +331,8 @@ def test_a_per_channel_fill_is_torchvisions(photos, case):
     planner = G.GeometryPlanner(steps, dct_downscale=False)
     filled = 0
     for s in warped_samples(steps, planner, photos[:2], 4, 3, 1, rgb):
-        theirs = torchvision_crop_pad(s.full, steps, s.draws, fill=rgb)
-        is_fill = (torchvision_crop_pad(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL)[0]
+        theirs = torchvision_steps(s.full, steps, s.draws, fill=rgb)
+        is_fill = (torchvision_steps(torch.zeros(1, *s.full.shape[1:]), steps, s.draws) == FILL)[0]
         ring = (tF.max_pool2d(is_fill.float()[None, None], 3, 1, 1)[0, 0] > 0) & ~is_fill
         for c in range(3):
             assert torch.all(s.ours[c][is_fill] == rgb[c]) and torch.all(theirs[c][is_fill] == rgb[c])
@@ -362,9 +368,9 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
             sure_fill = ~(tF.max_pool2d((cover > 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
             sure_image = ~(tF.max_pool2d((cover < 1 - 1e-6).float()[None], 5, 1, 2)[0, 0] > 0)
         else:
-            is_fill = torchvision_crop_pad(torch.zeros(canvas), steps, s.draws)[0] == FILL
+            is_fill = torchvision_steps(torch.zeros(canvas), steps, s.draws)[0] == FILL
             if case == "resize, centre crop wider":  # torchvision pads CenterCrop with 0: mark it by the image
-                is_fill = torchvision_crop_pad(torch.full(canvas, FILL), steps, s.draws)[0] == 0.0
+                is_fill = torchvision_steps(torch.full(canvas, FILL), steps, s.draws)[0] == 0.0
             sure_fill, sure_image = is_fill, ~is_fill
         assert torch.all(s.ours[:, sure_fill] == odd), (case, s.photo, s.downscale)
         assert not torch.any(s.ours[:, sure_image] == odd), (case, s.photo, s.downscale)
@@ -377,24 +383,6 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
     assert downscaled > 0 and filled > 0
     if case == "resize, pad (chelsea's partial column)":
         assert leaked > 0  # the case this test exists for: without the box, image in the padding
-
-
-def torchvision_chain(img, steps, params, fill):
-    """torchvision's functional ops for Resize / CenterCrop / Pad / RandomAffine / RandomRotation steps with
-    fastload's draws for this sample, BILINEAR (fastload's one resample is bilinear)."""
-    for t, p in zip(steps, params):
-        if isinstance(t, G.Resize):
-            img = F.resize(img, t.size, antialias=True)
-        elif isinstance(t, G.CenterCrop):
-            img = F.center_crop(img, list(t.size))
-        elif isinstance(t, G.Pad):
-            img = F.pad(img, t.padding, fill=fill)
-        elif isinstance(t, G.RandomRotation):
-            img = F.rotate(img, float(p["angle"]), interpolation=BILINEAR, fill=fill)
-        else:
-            img = F.affine(img, float(p["angle"]), [int(p["tx"]), int(p["ty"])], float(p["scale"]),
-                           [float(p["shear_x"]), float(p["shear_y"])], interpolation=BILINEAR, fill=fill)
-    return img
 
 
 AFFINE_CANVAS_CASES = {  # a step that reads outside the canvas an axis-aligned affine step leaves
@@ -422,7 +410,7 @@ def test_an_affine_steps_canvas_bounds_the_steps_after_it(photos, case):
     odd = -7.5  # the warp's fill here: no image pixel can take that value
     filled = 0
     for s in warped_samples(steps, planner, photos[:3], 4, 5, 2, odd):
-        cover = torchvision_chain(torch.ones(1, *s.full.shape[1:]), steps, s.draws, 0.0)[0]
+        cover = torchvision_steps(torch.ones(1, *s.full.shape[1:]), steps, s.draws, 0.0)[0]
         sure_fill = ~(tF.max_pool2d((cover > 1e-6).float()[None, None], 5, 1, 2)[0, 0] > 0)
         sure_image = ~(tF.max_pool2d((cover < 1 - 1e-6).float()[None, None], 5, 1, 2)[0, 0] > 0)
         assert sure_fill.any() and sure_image.any()
@@ -430,7 +418,7 @@ def test_an_affine_steps_canvas_bounds_the_steps_after_it(photos, case):
         assert not torch.any(s.ours[:, sure_image] == odd), (case, s.photo)
         filled += int(sure_fill.sum())
         image = sure_image & ~(tF.max_pool2d(sure_fill.float()[None, None], 9, 1, 4)[0, 0] > 0)
-        theirs = torchvision_chain(s.full.float(), steps, s.draws, odd)
+        theirs = torchvision_steps(s.full.float(), steps, s.draws, odd)
         # the image part is not shifted or lost: 22 dB, since the one resample from the full photo is sharper than
         # torchvision's upscale of a 48 x 64 downscale (measured 25.7-37.9 dB over these cases)
         assert psnr(s.ours, theirs, image.expand_as(theirs)) > 22.0, case
