@@ -114,29 +114,36 @@ def test_bytes_dataset_is_refused_with_the_protocol(folder):
         fl.FastLoader([b"\xff\xd8", b"\xff\xd8"])
 
 
-def test_a_protocol_object_loads(folder):
-    """The protocol's minimum (no sources(): the loader reads bytes with get()) gives the dataset's own batches."""
-    class Minimal:  # no classes either: the loader does not need them
+def protocol_dataset(folder, name, get):
+    """The protocol's minimum over ``folder``'s index (no sources(), no classes: the loader needs neither), its
+    reader's get(i) being ``get(i)``; samples named ``name[i]``."""
+    import contextlib
+
+    class Minimal:
         heights, widths, labels, formats = folder.heights, folder.widths, folder.labels, folder.formats
 
         def __len__(self):
             return len(folder)
 
         def sample_name(self, i):
-            return f"minimal[{i}]"
+            return f"{name}[{i}]"
 
         def reader(self):
-            import contextlib
-
             class R:
-                def get(self, i):
-                    return Path(folder.paths[i]).read_bytes()
-            return contextlib.nullcontext(R())
+                pass
+            r = R()
+            r.get = get
+            return contextlib.nullcontext(r)
+    return Minimal()
 
-    x, y = epoch(Minimal())
+
+def test_a_protocol_object_loads(folder):
+    """The protocol's minimum (no sources(): the loader reads bytes with get()) gives the dataset's own batches."""
+    minimal = protocol_dataset(folder, "minimal", lambda i: Path(folder.paths[i]).read_bytes())
+    x, y = epoch(minimal)
     ref_x, ref_y = epoch(folder)
     assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
-    bad = Minimal()
+    bad = protocol_dataset(folder, "minimal", lambda i: Path(folder.paths[i]).read_bytes())
     bad.labels = folder.labels[:-1]
     with pytest.raises(ValueError, match=f"labels has {len(folder) - 1} entries but the dataset has {len(folder)}"):
         fl.FastLoader(bad)
@@ -145,24 +152,12 @@ def test_a_protocol_object_loads(folder):
 def test_a_protocol_readers_own_error_is_the_samples_error(folder):
     """What a protocol dataset's get() raises (an OSError from a network file system) names the sample and is
     subject to on_error like a failed decode: raised by default, skipped with on_error="skip"."""
-    class Flaky:
-        heights, widths, labels, formats = folder.heights, folder.widths, folder.labels, folder.formats
+    def get(i):
+        if i == 3:
+            raise OSError(5, "Input/output error")
+        return Path(folder.paths[i]).read_bytes()
 
-        def __len__(self):
-            return len(folder)
-
-        def sample_name(self, i):
-            return f"flaky[{i}]"
-
-        def reader(self):
-            import contextlib
-
-            class R:
-                def get(self, i):
-                    if i == 3:
-                        raise OSError(5, "Input/output error")
-                    return Path(folder.paths[i]).read_bytes()
-            return contextlib.nullcontext(R())
+    Flaky = lambda: protocol_dataset(folder, "flaky", get)  # noqa: E731
 
     with pytest.raises(DecodeError, match=r"flaky\[3\].*OSError.*Input/output error"):
         epoch(Flaky())
