@@ -153,8 +153,9 @@ def decode_crops(buffers, windows, out=None, *, threads=1, strict=True, max_pixe
     buffers: sequence of bytes-like objects or uint8 tensors (not copied), or str file paths, which the native
     threads read themselves (at most ``max_bytes`` each). windows: int64 [B, 5] rows of
     (top, left, height, width, downscale). out: a 1-D uint8 tensor (e.g. pinned) large enough for the batch;
-    allocated when None. crcs: optional int64 [B], the CRC-32 each buffer must have (-1: unchecked); a mismatch is
-    a CORRUPT status, found before decoding. Returns ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
+    allocated when None. crcs: optional integers [B], the CRC-32 each buffer must have (-1: unchecked; other
+    values outside 0 to 2^32 - 1 are refused); a mismatch is a CORRUPT status, found before decoding. Returns
+    ``(out, offsets [B], shapes [B, 3], status [B], messages)``: sample i is
     ``out[offsets[i]:][:h*w*3].view(h, w, 3)`` when ``status[i] == 0``; otherwise ``messages[i]`` says why.
     Errors are reported per sample, never raised, so one bad file does not cost the batch. An OK sample's message
     is "" or ``"warning: ..."``: decoded with a warning let through (see strict mode below). A native failure

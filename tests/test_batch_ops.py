@@ -148,6 +148,20 @@ def test_p_zero_and_one(photos, p, mix):
         assert out is photos  # nothing erased: x itself, as before
 
 
+@pytest.mark.parametrize("mix", [None, (MixUp, "batch"), (CutMix, "elem")], ids=str)
+@pytest.mark.parametrize("value", VALUES[1:], ids=str)
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_batch_of_one(photos, value, mix, device):
+    # A sample that is its own partner (the batch of one a loader's last batch can be) was never erased on the
+    # CPU: its box was skipped as "the partner's"
+    x = photos[:1]
+    erase, mixing, expected = _case(x, value, mix, p=1.0)
+    assert int(erase[1][0, 2]) > 0  # a box was drawn
+    out = _fused(x.to(device), erase, mixing)
+    assert torch.equal(out.cpu(), expected)
+    assert not torch.equal(out.cpu(), x)
+
+
 def _subnormal_case(photos, dtype):
     """Weights and pixels around the smallest normal float32 (Beta with a small alpha gives such lambdas):
     products and weights that are subnormal, which a flush-to-zero build would zero."""
@@ -243,6 +257,14 @@ def test_op_checks(photos):
     table[2, 2] = -1
     with pytest.raises(RuntimeError, match="negative erase box"):
         _raw(x, table=table, noise=torch.zeros(46))
+    # sides near 2^31: the noise count (C*h*w) wrapped and passed the check; top + height wrapped in the erase
+    table[2, 2:4] = 2 ** 31 - 1
+    with pytest.raises(RuntimeError, match="sample 2: an erase box of 2147483647 x 2147483647 has more noise"):
+        _raw(x, table=table, noise=torch.zeros(40))
+    table[2, :5] = torch.tensor([10, 5, 2 ** 31 - 1, 2 ** 31 - 1, 0])
+    out = _raw(x, table=table, fill=torch.full((3,), -1.0))
+    assert torch.equal(out[2, :, 10:, 5:], torch.full((3, H - 10, W - 5), -1.0))
+    assert torch.equal(out[2, :, :10], x[2, :, :10]) and torch.equal(out[2, :, :, :5], x[2, :, :, :5])
 
 
 def _opcheck_cases(x):

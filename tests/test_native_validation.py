@@ -143,6 +143,101 @@ def test_warp_offset_past_the_end_is_refused_without_overflow():
         torch.ops.fastload.warp_normalize(*args)
 
 
+def test_warp_sample_of_2_31_values_is_refused_on_cpu():
+    # Sides below 2^31 whose h*w*c is not: the kernels index within a sample with int, so a row of w*c past 2^31
+    # wrote before the buffer (CHW) or produced nothing (HWC) when the data was really that large
+    data = torch.zeros(16, dtype=torch.uint8)
+    for shape in ([2, 2 ** 30, 1], [2 ** 16, 2 ** 15, 1]):
+        shape_ok = [shape[0], shape[1] // 2, 1]  # under the bound: only the (too small) data is wrong then
+        with pytest.raises(RuntimeError, match="sample 0 has shape"):
+            torch.ops.fastload.warp_normalize(*_warp_args(data, shape))
+        with pytest.raises(RuntimeError, match="extends past the end of data"):
+            torch.ops.fastload.warp_normalize(*_warp_args(data, shape_ok))
+
+
+@pytest.mark.parametrize("size", [(1, 2 ** 32 + 1), (2 ** 31, 1), (2 ** 16, 2 ** 15)], ids=str)
+def test_warp_output_of_2_31_values_is_refused(size):
+    # out_h / out_w were cut to int: (1, 2^32 + 1) wrote one column of a 4-billion-column tensor and left the
+    # rest uninitialised
+    img = torch.full((1, 1, 4, 4), 7, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="fewer than 2\\^31 values a sample"):
+        ops.warp_affine(img, torch.eye(2, 3), size, fill=9)
+    assert ops.warp_affine(img, torch.eye(2, 3), (4, 6), fill=9)[0, 0, 0].tolist() == [7, 7, 7, 7, 9, 9]
+
+
+@pytest.mark.parametrize("scale", [1e8, 3e9, 1e30])
+@pytest.mark.parametrize("shear", [0.0, 0.5], ids=["separable", "general"])
+@pytest.mark.parametrize("baseline", [False, True], ids=["avx2", "baseline"])
+def test_warp_huge_scales_filter_the_whole_image(scale, shear, baseline, monkeypatch):
+    # A scale of 2^31 or more overflowed the taps' int cast and left no taps (beta instead of the image): output
+    # pixel (0, 0) maps into the image and its filter covers all of it (a constant image's value); the others map
+    # outside it (fill), at any scale, on every path.
+    if baseline:
+        monkeypatch.setenv("FASTLOAD_WARP_BASELINE", "1")
+    data = torch.full((6 * 8 * 3,), 100, dtype=torch.uint8)
+    m = torch.tensor([[[scale, shear, 0.0], [0.0, scale, 0.0]]])
+    out = torch.ops.fastload.warp_normalize(
+        data, torch.zeros(1, dtype=torch.int64), torch.tensor([[6, 8, 3]]), m, torch.ones(3), torch.zeros(3), 3, 5,
+        4, True, torch.float32, False, [0.0])
+    assert torch.allclose(out[0, :, 0, 0], torch.full((3,), 100.0), rtol=0, atol=1e-4)  # weights summing to 1
+    out[0, :, 0, 0] = 0
+    assert torch.equal(out, torch.zeros(1, 3, 5, 4))
+
+
+# ---- hostile arguments of the JPEG ops ------------------------------------------------------------------------
+
+def test_crcs_that_are_no_crc32_are_refused(jpegs):
+    # Only -1 means "unchecked": a CRC column kept as int32 (half of all CRCs negative) passed every damaged
+    # buffer unchecked, and a value past 2^32 matched on its low 32 bits
+    data = jpegs[0]
+    crc = C.crc32s([data])[0]
+    changed = bytearray(data)
+    changed[len(data) // 2] ^= 0xFF
+    as_int32 = np.array([crc | 0x80000000], np.uint32).astype(np.int32)  # the same bits, read as negative
+    for bad in (as_int32, [crc + 2 ** 32], [-2]):
+        for call in (lambda: ops.verify_jpegs([bytes(changed)], crcs=bad, strict=False),
+                     lambda: ops.decode_crops([bytes(changed)], [[0, 0, 8, 8, 1]], crcs=bad)):
+            with pytest.raises(RuntimeError, match="is no CRC-32"):
+                call()
+    with pytest.raises(RuntimeError, match="crcs must be an integer CPU tensor"):
+        ops.verify_jpegs([data], crcs=torch.tensor([crc], dtype=torch.int64, device="meta"))
+    status, messages = ops.verify_jpegs([bytes(changed), data], crcs=[crc, -1])
+    assert status.tolist() == [ops.CORRUPT, ops.OK] and "checksum mismatch" in messages[0]
+
+
+def test_a_downscale_past_int32_is_a_bad_window(jpegs):
+    # It was cut to its low 32 bits: 2^32 + 1 decoded at downscale 1 as if valid
+    for d in (2 ** 32 + 1, 2 ** 32 + 4, -(2 ** 32) + 2):
+        _, _, _, status, messages = ops.decode_crops([jpegs[0]], [[0, 0, 8, 8, d]],
+                                                     out=torch.empty(1000, dtype=torch.uint8))
+        assert status.tolist() == [ops.BAD_WINDOW], d
+        assert "downscale must be 1, 2, 4 or 8" in messages[0]
+
+
+def test_paths_with_a_nul_byte_are_refused_and_an_empty_path_is_no_buffer(jpeg_path):
+    # open() stops at the NUL: "a.jpg\0.ignored" read a.jpg (Python's open refuses such a name)
+    with pytest.raises(ValueError, match="embedded NUL"):
+        ops.read_header(str(jpeg_path) + "\0.ignored")
+    with pytest.raises(ValueError, match="embedded NUL"):
+        ops.decode_crops([str(jpeg_path) + "\0x"], [[0, 0, 8, 8, 1]])
+    _, _, _, status, messages = ops.decode_crops([""], [[0, 0, 8, 8, 1]])
+    assert status.tolist() == [ops.UNREADABLE] and "no such file" in messages[0].lower(), messages
+
+
+def test_a_tensor_buffer_dropped_by_its_list_during_the_call_stays_alive():
+    # The native call held only the tensor's data pointer: a list cleared by another thread while the GIL was
+    # released freed the memory under it (a segfault every time with a 1 GB tensor)
+    proc = run_child("""
+        import threading, time, torch, zlib
+        from fastload.native import C
+        items = [torch.ones(1 << 28, dtype=torch.uint8)]
+        expected = zlib.crc32(items[0].numpy())
+        threading.Thread(target=lambda: (time.sleep(0.02), items.clear())).start()
+        print(int(C.crc32s(items)[0]) == expected)
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", (proc.returncode, proc.stderr[-2000:])
+
+
 @pytest.mark.cuda
 def test_warp_shape_whose_size_wraps_int64_yields_fill_on_cuda():
     # The CUDA op does not sync to check shapes on the host: its kernels treat a malformed sample as empty and

@@ -66,7 +66,8 @@ template <typename T>
 FL_HD T erased(T v, const int32_t* row, int c, int r, int col, const float* fill, const float* noise,
                int64_t n_noise) {
   const int top = row[kTop], left = row[kLeft], h = row[kHeight], w = row[kWidth];
-  if (r < top || r >= top + h || col < left || col >= left + w) return v;
+  // int64: top + h of int32 table values may pass 2^31
+  if (r < top || r >= static_cast<int64_t>(top) + h || col < left || col >= static_cast<int64_t>(left) + w) return v;
   if (fill != nullptr) return cast<T>(fill[c]);
   const int64_t k = row[kNoise] + (static_cast<int64_t>(c) * h + (r - top)) * w + (col - left);
   return k >= 0 && k < n_noise ? cast<T>(noise[k]) : v;

@@ -81,10 +81,15 @@ void check_table(const at::Tensor& table, const at::Tensor& fill, const at::Tens
     const long long h = row[kHeight], w = row[kWidth], start = row[kNoise];
     FL_CHECK(h >= 0 && w >= 0, "batch_ops: sample %lld: negative erase box size %lld x %lld",
              static_cast<long long>(i), h, w);
-    if (fill.numel() == 0 && h > 0 && w > 0)
-      FL_CHECK(start >= 0 && start + channels * h * w <= noise.numel(),
+    if (fill.numel() == 0 && h > 0 && w > 0) {
+      long long count = 0;  // channels * h * w of int32 sides can pass 2^63: checked, not wrapped
+      FL_CHECK(!__builtin_mul_overflow(h * w, static_cast<long long>(channels), &count),
+               "batch_ops: sample %lld: an erase box of %lld x %lld has more noise values than int64 holds",
+               static_cast<long long>(i), h, w);
+      FL_CHECK(start >= 0 && count <= noise.numel() - start,
                "batch_ops: sample %lld: noise values %lld..%lld are outside the %lld given",
-               static_cast<long long>(i), start, start + channels * h * w, static_cast<long long>(noise.numel()));
+               static_cast<long long>(i), start, start + count, static_cast<long long>(noise.numel()));
+    }
   }
 }
 
@@ -134,8 +139,11 @@ void batch_ops_cpu_impl(const at::Tensor& x, const at::Tensor& table, const at::
         }
       }
       // The erase boxes: each value as batch_ops.h defines it (overlaps are recomputed to the same value).
-      for (const int32_t* box : {ri, rj}) {
-        if (box == rj && mix == kNone) continue;  // the partner's erase only shows through a mix
+      for (int which = 0; which < 2; ++which) {
+        // The partner's erase only shows through a mix; a sample that is its own partner (a batch of one, the
+        // middle of an odd batch paired from both ends) has one box: by index, not pointer, or it would skip its own.
+        if (which == 1 && (mix == kNone || j == i)) continue;
+        const int32_t* box = which == 0 ? ri : rj;
         const int top = std::max(0, box[kTop]), left = std::max(0, box[kLeft]);  // int64: top + height may pass 2^31
         const int bottom = static_cast<int>(std::min<int64_t>(h, static_cast<int64_t>(box[kTop]) + box[kHeight]));
         const int right = static_cast<int>(std::min<int64_t>(w, static_cast<int64_t>(box[kLeft]) + box[kWidth]));

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <memory>
 #include <new>
@@ -40,6 +41,36 @@ namespace py = pybind11;
 using namespace fastload;
 
 namespace {
+
+// The interpreter's main thread (set when the module loads), which runs the interpreter's finalisation.
+unsigned long main_thread_ident = 0;
+
+// Releases the GIL around native work, like py::gil_scoped_release, except at interpreter exit: another thread
+// still decoding when the script ends (a producer) that takes the GIL back then is ended by pthread_exit, and its
+// unwinding through these frames aborts the process (std::terminate, exit 134). Such a thread stays here instead
+// until the process is gone, as CPython 3.14 itself does with late threads. (The main thread finalises: it may
+// take the GIL back, e.g. in a destructor run at exit.)
+class ReleasedGil {
+ public:
+  ReleasedGil() : state_(PyEval_SaveThread()) {}
+  ~ReleasedGil() {
+    if (PyThread_get_thread_ident() != main_thread_ident)
+      while (finalizing()) std::this_thread::sleep_for(std::chrono::seconds(1));
+    PyEval_RestoreThread(state_);
+  }
+  ReleasedGil(const ReleasedGil&) = delete;
+  ReleasedGil& operator=(const ReleasedGil&) = delete;
+
+ private:
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+  }
+  PyThreadState* state_;
+};
 
 constexpr size_t kMessageSize = 200;
 constexpr int kMaxThreads = 256;  // a bound, whatever the caller asks for
@@ -138,12 +169,17 @@ class BufferViews {
     held_.views.reserve(n);  // no reallocation: the Bytes point into these views' buffers, not at them
     bytes_.reserve(n);
     paths_.resize(n);
+    is_path_.assign(n, false);
     for (size_t i = 0; i < n; ++i) {
       const py::object item = items[i];
       if (py::isinstance<py::str>(item)) {
         if (!paths_allowed)
           raise<py::type_error>("%s: %s is a str; this op takes bytes (read the file first)", op, label(i).c_str());
         paths_[i] = fs_path(item);
+        is_path_[i] = true;
+        // open() would stop at the NUL and read another file than the one named (Python's open refuses it)
+        if (paths_[i].find('\0') != std::string::npos)
+          raise<py::value_error>("%s: %s: a file path with an embedded NUL byte", op, label(i).c_str());
         bytes_.push_back({});
       } else {
         bytes_.push_back(view(item, i, paths_allowed));
@@ -155,12 +191,12 @@ class BufferViews {
       : BufferViews(py::make_tuple(data), op, paths_allowed, true) {}
   const Bytes& operator[](size_t i) const { return bytes_[i]; }
   size_t size() const { return bytes_.size(); }
-  bool is_path(size_t i) const { return !paths_[i].empty(); }
+  bool is_path(size_t i) const { return is_path_[i]; }
   const std::string& path(size_t i) const { return paths_[i]; }
   // The bytes of item i: the buffer, or the file read into `scratch`. Returns a Status.
   int load(size_t i, int64_t max_bytes, std::vector<uint8_t>& scratch, Bytes* out, char* message,
            size_t size) const {
-    if (paths_[i].empty()) {
+    if (!is_path_[i]) {
       *out = bytes_[i];
       if (static_cast<int64_t>(out->size) > max_bytes) {
         std::snprintf(message, size, "buffer is %zu bytes, over the per-image limit of %lld", out->size,
@@ -181,6 +217,7 @@ class BufferViews {
       if (!(t.scalar_type() == at::kByte && t.device().is_cpu() && t.is_contiguous()))
         raise<py::value_error>("%s: %s: a tensor buffer must be a contiguous uint8 CPU tensor", op_,
                                label(index).c_str());
+      tensors_.push_back(t);  // the list may drop it while the GIL is released: the call keeps it alive
       return {t.data_ptr<uint8_t>(), static_cast<size_t>(t.numel())};
     }
     if (!PyObject_CheckBuffer(item.ptr()))
@@ -210,8 +247,10 @@ class BufferViews {
   const char* op_;
   bool single_;
   HeldBuffers held_;
+  std::vector<at::Tensor> tensors_;
   std::vector<Bytes> bytes_;
   std::vector<std::string> paths_;
+  std::vector<bool> is_path_;
 };
 
 Limits make_limits(bool strict, int64_t max_pixels) {
@@ -292,6 +331,14 @@ struct Outcomes {
   std::vector<std::array<char, kMessageSize>> messages;
 };
 
+// Window i of an int64 [n, 5] table. A downscale outside int32 becomes 0 (reported as a bad window) instead of
+// being cut to its low 32 bits, which could read as a valid 1, 2, 4 or 8.
+Window window_at(const int64_t* wp, int64_t i) {
+  const int64_t d = wp[i * 5 + 4];
+  return {wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3],
+          d >= INT32_MIN && d <= INT32_MAX ? static_cast<int32_t>(d) : 0};
+}
+
 // The CRC-32 check of decode_crops and verify_jpegs: false (and a kCorrupt message) on a mismatch.
 bool crc_matches(const Bytes& src, const int64_t* expected, int64_t i, char* message) {
   if (!expected || expected[i] < 0) return true;
@@ -315,10 +362,19 @@ int32_t load_checked(BufferViews& views, int64_t i, int64_t max_bytes, std::vect
 // crcs as int64 [n] (kept alive in `holder`), or nullptr when not given.
 const int64_t* crc_table(const c10::optional<at::Tensor>& crcs, int64_t n, const char* op, at::Tensor* holder) {
   if (!crcs.has_value()) return nullptr;
+  FL_CHECK(crcs->device().is_cpu() && !at::isFloatingType(crcs->scalar_type()) && !crcs->is_complex(),
+           "%s: crcs must be an integer CPU tensor", op);
   *holder = crcs->to(at::kLong).contiguous();
   FL_CHECK(holder->numel() == n, "%s: %lld crcs for %lld buffers", op, static_cast<long long>(holder->numel()),
            static_cast<long long>(n));
-  return holder->data_ptr<int64_t>();
+  const int64_t* values = holder->data_ptr<int64_t>();
+  // Only -1 means unchecked: a CRC column kept as int32 turns half the CRCs negative, which must not pass as
+  // "unchecked" (nor a value past 2^32 as its low 32 bits).
+  for (int64_t i = 0; i < n; ++i)
+    FL_CHECK(values[i] == -1 || (values[i] >= 0 && values[i] <= 0xFFFFFFFFLL),
+             "%s: crcs[%lld] = %lld is no CRC-32 (0 to 2^32 - 1, or -1 for unchecked); a CRC stored as int32 must be "
+             "read back as uint32", op, static_cast<long long>(i), static_cast<long long>(values[i]));
+  return values;
 }
 
 py::dict header_dict(int status, const char* message, const JpegHeader& h) {
@@ -350,7 +406,7 @@ py::dict read_header_py(const py::object& data, int64_t max_pixels, bool strict,
   char message[kMessageSize] = "";
   int status;
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     std::vector<uint8_t> file;
     Bytes src;
     status = load_one(views, max_bytes, file, &src, message);
@@ -369,7 +425,7 @@ py::tuple read_headers_py(const py::sequence& buffers, int threads, int64_t max_
   at::Tensor sizes = at::zeros({n, 2}, at::kLong);
   Outcomes outcomes(n);
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     int64_t* sz = sizes.data_ptr<int64_t>();
     int32_t* st = outcomes.st();
     const Limits limits = make_limits(strict, max_pixels);
@@ -410,7 +466,7 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
   char message[kMessageSize] = "";
   int status;
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     std::vector<uint8_t> file;
     Bytes src;
     status = load_one(views, max_bytes, file, &src, message);
@@ -461,7 +517,7 @@ std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const 
   int64_t* sp = batch->shapes.data_ptr<int64_t>();
   int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
-    const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
+    const Window w = window_at(wp, i);
     int64_t h = 0, wd = 0;
     // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
     if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
@@ -475,14 +531,14 @@ std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const 
            static_cast<long long>(out.numel()), static_cast<long long>(total));
   Outcomes& outcomes = batch->outcomes;
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     uint8_t* base = out.data_ptr<uint8_t>();
     int32_t* st = outcomes.st();
     const Limits limits = make_limits(strict, max_pixels);
     run_parallel(
         n, threads,
         [&](int64_t i) {
-          const Window w{wp[i * 5], wp[i * 5 + 1], wp[i * 5 + 2], wp[i * 5 + 3], static_cast<int32_t>(wp[i * 5 + 4])};
+          const Window w = window_at(wp, i);
           char* message = outcomes.message(i);
           thread_local std::vector<uint8_t> file;
           Bytes src;
@@ -546,7 +602,7 @@ py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_by
   at::Tensor lengths = at::zeros({n}, at::kLong);
   at::Tensor data;
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     int32_t* st = outcomes.st();
     int64_t* len = lengths.data_ptr<int64_t>();
     std::vector<uint8_t> unused;
@@ -606,7 +662,7 @@ py::tuple verify_jpegs_py(const py::sequence& buffers, int threads, bool strict,
   const int64_t n = static_cast<int64_t>(views.size());
   Outcomes outcomes(n);
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     int32_t* st = outcomes.st();
     const Limits limits = make_limits(strict, max_pixels);
     run_parallel(
@@ -631,7 +687,7 @@ at::Tensor crc32s_py(const py::sequence& buffers, int threads) {
   at::Tensor out = at::empty({n}, at::kLong);
   int64_t* o = out.data_ptr<int64_t>();
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     run_parallel(
         n, threads, [&](int64_t i) { o[i] = static_cast<int64_t>(::crc32_z(0, views[i].data, views[i].size)); },
         [&](int64_t i, const char*) { o[i] = -1; });  // crc32_z allocates nothing: cannot happen
@@ -646,7 +702,7 @@ py::tuple add_restart_markers_py(const py::object& data, bool strict, int64_t ma
   char message[kMessageSize] = "";
   int status;
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     status = add_restart_markers(views[0].data, views[0].size, make_limits(strict, max_pixels), &out, message,
                                  sizeof(message));
   }
@@ -765,7 +821,7 @@ py::tuple nvjpeg_decode_py(NvjpegDecoder& decoder, const py::sequence& buffers, 
     raise<py::value_error>("NvjpegDecoder.decode: out is on cuda:%d, the decoder on cuda:%d",
                            static_cast<int>(out.device().index()), decoder.device());
   {
-    py::gil_scoped_release nogil;
+    ReleasedGil nogil;
     decoder.decode(batch.crops, reinterpret_cast<void*>(stream));
   }
   return py::make_tuple(batch.offsets, batch.shapes);
@@ -776,6 +832,7 @@ py::tuple nvjpeg_decode_py(NvjpegDecoder& decoder, const py::sequence& buffers, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastload native ops: libjpeg-turbo crop decoding and the affine/normalise stage";
   m.attr("source_hash") = FASTLOAD_SOURCE_HASH;
+  main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
 #ifdef FASTLOAD_WITH_CUDA
   m.attr("with_cuda") = true;
@@ -813,15 +870,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             "nvJPEG's hardware decoder (one handle + state, on the CUDA device current when made)")
       .def(py::init([](const std::string& library, int max_batch) {
              if (max_batch < 0) raise<py::value_error>("NvjpegDecoder: max_batch must be >= 0, got %d", max_batch);
-             py::gil_scoped_release nogil;  // creating the handle may take a while (CUDA context, engines)
+             ReleasedGil nogil;  // creating the handle may take a while (CUDA context, engines)
              return std::make_unique<NvjpegDecoder>(library, max_batch);
            }),
            py::arg("library"), py::arg("max_batch"))
       .def("decode", &nvjpeg_decode_py, py::arg("buffers"), py::arg("windows"), py::arg("out"), py::arg("stream"))
-      .def("close", &NvjpegDecoder::close, py::call_guard<py::gil_scoped_release>())
+      .def("close", &NvjpegDecoder::close, py::call_guard<ReleasedGil>())
       .def_property_readonly("device", &NvjpegDecoder::device)
       .def_static("load_library", [](const std::string& path) {
-             py::gil_scoped_release nogil;
+             ReleasedGil nogil;
              load_nvjpeg(path);
            }, py::arg("path"), "Loads libnvjpeg at path and resolves its entry points, or raises NvjpegError.")
       .def_static("check_batch", [](const py::sequence& buffers, const at::Tensor& windows, const at::Tensor& out) {

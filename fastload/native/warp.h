@@ -57,11 +57,11 @@ FL_HD float triangle(float x) {
 
 // Taps [lo, hi) of the filter for a centre given in edge coordinates (pixel i spans [i, i+1)), as torch's
 // _upsample_bilinear2d_aa computes them: lo = int(centre - support + 0.5), hi = int(centre + support + 0.5).
+// Clamped to [0, size] as floats: a huge scale would overflow the int cast (and leave no taps); NaN gives none.
 FL_HD void filter_taps(float centre, float support, int size, int* lo, int* hi) {
-  int a = static_cast<int>(floorf(centre - support + 0.5f));
-  int b = static_cast<int>(floorf(centre + support + 0.5f));
-  *lo = a < 0 ? 0 : a;
-  *hi = b > size ? size : b;
+  const float a = floorf(centre - support + 0.5f), b = floorf(centre + support + 0.5f);
+  *lo = a < static_cast<float>(size) ? (a > 0.f ? static_cast<int>(a) : 0) : size;
+  *hi = b > 0.f ? (b < static_cast<float>(size) ? static_cast<int>(b) : size) : 0;
 }
 
 // Filter support (in input pixels) along an output axis whose step moves the input by (dx, dy).

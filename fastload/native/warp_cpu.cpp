@@ -66,7 +66,10 @@ at::Tensor prepare_warp_output(const at::Tensor& data, const at::Tensor& offsets
   TORCH_CHECK(alpha.numel() == channels && beta.numel() == channels && alpha.scalar_type() == at::kFloat &&
                   beta.scalar_type() == at::kFloat && alpha.is_contiguous() && beta.is_contiguous(),
               "warp_normalize: alpha and beta must be contiguous float32 [C] tensors");
-  TORCH_CHECK(out_h > 0 && out_w > 0, "warp_normalize: output size must be positive");
+  // The kernels index a sample's output with int: its C*H*W values must stay below 2^31.
+  FL_CHECK(out_h > 0 && out_w > 0 && out_h <= INT32_MAX / out_w && out_h * out_w <= INT32_MAX / channels,
+           "warp_normalize: output size %lld x %lld x %lld channels must be positive, with fewer than 2^31 values "
+           "a sample", static_cast<long long>(out_h), static_cast<long long>(out_w), static_cast<long long>(channels));
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16 ||
                   out_dtype == at::kByte,
               "warp_normalize: out_dtype must be float32, float16, bfloat16 or uint8");
@@ -663,9 +666,13 @@ void warp_general_base(const Image<in_t>& img, const float* m, const Visible& vi
 FL_AVX2 __m256 general_weights8(__m256 centre, float support, int size, int K, float* w, __m256i* start,
                                 __m256i* fits) {
   const __m256 s = _mm256_set1_ps(support), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f);
-  const __m256i a = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_add_ps(_mm256_sub_ps(centre, s), half)));
-  const __m256i b = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_add_ps(_mm256_add_ps(centre, s), half)));
-  const __m256i lo = _mm256_max_epi32(a, _mm256_setzero_si256()), hi = _mm256_min_epi32(b, _mm256_set1_epi32(size));
+  // Clamped to [0, size] as floats, as filter_taps does (min_ps/max_ps return their second operand for a NaN
+  // first: lo = size, hi = 0, no taps).
+  const __m256 zero = _mm256_setzero_ps(), fsize = _mm256_set1_ps(static_cast<float>(size));
+  const __m256 a = _mm256_floor_ps(_mm256_add_ps(_mm256_sub_ps(centre, s), half));
+  const __m256 b = _mm256_floor_ps(_mm256_add_ps(_mm256_add_ps(centre, s), half));
+  const __m256i lo = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(a, fsize), zero));
+  const __m256i hi = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(b, zero), fsize));
   *fits = _mm256_cmpgt_epi32(_mm256_set1_epi32(K + 1), _mm256_sub_epi32(hi, lo));  // wraps as the scalar int does
   *start = _mm256_max_epi32(_mm256_setzero_si256(), _mm256_min_epi32(lo, _mm256_set1_epi32(size - K)));
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -915,13 +922,13 @@ void warp_batch_cpu(const at::Tensor& data, const at::Tensor& offsets, const at:
   const int64_t total = data.numel();
   for (int64_t i = 0; i < offsets.numel(); ++i) {  // validate before any thread touches memory
     const int64_t h = shp[i * 3], w = shp[i * 3 + 1], c = shp[i * 3 + 2];
-    // Sides fit an int (the kernels index with int); the product is checked, not computed blindly: h*w*c of
-    // caller-given sides can wrap int64 into a small positive number.
+    // The kernels index within a sample with int (a row of w*c, a plane of h*w), so h*w*c stays below 2^31;
+    // the product is checked, not computed blindly: h*w*c of caller-given sides can wrap int64.
     int64_t hw = 0, size = 0;
-    FL_CHECK(h > 0 && w > 0 && h <= INT32_MAX && w <= INT32_MAX && c == channels && !__builtin_mul_overflow(h, w, &hw) &&
-                 !__builtin_mul_overflow(hw, c, &size),
-             "warp_normalize: sample %lld has shape (%lld, %lld, %lld), expected positive sides below 2^31, a "
-             "size that fits int64, and %lld channels",
+    FL_CHECK(h > 0 && w > 0 && c == channels && !__builtin_mul_overflow(h, w, &hw) &&
+                 !__builtin_mul_overflow(hw, c, &size) && size <= INT32_MAX,
+             "warp_normalize: sample %lld has shape (%lld, %lld, %lld), expected positive sides, fewer than 2^31 "
+             "values, and %lld channels",
              static_cast<long long>(i), static_cast<long long>(h), static_cast<long long>(w),
              static_cast<long long>(c), static_cast<long long>(channels));
     FL_CHECK(off[i] >= 0 && off[i] <= total && size <= total - off[i],
