@@ -166,7 +166,12 @@ def save_checkpoint(path, model, optimizer, scheduler, train_loader, step, args)
 @torch.no_grad()
 def evaluate(model, loader, device):
     """Top-1 and top-5 accuracy over the whole evaluation set: each rank counts its own shard (pad=False: every
-    image on exactly one rank), then the counts are summed over the ranks."""
+    image on exactly one rank), then the counts are summed over the ranks. Every rank evaluates rank 0's model,
+    the one the checkpoint saves: BatchNorm's running statistics differ per rank after the last training step
+    (DDP sends rank 0's at the start of each training forward, not after it)."""
+    if dist.is_initialized():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
     model.eval()
     counts = torch.zeros(3, dtype=torch.float64, device=device)  # top-1 hits, top-5 hits, images
     for x, y in loader:

@@ -28,6 +28,7 @@ from .sampler import ShardedSampler
 from .stats import LoaderStats
 from .transforms.pipeline import Pipeline
 from .transforms.planners import RandomResizedCrop, _pair
+from .transforms.planners import _Planner as _CropShorthand
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -159,6 +160,10 @@ class FastLoader:
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
             if value is not None or name != "workers":
                 _check_positive_int(name, value)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        # Python ints: a numpy scalar in state_dict() would make torch.load (weights_only) refuse the checkpoint
+        seed, batch_size = int(seed), int(batch_size)
         self._layout = (cores, workers, threads)  # what _use_decoder derives a kind's workers and threads from
         dataset = as_source(dataset)  # a Subset becomes a view; what FastLoader cannot read is refused here
         if len(dataset) == 0:
@@ -198,6 +203,7 @@ class FastLoader:
             raise TypeError(f"size_schedule must be a callable(epoch) -> int or (h, w), got {size_schedule!r}")
         self.size_schedule = size_schedule
         self._size = self.pipeline.out_size  # set_size's: the size of the epochs started from now on
+        self._size_set = False  # whether set_size (or a state made after one) chose it
         self._size_for(0)  # a schedule that cannot give a size fails here, not in the training loop
         self._running = (None, None)  # (epoch, size) of the latest epoch iterated
         self._resume_size = None  # the size of the epoch load_state_dict resumes mid-way
@@ -242,7 +248,7 @@ class FastLoader:
         if self._start_batch and int(epoch) == self._epoch:
             self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
             return
-        self._epoch = int(epoch)
+        self._epoch = self.sampler.epoch = int(epoch)
         self._epoch_set = True
         self._start_batch = self._batches_done = 0
         self._paused = None
@@ -255,7 +261,7 @@ class FastLoader:
         if self.size_schedule is not None:
             raise ValueError("this loader has a size_schedule, which sets every epoch's size: change the schedule, "
                              "or build the loader without one to call set_size")
-        self._size = _pair(size, "size")
+        self._size, self._size_set = _pair(size, "size"), True
 
     def size_of(self, epoch):
         """(h, w) of the batches of ``epoch`` as things stand (the schedule's, or set_size's)."""
@@ -280,12 +286,14 @@ class FastLoader:
         epoch, done = self._epoch, self._batches_done
         if self._epoch_done() and not self._epoch_set:  # a finished epoch resumes at the next one
             epoch, done = epoch + 1, 0
-        sampler = self.sampler.state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
+        sampler = self.sampler._state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
         sampler["epoch"] = epoch
         # the size of the epoch it resumes in (mid-epoch: the one that epoch started with), and set_size's
         size = self._running[1] if done and self._running[0] == epoch else self._size_for(epoch)
         state = {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
-                 "sampler": sampler, "size": list(size), "next_size": list(self._size)}
+                 "sampler": sampler, "size": list(size)}
+        if self._size_set:  # set_size's choice travels with the state; a loader's own size is its configuration
+            state["next_size"] = list(self._size)
         if self._trial is not None and self._trial.chosen is not None:
             state["decoder"] = self._trial.chosen  # decoder="auto" resumes with its choice
         return state
@@ -306,9 +314,13 @@ class FastLoader:
         if self.size_schedule is not None and self._size_for(epoch) != size:
             raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
                              f"{self._size_for(epoch)}")
-        self.sampler.load_state_dict(state["sampler"])
-        if self.size_schedule is None:
-            self._size = tuple(state.get("next_size", size))
+        if self.size_schedule is None and "next_size" not in state and size != self._size:
+            raise ValueError(f"state is for size {size}; this loader makes {self._size}: build it with the size the "
+                             f"checkpoint's loader had (or call set_size({size}) before loading, then set_size "
+                             f"again for the epochs after)")
+        self.sampler._load_state_dict(state["sampler"])
+        if self.size_schedule is None and "next_size" in state:
+            self._size, self._size_set = tuple(state["next_size"]), True
         self._resume_size = size if int(state["batches_done"]) else None
         self._epoch = epoch
         self._start_batch = self._batches_done = int(state["batches_done"])
@@ -364,6 +376,8 @@ class FastLoader:
         """The batches from the loader's position: where the last iteration stopped (a break, an exception, a
         second iter()), as state_dict says; the next epoch once one is finished; set_epoch's or load_state_dict's
         choice. One iteration runs at a time: an earlier iterator still going raises if used again."""
+        self.sampler.check_world()
+        self._stats.start()  # images/s counts from the first iteration's start, its first batch's wait included
         previous = self._iterator() if self._iterator is not None else None
         if previous is not None:
             previous.retire()
@@ -381,6 +395,7 @@ class FastLoader:
         size = self._resume_size if start and self._resume_size else self._size_for(self._epoch)
         self._resume_size = None
         self._running = (self._epoch, size)
+        self.sampler.epoch = self._epoch  # list(loader.sampler) gives this epoch's indices
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.epoch == self._epoch and start == 0 and ahead.size == size \
                 and not ahead.producers.stop.is_set():
@@ -508,6 +523,9 @@ def _check_no_shorthand(crop, flip, mean, std, dtype):
 
 def _with_flip(crop, flip):
     """The crop with flip probability ``flip``: a copy, so a crop shared with other loaders keeps its own."""
+    if not isinstance(crop, _CropShorthand):
+        raise TypeError(f"crop= takes the shorthand fastload.RandomResizedCrop or fastload.CenterCrop, got {crop!r}; "
+                        f"fastload.transforms' classes (torchvision's) go in transform=T.Compose([...])")
     if flip is None:
         return crop
     if isinstance(flip, bool) or not isinstance(flip, numbers.Real) or not 0.0 <= flip <= 1.0:
@@ -722,8 +740,9 @@ class _Producers:
     def close(self, timeout=5.0):
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run() and the
         planners have ended, so none is in native code when the interpreter exits (a thread that returns from a
-        GIL-free call then is ended by the interpreter, unwinding through noexcept C++ frames: std::terminate). A
-        thread that enters run() later sees `stop`."""
+        GIL-free torch op then is ended by the interpreter, unwinding through noexcept C++ frames: std::terminate;
+        fastload's own native calls stay put instead, bindings.cpp's ReleasedGil). A thread that enters run()
+        later sees `stop`."""
         self.stop.set()
         for planner in self.planners:
             planner.stop()

@@ -13,6 +13,8 @@ is key ``i + c * num_samples``; the loader reads sample ``key % num_samples`` an
 key, so copy 0 draws exactly what it would without repeats and the others draw their own.
 """
 
+import os
+
 import numpy as np
 import torch
 
@@ -30,9 +32,31 @@ def num_batches(length, batch_size, drop_last=False):
     return length // batch_size if drop_last else -(-length // batch_size)
 
 
+def _dist_world():
+    """(rank, world size) of the initialised default process group, or None."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+def _launched_world_size():
+    """WORLD_SIZE as torchrun (or another launcher) set it for this process, else 1."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def _dist_default(rank, world_size):
     if rank is None or world_size is None:
-        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+        initialised = _dist_world() is not None
+        launched = _launched_world_size()
+        if not initialised and launched > 1:
+            # Each rank would take the whole dataset, in the same order and with the same draws (DistributedSampler
+            # refuses to start without a process group, too).
+            raise RuntimeError(f"this process is one of WORLD_SIZE={launched} (torchrun), but torch.distributed is "
+                               f"not initialised: the shard comes from the process group, so build the loader after "
+                               f"torch.distributed.init_process_group(), or pass rank= and world_size=")
         if rank is None:
             rank = torch.distributed.get_rank() if initialised else 0
         if world_size is None:
@@ -70,12 +94,29 @@ class ShardedSampler(torch.utils.data.Sampler):
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.rank, self.world_size = _dist_default(rank, world_size)
+        self._from_process_group = rank is None or world_size is None
         self.drop_last = bool(drop_last)
         self.pad = bool(pad)
         self.epoch = 0
-        self.on_set_epoch = None  # a FastLoader's set_epoch (a weak method), which this sampler feeds
+        # A FastLoader's set_epoch (a weak method), which this sampler feeds: the loader then holds the position
+        # (its state_dict has the sampler's), and the sampler's own state_dict / load_state_dict refuse.
+        self.on_set_epoch = None
         self._consumed = 0  # indices of this epoch handed out so far (what state_dict records)
         self._resuming = False  # the next __iter__ starts at _consumed instead of 0
+
+    def check_world(self):
+        """RuntimeError when the rank and world size this sampler took from torch.distributed (none given) are no
+        longer the process group's: a sampler made before init_process_group shards for one process."""
+        if not self._from_process_group:
+            return
+        world = _dist_world()
+        if world is not None and world != (self.rank, self.world_size):
+            raise RuntimeError(f"this shard is for rank {self.rank} of {self.world_size}, but the process group is now "
+                               f"rank {world[0]} of {world[1]}: it was built before torch.distributed."
+                               f"init_process_group(); build it after, or pass rank= and world_size=")
+
+    def _owner(self):
+        return self.on_set_epoch() if self.on_set_epoch is not None else None
 
     def _total(self):
         n, ws = self.num_samples, self.world_size
@@ -95,7 +136,7 @@ class ShardedSampler(torch.utils.data.Sampler):
             self._consumed = 0
             self._resuming = False
         self.epoch = int(epoch)
-        owner = self.on_set_epoch() if self.on_set_epoch is not None else None
+        owner = self._owner()
         if owner is not None:
             owner(self.epoch)
 
@@ -131,6 +172,7 @@ class ShardedSampler(torch.utils.data.Sampler):
         return keys % self.num_samples if self.repeats > 1 else keys
 
     def __iter__(self):
+        self.check_world()
         indices = self.epoch_indices()
         start = self._consumed if self._resuming else 0
         self._resuming = False
@@ -142,6 +184,16 @@ class ShardedSampler(torch.utils.data.Sampler):
     def state_dict(self, consumed=None):
         """Position to resume from. ``consumed`` overrides the count (a prefetching loader knows how many
         indices the training loop really received, which is fewer than it drew from the sampler)."""
+        self._refuse_if_owned("state_dict")
+        return self._state_dict(consumed)
+
+    def _refuse_if_owned(self, what):
+        if self._owner() is not None:
+            raise RuntimeError(f"loader.sampler.{what}(): this sampler belongs to a FastLoader, which holds the "
+                               f"position (the batches it has handed out, not the indices drawn ahead): use "
+                               f"loader.{what}(), which includes the sampler's")
+
+    def _state_dict(self, consumed=None):
         return {"epoch": self.epoch, "consumed": self._consumed if consumed is None else int(consumed),
                 "seed": self.seed, "num_samples": self.num_samples, "world_size": self.world_size,
                 "rank": self.rank, "shuffle": self.shuffle, "drop_last": self.drop_last, "pad": self.pad,
@@ -154,6 +206,10 @@ class ShardedSampler(torch.utils.data.Sampler):
         there is an error. The rank is not checked: with equal shard lengths every rank has consumed the same count,
         so rank 0's checkpoint is valid everywhere (pad=False is the exception; its shards may differ by one).
         """
+        self._refuse_if_owned("load_state_dict")
+        self._load_state_dict(state)
+
+    def _load_state_dict(self, state):
         for key in ("num_samples", "world_size", "shuffle", "drop_last", "pad", "repeats"):
             saved = state.get(key, 1 if key == "repeats" else getattr(self, key))  # states before repeats: 1
             if saved != getattr(self, key):

@@ -17,6 +17,12 @@ WORKER = textwrap.dedent("""
     import fastload as fl
 
     root, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    late_error = None
+    if mode == "late":  # a loader built before the process group exists
+        try:
+            fl.FastLoader(fl.FolderDataset(root), batch_size=3, threads=1)
+        except RuntimeError as e:
+            late_error = str(e)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ds = fl.FolderDataset(root)
@@ -27,7 +33,7 @@ WORKER = textwrap.dedent("""
     def digest(x):
         return hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16]
 
-    result = {"rank": rank, "world": dist.get_world_size()}
+    result = {"rank": rank, "world": dist.get_world_size(), "late_error": late_error}
     if mode == "full":
         loader = make()
         result["len"] = len(loader)
@@ -48,7 +54,7 @@ WORKER = textwrap.dedent("""
             if i == 1:
                 break
         result["state"] = loader.state_dict()
-    else:  # resume
+    elif mode == "resume":  # ("late" records only late_error)
         state = json.load(open(out + f".state{rank}"))
         loader = make()
         loader.load_state_dict(state)
@@ -118,3 +124,11 @@ def test_two_ranks_shard_rerun_and_resume(runs, imagenet_dir):
     resumed = launch(script, imagenet_dir, tmp / "c", "resume")
     for full, res in zip(sorted(first, key=lambda r: r["rank"]), sorted(resumed, key=lambda r: r["rank"])):
         assert res["batches1"] == full["batches1"][2:]
+
+
+def test_a_loader_built_before_the_process_group_is_refused(runs, imagenet_dir):
+    # It took rank 0 of 1: every rank trained on the whole dataset, in the same order, with the same draws
+    tmp, script = runs
+    for r in launch(script, imagenet_dir, tmp / "late", "late"):
+        assert r["late_error"] is not None and "WORLD_SIZE=2" in r["late_error"], r
+        assert "init_process_group" in r["late_error"]

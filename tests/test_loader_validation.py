@@ -61,6 +61,12 @@ def test_uint8_refuses_a_normalisation_it_would_not_apply(ds):
     (dict(batch_size=2.5), ValueError, r"batch_size must be a positive int, got 2.5"),
     (dict(prefetch=0), ValueError, r"prefetch must be a positive int, got 0"),
     (dict(workers=0), ValueError, r"workers must be a positive int, got 0"),
+    (dict(seed=3.5), TypeError, r"seed must be an int, got 3.5"),
+    (dict(seed="0"), TypeError, r"seed must be an int"),
+    # fastload.transforms' classes of the same names belong in transform=; crop= takes the shorthand
+    (dict(crop=fl.transforms.CenterCrop(224)), TypeError, r"crop= takes the shorthand fastload.RandomResizedCrop "
+                                                          r"or fastload.CenterCrop, got CenterCrop"),
+    (dict(crop=224), TypeError, r"crop= takes the shorthand"),
 ])
 def test_bad_arguments_are_refused_when_built(ds, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -230,3 +236,65 @@ def test_default_threads_follow_the_process_affinity(ds):
 def test_cpus_refuses_what_it_cannot_pin(ds, cpus, error, message):
     with pytest.raises(error, match=message):
         fl.FastLoader(ds, batch_size=4, cpus=cpus)
+
+
+def test_a_numpy_seed_and_batch_size_give_a_state_torch_load_reads(ds, tmp_path):
+    # numpy scalars in state_dict() made torch.load (weights_only, the default) refuse the whole checkpoint
+    loader = fl.FastLoader(ds, batch_size=np.int64(4), seed=np.int64(3), crop=fl.RandomResizedCrop(24))
+    next(iter(loader))
+    torch.save({"loader": loader.state_dict()}, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt")["loader"]
+    assert type(state["seed"]) is int and type(state["batch_size"]) is int
+    resumed = fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24))
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["batches_done"] == 1
+
+
+def test_a_state_for_another_size_is_refused_unless_set_size_chose_it(ds):
+    # A loader built for 32 px that loaded a 24 px checkpoint silently made 24 px batches for every later epoch
+    old = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
+    next(iter(old))
+    state = old.state_dict()
+    assert "next_size" not in state  # the loader's own size: its configuration, not a choice to carry over
+    with pytest.raises(ValueError, match=r"state is for size \(24, 24\); this loader makes \(32, 32\)"):
+        fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32)).load_state_dict(state)
+    same = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
+    same.load_state_dict(state)
+    assert next(iter(same))[0].shape[-2:] == (24, 24)
+    # set_size's choice travels with the state, whatever the resumed loader was built with
+    old.set_size(40)
+    state = old.state_dict()
+    assert state["next_size"] == [40, 40]
+    other = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32))
+    other.load_state_dict(state)
+    assert next(iter(other))[0].shape[-2:] == (24, 24)  # the rest of the epoch at its own size
+    other.set_epoch(1)
+    assert next(iter(other))[0].shape[-2:] == (40, 40) and other.size_of(5) == (40, 40)
+
+
+def test_the_loaders_sampler_follows_the_loader(ds):
+    # loader.sampler.epoch stayed 0 (list(loader.sampler) gave epoch 0's indices), and its own state_dict /
+    # load_state_dict were accepted and ignored: the loader holds the position
+    loader = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
+    loader.set_epoch(3)
+    assert loader.sampler.epoch == 3 and list(loader.sampler) == loader.sampler.epoch_indices(3).tolist()
+    x, y = next(iter(loader))
+    assert torch.equal(y, torch.as_tensor(ds.labels[loader.sampler.epoch_indices(3)[:4]]))
+    for call in (loader.sampler.state_dict, lambda: loader.sampler.load_state_dict({"epoch": 1})):
+        with pytest.raises(RuntimeError, match="this sampler belongs to a FastLoader"):
+            call()
+    list(loader)  # epoch 3 finished: the next iteration is epoch 4, and the sampler says so
+    next(iter(loader))
+    assert loader.sampler.epoch == 4
+
+
+def test_images_per_s_counts_from_the_iterations_start(ds):
+    # The clock started at the first batch's end: the first batch's time was left out (wait_s exceeded seconds)
+    import time
+    loader = fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(32))
+    t0 = time.perf_counter()
+    images = sum(len(y) for _, y in loader)
+    wall = time.perf_counter() - t0
+    s = loader.stats()
+    assert s["images"] == images and s["wait_s"] <= s["seconds"]
+    assert s["seconds"] >= 0.95 * wall  # the loop's whole time (it was 0.10 s of 0.16)

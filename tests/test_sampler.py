@@ -81,6 +81,24 @@ def test_defaults_follow_torch_distributed(monkeypatch):
         ShardedSampler(10, rank=4, world_size=4)
 
 
+def test_a_sampler_made_before_the_process_group_is_refused(monkeypatch):
+    # Under torchrun (WORLD_SIZE set) without a process group yet: it would shard for one process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=2 .* not initialised"):
+        ShardedSampler(10)
+    assert ShardedSampler(10, rank=1, world_size=2).rank == 1  # given explicitly: fine
+    # Started otherwise (mp.spawn: no WORLD_SIZE), the group made after the sampler: refused when it iterates
+    monkeypatch.delenv("WORLD_SIZE")
+    s, explicit = ShardedSampler(10), ShardedSampler(10, rank=0, world_size=1)
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    with pytest.raises(RuntimeError, match="rank 0 of 1, but the process group is now rank 1 of 2"):
+        list(s)
+    assert len(list(explicit)) == 10
+
+
 @pytest.mark.parametrize("kw", [{}, {"drop_last": True}, {"pad": False}, {"shuffle": False}])
 def test_resume_mid_epoch_yields_exactly_the_rest(kw):
     s = ShardedSampler(103, rank=1, world_size=3, seed=9, **kw)
