@@ -301,7 +301,7 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
-        "model": model, "baseline": baseline, "decoder": decoder, "transform": transform or "plain",
+        "model": model, "baseline": baseline, "decoder": decoder, "transform": transform or "classic",
         "versions": _versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -355,7 +355,7 @@ def describe(result):
     line = (f"{os.path.basename(c['data'].rstrip('/')) or c['data']}: {c['images']:,} images ({what}), "
             f"batch {c['batch_size']}, {c['size']}x{c['size']}, {c['device']} ({c['device_name']}), "
             f"{c['cpu_cores']} CPU cores, {c['epochs']} timed epoch{'s' if c['epochs'] != 1 else ''}")
-    if c.get("transform", "plain") != "plain":
+    if c.get("transform", "plain") not in ("plain", "classic"):  # classic: crop= against v1's ToTensor/Normalize
         line += f", crop + flip + {c['transform']} + normalise in both loaders"
     return line
 

@@ -271,9 +271,20 @@ def cmd_verify(args):
 
     from .datasets.verify import verify
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a folder's unreadable files are reported below, as failures
-        ds = _open_dataset(args.path, threads=args.threads, strict=args.strict)
+    from .datasets import DatasetError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a folder's unreadable files are reported below, as failures
+            ds = _open_dataset(args.path, threads=args.threads, strict=args.strict)
+    except DatasetError as e:
+        if not getattr(e, "skipped", None):
+            raise
+        # a folder none of whose image files can be read: each is a failure (exit 1), as with one good file
+        for name, reason in e.skipped:
+            print(f"FAILED {name}: cannot be read: {reason}")
+        print(f"verified {len(e.skipped)} images: 0 ok, {len(e.skipped)} failed")
+        return EXIT_DATA
     failures = [(p, f"cannot be read: {r}") for p, r in ds.skipped] if not hasattr(ds, "meta") else []
     failures += verify(ds, threads=args.threads, progress=not args.quiet, strict=args.strict)
     for name, reason in failures:
@@ -384,11 +395,23 @@ def cmd_bench(args):
     if args.plot == "-":
         _err("--plot needs a file name")
         return EXIT_USAGE
+    if args.plot and os.path.splitext(args.plot)[1]:  # no extension: benchmark.plot adds .png
+        from matplotlib.figure import Figure
+        kinds = Figure().canvas.get_supported_filetypes()
+        if os.path.splitext(args.plot)[1][1:].lower() not in kinds:
+            _err(f"--plot {args.plot}: matplotlib cannot write {os.path.splitext(args.plot)[1]} files; use one of "
+                 f"{', '.join('.' + k for k in sorted(kinds))}")
+            return EXIT_USAGE
+    if args.workers is not None and not args.baseline:
+        _err("--workers sets torchvision's DataLoader workers: it needs --baseline torchvision (FastLoader's decode "
+             "threads: --threads)")
+        return EXIT_USAGE
 
     dataset = benchmark.open_dataset(args.data)  # DatasetError -> exit 2
     batches = len(dataset) // args.batch_size
     if 0 < batches < 50:
-        print(f"note: {len(dataset)} images make only {batches} batches of {args.batch_size} per epoch; the start "
+        print(f"note: {len(dataset)} images make only {batches} batch{'es' if batches > 1 else ''} of "
+              f"{args.batch_size} per epoch; the start "
               f"and end of every epoch weigh on these numbers (more images measure steadier rates)", file=sys.stderr)
     result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,

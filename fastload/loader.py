@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 import weakref
+import zlib
 
 import numpy as np
 import torch
@@ -192,6 +193,7 @@ class FastLoader:
         self.sampler.on_set_epoch = weakref.WeakMethod(self.set_epoch)
         self.seed = seed
         self._stats = LoaderStats()
+        self._fingerprint = None  # _dataset_fingerprint's, computed once
         # Repeated augmentation: the sampler hands out keys (index + copy * n); the producers read a view in which
         # key k is sample k % n, and draw every random parameter with the key, so each copy is augmented its way.
         source = dataset if self.sampler.repeats == 1 else _repeated(dataset, self.sampler.repeats)
@@ -296,7 +298,18 @@ class FastLoader:
             state["next_size"] = list(self._size)
         if self._trial is not None and self._trial.chosen is not None:
             state["decoder"] = self._trial.chosen  # decoder="auto" resumes with its choice
+        state["dataset"] = self._dataset_fingerprint()
         return state
+
+    def _dataset_fingerprint(self):
+        """CRC-32 of the samples' sizes and labels, in order: a state resumes only the dataset it was made on
+        (another one of the same length would take other samples at the saved position without a word)."""
+        if self._fingerprint is None:
+            crc = 0
+            for array in (self.dataset.heights, self.dataset.widths, self.dataset.labels):
+                crc = zlib.crc32(np.ascontiguousarray(array).tobytes(), crc)
+            self._fingerprint = crc
+        return self._fingerprint
 
     def load_state_dict(self, state):
         missing = [k for k in ("epoch", "batches_done", "seed", "batch_size", "sampler") if k not in state]
@@ -306,6 +319,9 @@ class FastLoader:
         if state["seed"] != self.seed or state["batch_size"] != self.batch_size:
             raise ValueError(f"state is for seed={state['seed']}, batch_size={state['batch_size']}; this loader has "
                              f"seed={self.seed}, batch_size={self.batch_size}")
+        if "dataset" in state and state["dataset"] != self._dataset_fingerprint():  # states before it: unchecked
+            raise ValueError(f"state is for another dataset: the sizes or labels of its {len(self.dataset)} samples "
+                             f"differ from this loader's (a different folder, store, order or subset)")
         choice = state.get("decoder") if self._trial is not None else None  # decoder="auto"'s earlier choice
         if choice is not None:
             self._trial.check(choice)

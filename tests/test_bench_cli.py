@@ -121,6 +121,10 @@ def test_argument_checks_before_the_run_and_a_damaged_sample(imagenet_dir, tmp_p
     _error(capsys, [str(imagenet_dir), *QUICK[:-4], "--size", "100000"], "larger than fastload bench measures")
     _error(capsys, [str(imagenet_dir), *QUICK, "--json", str(tmp_path)], "is a folder")
     _error(capsys, [str(imagenet_dir), *QUICK, "--plot", str(tmp_path)], "is a folder")
+    # found before the run, not by matplotlib after it (a traceback, exit 1)
+    _error(capsys, [str(imagenet_dir), *QUICK, "--plot", str(tmp_path / "chart.txt")], "cannot write .txt files")
+    # torchvision's workers without torchvision: was accepted and ignored
+    _error(capsys, [str(imagenet_dir), *QUICK, "--workers", "3"], "--workers sets torchvision's DataLoader workers")
     assert main(["bench", str(imagenet_dir), *QUICK, "-q", "--plot", str(tmp_path / "chart")]) == 0
     assert f"wrote {tmp_path / 'chart.png'}" in capsys.readouterr().err and (tmp_path / "chart.png").is_file()
     import shutil

@@ -220,6 +220,16 @@ def test_data_prefetcher_keeps_float_labels_on_cuda():
 
 
 @pytest.mark.cuda
+def test_data_prefetcher_gives_other_labels_back_as_they_went_in_on_cuda():
+    imgs = torch.from_numpy(photos.coffee()[:40, :60]).permute(2, 0, 1).contiguous()
+    batches = [(imgs.expand(3, 3, 40, 60).contiguous(), [f"img{i}.jpg" for i in range(3 * k, 3 * k + 3)])
+               for k in range(2)]
+    out = list(fl.DataPrefetcher(batches, device="cuda"))
+    assert [y for _, y in out] == [["img0.jpg", "img1.jpg", "img2.jpg"], ["img3.jpg", "img4.jpg", "img5.jpg"]]
+    assert all(x.is_cuda and x.shape == (3, 3, 40, 60) for x, _ in out)
+
+
+@pytest.mark.cuda
 def test_host_waits_on_the_gpu_sleep_instead_of_spinning():
     """A producer waits on the pipe's events (Slot.wait_reusable) and the engines' streams (decoders.wait_for)
     before it reuses a buffer. Those waits must sleep: a default CUDA event or Stream.synchronize() spins its

@@ -188,6 +188,68 @@ def test_data_prefetcher_normalises_on_the_cpu_too():
     assert torch.equal(x8[:2], chw)  # uint8: the pixels as they are
 
 
+class _Images(torch.utils.data.Dataset):
+    """uint8 CHW photos with labels of any kind (``label(i)``); sample ``fail_at`` raises OSError."""
+
+    def __init__(self, label=lambda i: i, n=12, fail_at=None):
+        self.img = torch.from_numpy(photos.coffee()[:40, :60]).permute(2, 0, 1).contiguous()
+        self.label, self.n, self.fail_at = label, n, fail_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise OSError(f"sample {i} is unreadable")
+        return self.img, self.label(i)
+
+
+@pytest.mark.parametrize("label, check", [
+    (lambda i: f"img{i}.jpg", lambda y: list(y) == ["img0.jpg", "img1.jpg", "img2.jpg"]),  # file names
+    (lambda i: {"id": i}, lambda y: torch.equal(y["id"], torch.arange(3))),            # dicts
+    (lambda i: (i, 2 * i), lambda y: torch.equal(y[1], torch.tensor([0, 2, 4]))),       # tuples: a list of tensors
+    (lambda i: i, lambda y: torch.equal(y, torch.arange(3))),                           # class indices
+], ids=["str", "dict", "tuple", "int"])
+def test_data_prefetcher_gives_labels_back_as_they_went_in(label, check):
+    # Labels default_collate makes from file names, dicts or tuples raised inside torch.as_tensor
+    loader = torch.utils.data.DataLoader(_Images(label, n=3), batch_size=3)
+    (x, y), = list(fl.DataPrefetcher(loader, device="cpu"))
+    assert x.shape == (3, 3, 40, 60) and check(y)
+
+
+def test_data_prefetcher_hands_out_the_batch_made_before_the_loaders_error():
+    # The loader's error came one batch early: batch [6, 7, 8], which the DataLoader itself gives, was lost
+    loader = torch.utils.data.DataLoader(_Images(fail_at=9), batch_size=3)
+    it = iter(fl.DataPrefetcher(loader, device="cpu"))
+    assert [next(it)[1].tolist() for _ in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    with pytest.raises(OSError, match="sample 9 is unreadable"):
+        next(it)
+
+
+def test_data_prefetcher_refuses_what_it_would_read_wrong():
+    def first(images, **kw):
+        return next(iter(fl.DataPrefetcher([(images, torch.zeros(len(images)))], device="cpu", **kw)))
+    x8 = torch.full((2, 3, 8, 8), 10, dtype=torch.uint8)
+    # int32 0-255 values were read as 0-1 floats: 41.55 where the same uint8 pixels give -1.95
+    with pytest.raises(TypeError, match="images must be uint8 .0-255. or float .0-1., got torch.int32"):
+        first(x8.int())
+    assert torch.allclose(first(x8.double() / 255)[0], first(x8)[0], atol=1e-5)  # float64 0-1, as float32
+    for kw, error, message in ((dict(layout="bogus"), ValueError, "layout must be 'NCHW', 'NHWC' or None"),
+                               (dict(size=0), ValueError, "size"), (dict(size=2.5), ValueError, "size must be a positive int"),
+                               (dict(channels_last="no"), TypeError, "channels_last must be True or False")):
+        with pytest.raises(error, match=message):
+            fl.DataPrefetcher([], device="cpu", **kw)
+    assert first(x8.permute(0, 2, 3, 1), layout="nhwc")[0].shape == (2, 3, 8, 8)  # either case
+    assert first(x8, size=np.int64(4))[0].shape == (2, 3, 4, 4)
+    with pytest.raises(ValueError, match="images have 1 channels .read as NCHW.*mean/std 3: pass layout="):
+        first(x8[:, :1])
+    with pytest.raises(ValueError, match="with B >= 1"):
+        first(x8[:0])
+    with pytest.raises(TypeError, match="batches of two items, got a list of 3"):
+        next(iter(fl.DataPrefetcher([[x8, torch.zeros(2), "extra"]], device="cpu")))
+    assert first(x8.numpy())[0].shape == (2, 3, 8, 8)  # a numpy batch from a custom collate_fn
+
+
 def test_cpus_pins_the_producers_and_keeps_the_batches(ds):
     import os
     import threading
@@ -298,3 +360,21 @@ def test_images_per_s_counts_from_the_iterations_start(ds):
     s = loader.stats()
     assert s["images"] == images and s["wait_s"] <= s["seconds"]
     assert s["seconds"] >= 0.95 * wall  # the loop's whole time (it was 0.10 s of 0.16)
+
+
+def test_a_state_for_another_dataset_of_the_same_length_is_refused(ds):
+    # Only the length was compared: another subset of 20 samples resumed at the saved position with other samples
+    make = lambda indices: fl.FastLoader(torch.utils.data.Subset(ds, indices), batch_size=4,
+                                         crop=fl.RandomResizedCrop(24))
+    first = make(range(20))
+    next(iter(first))
+    state = first.state_dict()
+    with pytest.raises(ValueError, match="state is for another dataset"):
+        make(range(20, 40)).load_state_dict(state)
+    with pytest.raises(ValueError, match="state is for another dataset"):
+        make(range(19, -1, -1)).load_state_dict(state)  # the same samples in another order
+    same = make(range(20))
+    same.load_state_dict(state)
+    assert same.state_dict()["batches_done"] == 1
+    legacy = {k: v for k, v in state.items() if k != "dataset"}  # states from before the check still load
+    make(range(20, 40)).load_state_dict(legacy)

@@ -138,6 +138,19 @@ def test_broken_files_are_skipped_reported_and_never_packed(broken_tree, tmp_pat
     assert f"{len(expected)} failed" in out
 
 
+def test_verify_lists_a_folder_whose_files_are_all_broken(tmp_path, capsys):
+    # It was a usage error (exit 2, "none of its 2 image files can be read") without the failure list
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.jpg").write_bytes(b"junk")
+    (tmp_path / "c" / "y.jpg").write_bytes(b"\xff\xd8\xff\xe0" + bytes(100))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED {tmp_path / 'c' / 'x.jpg'}: cannot be read: " in out
+    assert f"FAILED {tmp_path / 'c' / 'y.jpg'}: cannot be read: " in out
+    assert "verified 2 images: 0 ok, 2 failed" in out
+
+
 def test_on_error_raise_stops_at_the_first_broken_file(broken_tree, tmp_path, capsys):
     root, expected = broken_tree
     dst = tmp_path / "strict.lmdb"

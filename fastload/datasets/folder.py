@@ -485,7 +485,9 @@ class FolderDataset(ImageDataset):
                 raise DataError(msg)
             warnings.warn(msg + " (left out; see .skipped)", stacklevel=2)
         if not self.paths:
-            raise DatasetError(f"{self.root}: none of its {len(self.skipped)} image files can be read")
+            error = DatasetError(f"{self.root}: none of its {len(self.skipped)} image files can be read")
+            error.skipped = list(self.skipped)  # `fastload verify` lists them as failures
+            raise error
         empty = [c for c, n in zip(self.classes, self.class_counts()) if n == 0]
         if empty:
             warnings.warn(f"{self.root}: {len(empty)} classes have no images: {', '.join(empty[:5])}", stacklevel=2)

@@ -13,6 +13,9 @@ import torch
 
 from .. import ops
 from ..loader import IMAGENET_MEAN, IMAGENET_STD, _check_dtype, _normalisation, _resolve_device
+from ..transforms.planners import _pair
+
+_END = object()
 
 
 class DataPrefetcher:
@@ -22,9 +25,11 @@ class DataPrefetcher:
     the calling thread).
 
     images: uint8, or float on the 0-1 scale, ``[B, C, H, W]`` or ``[B, H, W, C]`` (``layout="NCHW"|"NHWC"``;
-    default: guessed from which axis has 1, 3 or 4 values). ``size``: the output (int or (h, w)), None keeps the
-    input's. ``mean``/``std`` (0-1 scale; uint8 input is scaled by 1/255 first), ``dtype`` and ``channels_last``
-    as FastLoader's."""
+    default: guessed from which axis has 1, 3 or 4 values); other integer types are refused (their scale is not
+    known). ``size``: the output (int or (h, w)), None keeps the input's. ``mean``/``std`` (0-1 scale; uint8 input
+    is scaled by 1/255 first), ``dtype`` and ``channels_last`` as FastLoader's. Labels come back as they went in:
+    tensors (and what torch.as_tensor takes) on the device, anything else (file names, dicts) untouched. If the
+    wrapped loader raises, the batch it made before comes first, then the error, as the loader itself gives them."""
 
     def __init__(self, loader, device="cuda", *, size=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                  dtype=torch.float32, channels_last=False, layout=None):
@@ -32,9 +37,13 @@ class DataPrefetcher:
         self.device = _resolve_device(device)
         self.dtype = _check_dtype(dtype)
         self.mean, self.std, self._in_scale = _normalisation(mean, std, self.dtype)  # in_scale for uint8 input
+        if not isinstance(channels_last, bool):
+            raise TypeError(f"channels_last must be True or False, got {channels_last!r}")
         self.channels_last = channels_last
-        self.size = size
-        self.layout = layout
+        self.size = None if size is None else _pair(size, "size")
+        if layout is not None and (not isinstance(layout, str) or layout.upper() not in ("NCHW", "NHWC")):
+            raise ValueError(f"layout must be 'NCHW', 'NHWC' or None (guessed from the shape), got {layout!r}")
+        self.layout = None if layout is None else layout.upper()
         self.pipe = None
         if self.device.type == "cuda":
             from .pipe import DevicePipe
@@ -46,16 +55,28 @@ class DataPrefetcher:
     def _stage_args(self, batch):
         """(data, offsets, shapes, matrices, labels, hwc, in_scale, out size) of one (images, labels) batch."""
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise TypeError(f"DataPrefetcher expects (images, labels) batches, got {type(batch).__name__}")
+            what = f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list)) else \
+                type(batch).__name__
+            raise TypeError(f"DataPrefetcher expects (images, labels) batches of two items, got {what}")
         x, y = batch
-        if x.dim() != 4:
-            raise ValueError(f"images must be [B, C, H, W] or [B, H, W, C], got shape {tuple(x.shape)}")
+        x = torch.as_tensor(x)  # a numpy batch from a custom collate_fn too
+        if x.dim() != 4 or x.shape[0] == 0:
+            raise ValueError(f"images must be a batch [B, C, H, W] or [B, H, W, C] with B >= 1, got shape "
+                             f"{tuple(x.shape)}")
+        if x.dtype != torch.uint8 and not x.is_floating_point():
+            raise TypeError(f"images must be uint8 (0-255) or float (0-1), got {x.dtype}: convert them, e.g. "
+                            f"x.to(torch.uint8) for 0-255 values")
         hwc = self.layout == "NHWC" or (self.layout is None and x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3, 4))
         b = x.shape[0]
         h, w, c = (x.shape[1], x.shape[2], x.shape[3]) if hwc else (x.shape[2], x.shape[3], x.shape[1])
+        given = [len(v) for v in (self.mean, self.std) if v is not None]
+        if any(n not in (1, c) for n in given):
+            raise ValueError(f"images have {c} channels (read as {'NHWC' if hwc else 'NCHW'}, shape "
+                             f"{tuple(x.shape)}), mean/std {max(given)}: pass layout= or a mean and std per "
+                             f"channel")
         x = x if x.dtype in (torch.uint8, torch.float32) else x.float()
         data = x.contiguous().reshape(-1)
-        out_h, out_w = (h, w) if self.size is None else ((self.size, self.size) if isinstance(self.size, int) else self.size)
+        out_h, out_w = (h, w) if self.size is None else self.size
         # Output pixel (u, v) -> input pixel: identity when sizes match, else a plain resize (pixel centres).
         sx, sy = w / out_w, h / out_h
         matrix = torch.tensor([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5]])
@@ -63,28 +84,50 @@ class DataPrefetcher:
         shapes = torch.tensor([h, w, c], dtype=torch.int64).expand(b, 3).contiguous()
         # Float input is on the 0-1 scale: 255 times the uint8 input's scale.
         in_scale = self._in_scale if x.dtype == torch.uint8 else self._in_scale * 255
-        return data, offsets, shapes, matrix.expand(b, 2, 3), torch.as_tensor(y), hwc, in_scale, (out_h, out_w)
+        return data, offsets, shapes, matrix.expand(b, 2, 3), y, hwc, in_scale, (out_h, out_w)
 
     def _submit(self, batch):
-        data, offsets, shapes, matrices, labels, hwc, in_scale, size = self._stage_args(batch)
+        """(the stage's handle or CPU result, the labels to hand back when they are not tensors, or _END)."""
+        data, offsets, shapes, matrices, y, hwc, in_scale, size = self._stage_args(batch)
+        labels = _as_labels(y, len(offsets))
         if self.pipe is None:  # CPU: the stage now, in this thread
             x = ops.warp_ragged(data, offsets, shapes, matrices, size, mean=self.mean, std=self.std,
                                 in_scale=in_scale, out_dtype=self.dtype, channels_last=self.channels_last,
                                 hwc=hwc, channels=int(shapes[0, 2]))
-            return x, labels
+            return (x, y if labels is None else labels), _END
         data = data if data.is_pinned() else data.pin_memory()
-        return self.pipe.submit(data, offsets, shapes, matrices, labels, data.numel(), hwc=hwc, in_scale=in_scale,
-                                size=size)
+        carried = torch.zeros(len(offsets), dtype=torch.int64) if labels is None else labels
+        return self.pipe.submit(data, offsets, shapes, matrices, carried, data.numel(), hwc=hwc, in_scale=in_scale,
+                                size=size), (y if labels is None else _END)
 
-    def _receive(self, handle):
-        return handle if self.pipe is None else self.pipe.receive(handle)
+    def _receive(self, pending):
+        handle, y = pending
+        x, labels = handle if self.pipe is None else self.pipe.receive(handle)
+        return x, (labels if y is _END else y)
 
     def __iter__(self):
         pending = None
-        for batch in self.loader:
-            handle = self._submit(batch)
+        batches = iter(self.loader)
+        while True:
+            try:
+                batch = next(batches, _END)
+                handle = None if batch is _END else self._submit(batch)
+            except Exception:  # the loader (or its next batch) failed: the batch made before comes first
+                if pending is not None:
+                    yield self._receive(pending)
+                raise
             if pending is not None:
                 yield self._receive(pending)
+            if handle is None:
+                return
             pending = handle
-        if pending is not None:
-            yield self._receive(pending)
+
+
+def _as_labels(y, batch):
+    """The labels as a [B, ...] tensor the stage carries to the device, or None for labels that are none (file
+    names, dicts, lists of tensors), which come back as they went in."""
+    try:
+        labels = torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return labels if labels.dim() >= 1 and labels.shape[0] == batch else None
