@@ -250,7 +250,8 @@ class FastLoader:
         if self._start_batch and int(epoch) == self._epoch:
             self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
             return
-        self._epoch = self.sampler.epoch = int(epoch)
+        self._epoch = int(epoch)
+        self.sampler.follow(self._epoch)
         self._epoch_set = True
         self._start_batch = self._batches_done = 0
         self._paused = None
@@ -294,7 +295,9 @@ class FastLoader:
         size = self._running[1] if done and self._running[0] == epoch else self._size_for(epoch)
         state = {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
                  "sampler": sampler, "size": list(size)}
-        if self._size_set:  # set_size's choice travels with the state; a loader's own size is its configuration
+        # set_size's choice travels with the state; a loader's own size is its configuration (checked on load)
+        state["size_chosen"] = self._size_set
+        if self._size_set:
             state["next_size"] = list(self._size)
         if self._trial is not None and self._trial.chosen is not None:
             state["decoder"] = self._trial.chosen  # decoder="auto" resumes with its choice
@@ -330,12 +333,16 @@ class FastLoader:
         if self.size_schedule is not None and self._size_for(epoch) != size:
             raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
                              f"{self._size_for(epoch)}")
-        if self.size_schedule is None and "next_size" not in state and size != self._size:
+        # Was the saved size chosen by set_size? States before "size_chosen" always carried next_size: one equal to
+        # the running size may have been the loader's configuration, so it is checked as one.
+        chosen = state.get("size_chosen", "next_size" in state and tuple(state["next_size"]) != size)
+        if self.size_schedule is None and not chosen and size != self._size:
             raise ValueError(f"state is for size {size}; this loader makes {self._size}: build it with the size the "
                              f"checkpoint's loader had (or call set_size({size}) before loading, then set_size "
                              f"again for the epochs after)")
         self.sampler._load_state_dict(state["sampler"])
-        if self.size_schedule is None and "next_size" in state:
+        self.sampler.follow(epoch)  # the loader holds the position; its sampler lists the whole epoch
+        if self.size_schedule is None and chosen:
             self._size, self._size_set = tuple(state["next_size"]), True
         self._resume_size = size if int(state["batches_done"]) else None
         self._epoch = epoch
@@ -411,7 +418,7 @@ class FastLoader:
         size = self._resume_size if start and self._resume_size else self._size_for(self._epoch)
         self._resume_size = None
         self._running = (self._epoch, size)
-        self.sampler.epoch = self._epoch  # list(loader.sampler) gives this epoch's indices
+        self.sampler.follow(self._epoch)  # list(loader.sampler) gives this epoch's indices
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.epoch == self._epoch and start == 0 and ahead.size == size \
                 and not ahead.producers.stop.is_set():

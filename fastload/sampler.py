@@ -104,6 +104,10 @@ class ShardedSampler(torch.utils.data.Sampler):
         self._consumed = 0  # indices of this epoch handed out so far (what state_dict records)
         self._resuming = False  # the next __iter__ starts at _consumed instead of 0
 
+    def follow(self, epoch):
+        """The owning loader's epoch (it holds the position): list(sampler) then gives the epoch's indices."""
+        self.epoch, self._consumed, self._resuming = int(epoch), 0, False
+
     def check_world(self):
         """RuntimeError when the rank and world size this sampler took from torch.distributed (none given) are no
         longer the process group's: a sampler made before init_process_group shards for one process."""

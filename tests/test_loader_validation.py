@@ -317,7 +317,11 @@ def test_a_state_for_another_size_is_refused_unless_set_size_chose_it(ds):
     old = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
     next(iter(old))
     state = old.state_dict()
-    assert "next_size" not in state  # the loader's own size: its configuration, not a choice to carry over
+    assert "next_size" not in state and not state["size_chosen"]  # its configuration, not a choice to carry over
+    legacy = {k: v for k, v in state.items() if k != "size_chosen"}
+    legacy["next_size"] = state["size"]  # states before "size_chosen" always carried next_size
+    with pytest.raises(ValueError, match=r"state is for size \(24, 24\); this loader makes \(32, 32\)"):
+        fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32)).load_state_dict(legacy)
     with pytest.raises(ValueError, match=r"state is for size \(24, 24\); this loader makes \(32, 32\)"):
         fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32)).load_state_dict(state)
     same = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
@@ -348,6 +352,13 @@ def test_the_loaders_sampler_follows_the_loader(ds):
     list(loader)  # epoch 3 finished: the next iteration is epoch 4, and the sampler says so
     next(iter(loader))
     assert loader.sampler.epoch == 4
+    # after a resume mid-epoch too: the sampler lists whole epochs (the loader holds the position)
+    resumed = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(24))
+    resumed.load_state_dict(loader.state_dict())
+    assert list(resumed.sampler) == resumed.sampler.epoch_indices(4).tolist()
+    list(resumed)
+    next(iter(resumed))
+    assert list(resumed.sampler) == resumed.sampler.epoch_indices(5).tolist()
 
 
 def test_images_per_s_counts_from_the_iterations_start(ds):

@@ -184,6 +184,23 @@ def test_warp_huge_scales_filter_the_whole_image(scale, shear, baseline, monkeyp
     assert torch.equal(out, torch.zeros(1, 3, 5, 4))
 
 
+@pytest.mark.parametrize("width", [2 ** 24 + 1, 2 ** 24 + 3])
+def test_warp_avx2_and_scalar_agree_on_sides_past_2_24(width, monkeypatch):
+    # float(size) rounds above 2^24: a clamp against it made the AVX2 and scalar (and CUDA) taps differ there
+    h = 2
+    data = torch.randint(0, 256, (h * width * 3,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def run(m, baseline):
+        monkeypatch.setenv("FASTLOAD_WARP_BASELINE", "1" if baseline else "0")
+        return torch.ops.fastload.warp_normalize(
+            data, torch.zeros(1, dtype=torch.int64), torch.tensor([[h, width, 3]]), torch.tensor([m]), torch.ones(3),
+            torch.zeros(3), 3, 1, 16, True, torch.float32, False, [0.0])
+    for shift in (width - 20.0, width - 17.0, width - 16.5, width - 16.0, width - 15.3):
+        for scale in (1.0, 1.5, 2.0):
+            m = [[scale, 0.25, shift - 16 * (scale - 1)], [0.0, 1.0, 0.0]]  # sheared: the general path
+            assert torch.equal(run(m, False), run(m, True)), (shift, scale)
+
+
 # ---- hostile arguments of the JPEG ops ------------------------------------------------------------------------
 
 def test_crcs_that_are_no_crc32_are_refused(jpegs):

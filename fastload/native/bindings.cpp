@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -833,6 +834,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastload native ops: libjpeg-turbo crop decoding and the affine/normalise stage";
   m.attr("source_hash") = FASTLOAD_SOURCE_HASH;
   main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  // A forked child's interpreter is finalised by the thread that forked (CPython makes it the main thread)
+  ::pthread_atfork(nullptr, nullptr, [] { main_thread_ident = PyThread_get_thread_ident(); });
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
 #ifdef FASTLOAD_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -55,13 +55,18 @@ FL_HD float triangle(float x) {
   return x < 1.f ? 1.f - x : 0.f;
 }
 
+// The largest float below 2^31: a bound clamped to it converts to int without overflow.
+constexpr float kTapLimit = 2147483520.f;
+
 // Taps [lo, hi) of the filter for a centre given in edge coordinates (pixel i spans [i, i+1)), as torch's
 // _upsample_bilinear2d_aa computes them: lo = int(centre - support + 0.5), hi = int(centre + support + 0.5).
-// Clamped to [0, size] as floats: a huge scale would overflow the int cast (and leave no taps); NaN gives none.
+// Each bound is clamped to [0, kTapLimit] as a float before the int cast (a huge scale overflowed it and left no
+// taps; NaN gives 0: no taps), then hi to size as an int: the old results wherever the old cast was defined.
 FL_HD void filter_taps(float centre, float support, int size, int* lo, int* hi) {
   const float a = floorf(centre - support + 0.5f), b = floorf(centre + support + 0.5f);
-  *lo = a < static_cast<float>(size) ? (a > 0.f ? static_cast<int>(a) : 0) : size;
-  *hi = b > 0.f ? (b < static_cast<float>(size) ? static_cast<int>(b) : size) : 0;
+  *lo = static_cast<int>(fminf(fmaxf(a, 0.f), kTapLimit));
+  const int top = static_cast<int>(fminf(fmaxf(b, 0.f), kTapLimit));
+  *hi = top > size ? size : top;
 }
 
 // Filter support (in input pixels) along an output axis whose step moves the input by (dx, dy).

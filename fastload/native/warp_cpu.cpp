@@ -516,6 +516,8 @@ FL_SAMPLE float general_weights(float centre, float support, int size, int K, fl
 // 2 * support is an integer); a pixel that float rounding gives one more tap takes warp.h's loop.
 FL_SAMPLE int general_taps(float support, int size) {
   const float twice = 2.f * support;
+  if (std::isnan(twice)) return 1;  // a NaN matrix: no taps at all
+  if (twice >= static_cast<float>(size)) return std::max(1, size);  // the whole axis (and no int overflow below)
   const int taps = static_cast<int>(std::floor(twice)) + (twice == std::floor(twice) ? 0 : 1);
   return std::max(1, std::min(size, taps));
 }
@@ -666,13 +668,14 @@ void warp_general_base(const Image<in_t>& img, const float* m, const Visible& vi
 FL_AVX2 __m256 general_weights8(__m256 centre, float support, int size, int K, float* w, __m256i* start,
                                 __m256i* fits) {
   const __m256 s = _mm256_set1_ps(support), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f);
-  // Clamped to [0, size] as floats, as filter_taps does (min_ps/max_ps return their second operand for a NaN
-  // first: lo = size, hi = 0, no taps).
-  const __m256 zero = _mm256_setzero_ps(), fsize = _mm256_set1_ps(static_cast<float>(size));
+  // As filter_taps: each bound clamped to [0, kTapLimit] as a float before the int cast (max_ps returns its second
+  // operand for a NaN first: 0, no taps), then to [0, size] as an int.
+  const __m256 zero = _mm256_setzero_ps(), limit = _mm256_set1_ps(kTapLimit);
   const __m256 a = _mm256_floor_ps(_mm256_add_ps(_mm256_sub_ps(centre, s), half));
   const __m256 b = _mm256_floor_ps(_mm256_add_ps(_mm256_add_ps(centre, s), half));
-  const __m256i lo = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(a, fsize), zero));
-  const __m256i hi = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(b, zero), fsize));
+  const __m256i lo = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(a, zero), limit));
+  const __m256i hi = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(b, zero), limit)),
+                                      _mm256_set1_epi32(size));
   *fits = _mm256_cmpgt_epi32(_mm256_set1_epi32(K + 1), _mm256_sub_epi32(hi, lo));  // wraps as the scalar int does
   *start = _mm256_max_epi32(_mm256_setzero_si256(), _mm256_min_epi32(lo, _mm256_set1_epi32(size - K)));
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
