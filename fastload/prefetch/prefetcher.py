@@ -15,7 +15,8 @@ from .. import ops
 from ..loader import IMAGENET_MEAN, IMAGENET_STD, _check_dtype, _normalisation, _resolve_device
 from ..transforms.planners import _pair
 
-_END = object()
+_END = object()  # the wrapped loader has no more batches
+_CARRIED = object()  # the labels travel with the stage (tensors), not beside it
 
 
 class DataPrefetcher:
@@ -87,23 +88,23 @@ class DataPrefetcher:
         return data, offsets, shapes, matrix.expand(b, 2, 3), y, hwc, in_scale, (out_h, out_w)
 
     def _submit(self, batch):
-        """(the stage's handle or CPU result, the labels to hand back when they are not tensors, or _END)."""
+        """(the stage's handle or CPU result, the labels to hand back when they are not tensors, else _CARRIED)."""
         data, offsets, shapes, matrices, y, hwc, in_scale, size = self._stage_args(batch)
         labels = _as_labels(y, len(offsets))
         if self.pipe is None:  # CPU: the stage now, in this thread
             x = ops.warp_ragged(data, offsets, shapes, matrices, size, mean=self.mean, std=self.std,
                                 in_scale=in_scale, out_dtype=self.dtype, channels_last=self.channels_last,
                                 hwc=hwc, channels=int(shapes[0, 2]))
-            return (x, y if labels is None else labels), _END
+            return (x, y if labels is None else labels), _CARRIED
         data = data if data.is_pinned() else data.pin_memory()
         carried = torch.zeros(len(offsets), dtype=torch.int64) if labels is None else labels
         return self.pipe.submit(data, offsets, shapes, matrices, carried, data.numel(), hwc=hwc, in_scale=in_scale,
-                                size=size), (y if labels is None else _END)
+                                size=size), (y if labels is None else _CARRIED)
 
     def _receive(self, pending):
         handle, y = pending
         x, labels = handle if self.pipe is None else self.pipe.receive(handle)
-        return x, (labels if y is _END else y)
+        return x, (labels if y is _CARRIED else y)
 
     def __iter__(self):
         pending = None
