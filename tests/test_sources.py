@@ -118,6 +118,7 @@ def protocol_dataset(folder, name, get):
     """The protocol's minimum over ``folder``'s index (no sources(), no classes: the loader needs neither), its
     reader's get(i) being ``get(i)``; samples named ``name[i]``."""
     import contextlib
+    import types
 
     class Minimal:
         heights, widths, labels, formats = folder.heights, folder.widths, folder.labels, folder.formats
@@ -129,11 +130,7 @@ def protocol_dataset(folder, name, get):
             return f"{name}[{i}]"
 
         def reader(self):
-            class R:
-                pass
-            r = R()
-            r.get = get
-            return contextlib.nullcontext(r)
+            return contextlib.nullcontext(types.SimpleNamespace(get=get))
     return Minimal()
 
 
