@@ -277,11 +277,13 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
                 layout=None):
     """Warps a dense batch with per-sample 2x3 matrices (output pixel -> input pixel), optionally normalising.
 
-    images: [B, C, H, W] or [B, H, W, C] (``layout="NHWC"``; guessed from a last dim of 1, 3 or 4 when not given),
-    uint8 or float32, CPU or CUDA, C <= 4. matrices: [B, 2, 3] or [2, 3]; or [B, 2, 5] / [2, 5], each row followed
-    by its input axis's visible interval (as in warp_ragged). Bilinear, antialiased when shrinking.
+    images: [B, C, H, W] or [B, H, W, C] (``layout="NHWC"``; when not given, NHWC if only the last dim is 1, 3 or
+    4, NCHW if only dim 1 is, an error if both are), uint8 or floating (computed in float32), CPU or CUDA, C <= 4.
+    matrices: [B, 2, 3] or [2, 3]; or [B, 2, 5] / [2, 5], each row followed by its input axis's visible interval
+    (as in warp_ragged). Bilinear, antialiased when shrinking.
     With mean/std, output is ``(x / 255 - mean) / std`` for uint8 input and ``(x - mean) / std`` for float input.
     out_dtype defaults to the input dtype without normalisation and to float32 with it. Returns [B, C, h, w].
+    Not differentiable (nor is any fastload op): a backward through the result raises.
     On CUDA, uint8 HWC RGB with axis-aligned matrices takes the loader's fast path: sums within 0.024 of exact in
     pixel values (its row filter uses 16-bit integer weights); everything else matches the CPU op to float32
     rounding.
@@ -289,15 +291,19 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W] or [B, H, W, C], got shape {tuple(images.shape)}")
     if layout is None:
-        layout = "NHWC" if images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4) else "NCHW"
+        channels_first, channels_last_dim = images.shape[1] in (1, 3, 4), images.shape[-1] in (1, 3, 4)
+        if channels_first and channels_last_dim:
+            raise ValueError(f"images of shape {tuple(images.shape)} could be [B, C, H, W] or [B, H, W, C]: pass "
+                             f"layout='NCHW' or layout='NHWC'")
+        layout = "NHWC" if channels_last_dim else "NCHW"
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     hwc = layout == "NHWC"
     b = images.shape[0]
     h, w, c = (images.shape[1], images.shape[2], images.shape[3]) if hwc else (
         images.shape[2], images.shape[3], images.shape[1])
-    if images.dtype not in (torch.uint8, torch.float32):
-        images = images.float()
+    if not (images.dtype == torch.uint8 or images.is_floating_point()):
+        raise TypeError(f"images must be uint8 (0-255) or floating, got {images.dtype}")
     matrices = torch.as_tensor(matrices, dtype=torch.float32, device=images.device)
     if matrices.dim() == 2:
         matrices = matrices.expand(b, *matrices.shape)
@@ -307,14 +313,19 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     normalise = mean is not None or std is not None
     if out_dtype is None:
         out_dtype = torch.float32 if normalise else images.dtype
+    result_dtype = out_dtype  # the kernel reads uint8 or float32 and writes these four; float64 is cast after
+    out_dtype = out_dtype if out_dtype in (torch.uint8, torch.float32, torch.float16, torch.bfloat16) else torch.float32
+    if images.dtype != torch.uint8:
+        images = images.float()
     in_scale = 1.0 / 255 if (normalise and images.dtype == torch.uint8) else 1.0
     data = images.contiguous().reshape(-1)
     offsets = torch.arange(b, dtype=torch.int64) * (h * w * c)
     shapes = torch.tensor([[h, w, c]], dtype=torch.int64).expand(b, 3).contiguous()
     if channels_last is None:
         channels_last = False
-    return warp_ragged(data, offsets, shapes, matrices, out_size, mean=mean, std=std, in_scale=in_scale,
-                       out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
+    out = warp_ragged(data, offsets, shapes, matrices, out_size, mean=mean, std=std, in_scale=in_scale,
+                      out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
+    return out if out.dtype == result_dtype else out.to(result_dtype)
 
 
 def affine_nearest(images, matrices, fill=0.0):

@@ -161,8 +161,8 @@ def test_warp_output_of_2_31_values_is_refused(size):
     # rest uninitialised
     img = torch.full((1, 1, 4, 4), 7, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="fewer than 2\\^31 values a sample"):
-        ops.warp_affine(img, torch.eye(2, 3), size, fill=9)
-    assert ops.warp_affine(img, torch.eye(2, 3), (4, 6), fill=9)[0, 0, 0].tolist() == [7, 7, 7, 7, 9, 9]
+        ops.warp_affine(img, torch.eye(2, 3), size, fill=9, layout="NCHW")
+    assert ops.warp_affine(img, torch.eye(2, 3), (4, 6), fill=9, layout="NCHW")[0, 0, 0].tolist() == [7, 7, 7, 7, 9, 9]
 
 
 @pytest.mark.parametrize("scale", [1e8, 3e9, 1e30])

@@ -104,6 +104,28 @@ def test_normalise_dtypes_and_layouts(images):
     torch.testing.assert_close(nchw, base, atol=0, rtol=0)
 
 
+def test_input_dtypes_and_the_layout_guess(images):
+    """Floating images of any precision are warped in float32 and come back in their dtype (float64 and float16
+    came back float32); integer images other than uint8 are refused (int16 200 was normalised as 200.0, not as a
+    pixel value); a shape that could be either layout must say which (an NHWC batch of 4-pixel-high images was
+    read as NCHW with four channels)."""
+    m = torch.tensor([[80 / 32, 0, 0.5 * 80 / 32 - 0.5], [0, 60 / 24, 0.5 * 60 / 24 - 0.5]])
+    base = ops.warp_affine(images.float(), m, (24, 32), layout="NHWC")
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        out = ops.warp_affine(images.to(dtype), m, (24, 32), layout="NHWC")
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, base.to(dtype), rtol=0, atol=0)
+    assert ops.warp_affine(images.double(), m, (24, 32), mean=0.5, std=0.5, layout="NHWC").dtype == torch.float32
+    for dtype in (torch.int16, torch.int32, torch.int64, torch.bool):
+        with pytest.raises(TypeError, match="uint8"):
+            ops.warp_affine(images.to(dtype), m, (24, 32), layout="NHWC")
+    nhwc = images[:, :4, :4]  # [3, 4, 4, 3]
+    with pytest.raises(ValueError, match="layout='NCHW' or layout='NHWC'"):
+        ops.warp_affine(nhwc, torch.eye(2, 3), (4, 4))
+    assert ops.warp_affine(nhwc, torch.eye(2, 3), (4, 4), layout="NHWC").shape == (3, 3, 4, 4)
+    assert ops.warp_affine(images, m, (24, 32)).shape == (3, 3, 24, 32)  # unambiguous: guessed NHWC
+
+
 def test_fill_outside_and_identity(images):
     ident = torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
     same = ops.warp_affine(images, ident, (60, 80), layout="NHWC")

@@ -20,6 +20,7 @@ trusted, since checking it would synchronise).
 ``photometric`` executes one on a uint8 batch in a single native op (``torch.ops.fastload.photometric``: per slot a
 statistics kernel and an apply kernel on CUDA) and writes the normalised output: the loader's path.
 """
+import functools
 import math
 import numbers
 from typing import NamedTuple, Optional
@@ -139,14 +140,34 @@ def _from_uint8(x, dtype):
     return x if dtype == torch.uint8 else x.to(dtype).mul_(1.0 / 255)
 
 
+def _layout(x):
+    """The memory format of an op's output: channels_last where x keeps its channels innermost (a channels_last
+    batch, or HWC images permuted to NCHW), else contiguous. One rule for the kernels and their fakes, since
+    torch.compile's generated code checks every output's strides against the fake's."""
+    return torch.channels_last if x.shape[1] > 1 and x.stride(1) == 1 else torch.contiguous_format
+
+
+def _empty(x, channels=None):
+    shape = (x.shape[0], x.shape[1] if channels is None else channels) + tuple(x.shape[2:])
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_layout(x))
+
+
 def _same(x, *args):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _empty(x)
 
 
 def _op(name, fake=_same):
-    """Register ``fn`` as the custom op fastload::<name> (one implementation for every device) with a fake kernel."""
+    """Register ``fn`` as the custom op fastload::<name> (one implementation for every device) with a fake kernel.
+    The output is laid out by ``_layout``, whatever strides fn's torch ops left (a copy where they differ)."""
     def wrap(fn):
-        op = torch.library.custom_op(f"fastload::{name}", mutates_args=())(fn)
+        @functools.wraps(fn)
+        def laid_out(x, *args, **kwargs):
+            out = fn(x, *args, **kwargs)
+            layout = _layout(x)
+            if out.stride() == torch.empty(out.shape, device="meta", memory_format=layout).stride():
+                return out
+            return torch.empty_like(out, memory_format=layout).copy_(out)
+        op = torch.library.custom_op(f"fastload::{name}", mutates_args=())(laid_out)
         op.register_fake(fake)
         return op
     return wrap
@@ -320,7 +341,7 @@ def _invert_op(x: Tensor) -> Tensor:
 
 
 def _grayscale_fake(x, num_output_channels):
-    return x.new_empty((x.shape[0], num_output_channels) + x.shape[2:])
+    return _empty(x, num_output_channels)
 
 
 @_op("rgb_to_grayscale", fake=_grayscale_fake)
@@ -370,31 +391,54 @@ def _check_image(x, name, channels=(1, 3)):
 
 
 def _param(x, value, name, check=None, dtype=torch.float64):
-    """A number or a tensor [B] -> a tensor [B] of ``dtype`` on x's device. ``check(values) -> bool mask of the bad
-    ones, (exception, message))`` runs on host values (numbers, CPU tensors) outside torch.compile; a tensor on
-    the GPU is trusted (checking it would synchronise)."""
+    """A number or a tensor [B] -> a tensor [B] of ``dtype`` on x's device. ``check(v) -> (ok, (exception,
+    message))`` (one of the checks below) runs on a number always (a constant under torch.compile too) and on a CPU
+    tensor's values outside torch.compile; a tensor on the GPU is trusted (checking it would synchronise)."""
     b = x.shape[0]
     if isinstance(value, Tensor):
         if value.shape not in ((b,), ()):
             raise ValueError(f"{name} must be a number or a tensor [B] = [{b}], got shape {tuple(value.shape)}")
-        values = value.expand(b) if value.device.type == "cpu" else None
+        host = value.detach().expand(b).double().numpy() if value.device.type == "cpu" and b > 0 \
+            and not torch.compiler.is_compiling() else None
         out = value.to(device=x.device, dtype=dtype, non_blocking=True).expand(b)
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        values = torch.tensor([value], dtype=torch.float64).expand(b)
+        host = value
         out = torch.full((b,), value, dtype=dtype, device=x.device)
     else:
         raise TypeError(f"{name} must be a number or a tensor [B], got {type(value).__name__}")
-    if check is not None and values is not None and b > 0 and not torch.compiler.is_compiling():
-        bad, message = check(values.double())
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            where = f"{name}[{i}]" if isinstance(value, Tensor) and value.ndim else name
-            raise message[0](message[1].format(name=where, v=float(values[i])))
+    if check is not None and host is not None:
+        ok, (exc, message) = check(host)
+        if isinstance(host, np.ndarray):
+            bad = np.flatnonzero(ok == False)  # noqa: E712 (elementwise)
+            if bad.size:
+                i = int(bad[0])
+                where = f"{name}[{i}]" if value.ndim else name
+                raise exc(message.format(name=where, v=float(host[i])))
+        elif not ok:
+            raise exc(message.format(name=name, v=float(host)))
     return out.contiguous()
 
 
+# The parameter checks: (ok, (exception, message)) for a number or a numpy array of them (then ok is elementwise),
+# written with operators that mean the same on both, so torch.compile folds a number's check as a constant.
 def _non_negative(v):
-    return v < 0, (ValueError, "{name} ({v}) is not non-negative.")
+    return (v < 0) == False, (ValueError, "{name} ({v}) is not non-negative.")  # noqa: E712 (NaN passes, as tv)
+
+
+def _hue_range(v):
+    return (v >= -0.5) & (v <= 0.5), (ValueError, "{name} ({v}) is not in [-0.5, 0.5].")
+
+
+def _bits_range(v):
+    return (v >= 0) & (v <= 8) & (v % 1 == 0), \
+        (TypeError, "{name} must be a positive integer in the range [0, 8], got {v} instead.")
+
+
+def _at_most(bound):
+    def check(v):
+        return (v > bound) == False, (TypeError, "Threshold should be less or equal the maximum value of the "  # noqa: E712
+                                                 "dtype, but got {v} ({name})")
+    return check
 
 
 def _factor_op(op, name, x, factor):
@@ -425,29 +469,23 @@ def adjust_sharpness(x, sharpness_factor):
 def adjust_hue(x, hue_factor):
     """Rotate the hue by hue_factor turns in [-0.5, 0.5] through HSV in float32 (torchvision's adjust_hue)."""
     _check_image(x, "adjust_hue")
-    check = lambda v: (~((v >= -0.5) & (v <= 0.5)), (ValueError, "{name} ({v}) is not in [-0.5, 0.5]."))
-    return _hue(x, _param(x, hue_factor, "hue_factor", check))
+    return _hue(x, _param(x, hue_factor, "hue_factor", _hue_range))
 
 
 def posterize(x, bits):
     """Keep the top ``bits`` (0-8) bits of each value (torchvision's posterize per sample)."""
     _check_image(x, "posterize", channels=None)
-    check = lambda v: (~((v >= 0) & (v <= 8) & (v == v.floor())),
-                       (TypeError, "{name} must be a positive integer in the range [0, 8], got {v} instead."))
     if isinstance(bits, numbers.Real) and not isinstance(bits, numbers.Integral):  # torchvision: int bits only
         raise TypeError(f"bits must be a positive integer in the range [0, 8], got {bits} instead.")
     if isinstance(bits, Tensor) and bits.is_floating_point() and bits.device != torch.device("cpu"):
         raise TypeError("posterize: bits must be an integer tensor (or a CPU tensor, checked to hold integers)")
-    return _posterize(x, _param(x, bits, "bits", check, dtype=torch.int64))
+    return _posterize(x, _param(x, bits, "bits", _bits_range, dtype=torch.int64))
 
 
 def solarize(x, threshold):
     """Invert the values >= threshold, on the image's scale: 0-255 for uint8, 0-1 for float (torchvision's)."""
     _check_image(x, "solarize", channels=None)
-    bound = _bound(x)
-    check = lambda v: (v > bound, (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
-                                              "but got {v} ({name})"))
-    return _solarize(x, _param(x, threshold, "threshold", check))
+    return _solarize(x, _param(x, threshold, "threshold", _at_most(_bound(x))))
 
 
 def autocontrast(x):
@@ -494,14 +532,16 @@ def gaussian_blur(x, kernel_size, sigma=None):
     kx, ky = _kernel_size(kernel_size)
     if sigma is None:
         sigma = (kx * 0.15 + 0.35, ky * 0.15 + 0.35)
+    if isinstance(sigma, numbers.Real) and not isinstance(sigma, bool):
+        sigma = (sigma, sigma)
     if isinstance(sigma, (list, tuple)):
         if len(sigma) == 1:
             sigma = (sigma[0], sigma[0])
         elif len(sigma) != 2:
             raise ValueError(f"If sigma is a sequence, its length should be 2. Got {len(sigma)}")
+        if any(float(s) <= 0 for s in sigma):  # numbers: checked under torch.compile too (constants)
+            raise ValueError(f"sigma should have positive values. Got {list(sigma)}")
         sigma = torch.tensor([float(s) for s in sigma], dtype=torch.float64).expand(x.shape[0], 2)
-    elif isinstance(sigma, numbers.Real) and not isinstance(sigma, bool):
-        sigma = torch.tensor(float(sigma), dtype=torch.float64).expand(x.shape[0], 2)
     elif isinstance(sigma, Tensor):
         if sigma.shape == (x.shape[0],) or sigma.ndim == 0:
             sigma = sigma.unsqueeze(-1).expand(x.shape[0], 2)
@@ -618,28 +658,22 @@ def _first(bad):
 
 def _check_table_params(ops, params, x, name):
     p0 = params[..., 0].astype(np.float64)
-    checks = {
-        1: _non_negative, 2: _non_negative, 3: _non_negative, 5: _non_negative,
-        4: lambda v: (~((v >= -0.5) & (v <= 0.5)), (ValueError, "hue_factor ({v}) is not in [-0.5, 0.5].")),
-        6: lambda v: (~((v >= 0) & (v <= 8) & (v == np.floor(v))),
-                      (TypeError, "bits must be a positive integer in the range [0, 8], got {v} instead.")),
-        7: lambda v: (v > _bound(x), (TypeError, "Threshold should be less or equal the maximum value of the dtype, "
-                                                 "but got {v}")),
-    }
+    checks = {1: _non_negative, 2: _non_negative, 3: _non_negative, 5: _non_negative, 4: _hue_range, 6: _bits_range,
+              7: _at_most(_bound(x))}
     grey = params[..., 2]  # contrast's p2: 1 after Grayscale(1) (PhotometricTable.on_one_channel), else 0
     bad = (ops == OPS["contrast"]) & (grey != 0) & (grey != 1)
     if bad.any():
         i, s = _first(bad)
         raise ValueError(f"{name}: sample {i}, slot {s}: contrast's p2 must be 0 (an RGB image) or 1 (a grey image "
                          f"in three equal channels), got {float(grey[i, s])}")
+    names = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 4: "hue_factor", 5: "sharpness_factor",
+             6: "bits", 7: "threshold"}
     for code, check in checks.items():
-        bad, (exc, message) = check(p0)
-        bad &= ops == code
+        ok, (exc, message) = check(p0)
+        bad = (ok == False) & (ops == code)  # noqa: E712 (elementwise)
         if bad.any():
             i, s = _first(bad)
-            factor = {1: "brightness_factor", 2: "contrast_factor", 3: "saturation_factor", 5: "sharpness_factor"}
-            raise exc(f"{name}: sample {i}, slot {s}: "
-                      + message.format(name=factor.get(code, ""), v=float(p0[i, s])))
+            raise exc(f"{name}: sample {i}, slot {s}: " + message.format(name=names[code], v=float(p0[i, s])))
     blur = ops == 12
     if blur.any():
         size, sigma = params[..., :2], params[..., 2]
