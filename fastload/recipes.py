@@ -14,6 +14,7 @@
   192 px between epochs 65 and 76, RandomResizedCrop + flip; evaluate at 256 px, a 224/256 centre crop.
 - ``classic``: RandomResizedCrop(224) + flip; Resize(256) + CenterCrop(224).
 """
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,17 +78,32 @@ def _finish(mean, std):
     return [ToDtype(torch.float32, scale=True), Normalize(mean, std)]
 
 
+def _world_size():
+    """torch.distributed's world size when initialised, else torchrun's WORLD_SIZE (set before init), else 1."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
 def torchvision_v2(size=176, num_classes=1000, *, eval_size=224, eval_resize=232, mean=IMAGENET_MEAN,
-                   std=IMAGENET_STD):
+                   std=IMAGENET_STD, world_size=None):
     """torchvision's v2 ImageNet recipe: RandomResizedCrop(size) + flip + TrivialAugmentWide + ToDtype + Normalize
     + RandomErasing(0.1) + RandomChoice([MixUp(0.2), CutMix(1.0)]) (targets [B, num_classes] floats), repeated
-    augmentation with 4 copies; eval Resize(eval_resize) + CenterCrop(eval_size); label smoothing 0.1 (the loss's,
-    which accepts MixUp/CutMix's soft targets)."""
+    augmentation with 4 copies where the run is distributed; eval Resize(eval_resize) + CenterCrop(eval_size);
+    label smoothing 0.1 (the loss's, which accepts MixUp/CutMix's soft targets).
+
+    world_size: default torch.distributed's when initialised, else torchrun's WORLD_SIZE, else 1. torchvision's
+    train.py builds its RASampler only when distributed (one process samples at random), and so does this recipe:
+    with one process the 4 copies would come in a row, four of an image in a batch, which MixUp/CutMix (each
+    sample mixed with its neighbour) would then mostly mix with themselves."""
+    world_size = _world_size() if world_size is None else world_size
     train = Compose([RandomResizedCrop(size), RandomHorizontalFlip(), TrivialAugmentWide(interpolation="bilinear"),
                      *_finish(mean, std), RandomErasing(0.1),
                      RandomChoice([MixUp(alpha=0.2, num_classes=num_classes),
                                    CutMix(alpha=1.0, num_classes=num_classes)])])
-    return Recipe(train, classic_eval(eval_size, eval_resize, mean, std), {"repeats": 4}, None, 0.1)
+    repeats = 4 if world_size > 1 else 1
+    return Recipe(train, classic_eval(eval_size, eval_resize, mean, std), {"repeats": repeats}, None, 0.1)
 
 
 def ffcv_low_res(min_res=160, max_res=192, start_ramp=65, end_ramp=76, *, eval_size=256, crop_ratio=224 / 256,
@@ -95,7 +111,9 @@ def ffcv_low_res(min_res=160, max_res=192, start_ramp=65, end_ramp=76, *, eval_s
     """FFCV's ResNet-50 recipe (rn50_88_epochs.yaml; label smoothing 0.1): RandomResizedCrop + flip at a size
     growing from min_res to max_res between start_ramp and end_ramp (linear_ramp); eval at eval_size, FFCV's
     centre crop of crop_ratio of the short side, here Resize(int(eval_size / crop_ratio)) + CenterCrop(eval_size)
-    (292 + 256). For another epoch count, scale start_ramp and end_ramp with it."""
+    (292 + 256): the same share of the image to within a pixel, not FFCV's pixels (it crops int(0.875 * side) of
+    each image, then resizes that with its own filter). For another epoch count, scale start_ramp and end_ramp
+    with it."""
     schedule = linear_ramp(start_ramp, end_ramp, min_res, max_res)
     train = Compose([RandomResizedCrop(min_res), RandomHorizontalFlip(), *_finish(mean, std)])
     return Recipe(train, classic_eval(eval_size, int(eval_size / crop_ratio), mean, std),

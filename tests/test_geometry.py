@@ -357,7 +357,7 @@ def test_fill_is_torchvisions_with_dct_downscale(photos, case):
     falls inside a decoded pixel. Fill is still exactly where torchvision puts it (the matrices' visible box):
     every padding pixel is the fill, and no image pixel is. (Rotation: away from torchvision's blended edge.)"""
     steps = PAD_DCT_CASES[case]()
-    planner = G.GeometryPlanner(steps)
+    planner = G.GeometryPlanner(steps, dct_downscale=True)  # on for a fixed geometry too (default: drawn ones)
     odd = -7.5  # the warp's fill here: no image pixel can take that value
     downscaled = filled = leaked = 0
     for s in warped_samples(steps, planner, photos, 8, 5, 2, odd):

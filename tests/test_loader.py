@@ -478,6 +478,23 @@ def test_center_crop_eval_matches_torchvision(imagenet_dir):
         assert (x[k] - ref).abs().max().item() <= 1e-3 / 0.225
 
 
+def test_eval_pipelines_give_torchvisions_pixels_on_large_photos(hd_dir):
+    """1080p photos, more than twice every eval resize: the recipes' eval pipeline and the CenterCrop shorthand,
+    left at their defaults, decode at full scale and give torchvision's Resize + CenterCrop (the DCT scale had
+    put them 31-41 dB from it, up to 57 levels off), and their plans say so."""
+    ds = fl.FolderDataset(hd_dir)
+    for crop, transform, resize in [(fl.CenterCrop(224, resize=256), None, 256),
+                                    (None, fl.recipes.torchvision_v2().eval, 232)]:
+        loader = fl.FastLoader(ds, batch_size=len(ds), shuffle=False, crop=crop, transform=transform)
+        x, _ = next(iter(loader))
+        windows = loader.pipeline.plan(np.asarray(ds.heights), np.asarray(ds.widths), 0, 0, np.arange(len(ds))).windows
+        assert (np.asarray(windows)[:, 4] == 1).all()
+        for k in range(len(ds)):
+            img = TF.pil_to_tensor(Image.open(ds.samples[k][0]).convert("RGB")).float()
+            ref = TF.normalize(TF.center_crop(TF.resize(img, resize, antialias=True), 224) / 255, MEAN, STD)
+            assert (x[k] - ref).abs().max().item() <= 1e-3 / 0.225
+
+
 def test_outputs_dtype_layout_and_stats(coded_dir):
     ds = fl.FolderDataset(coded_dir)
     loader = fl.FastLoader(ds, batch_size=10, crop=fl.RandomResizedCrop(32), dtype=torch.bfloat16,

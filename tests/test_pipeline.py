@@ -348,12 +348,13 @@ def test_padding_is_fill_exactly_with_dct_downscale(imagenet_dir, device):
     """Resize + Pad at 1/8 of the photos' size: the decode is DCT-downscaled, and a photo whose width or height is
     not a multiple of 8 ends on a decoded pixel that covers it only in part. The padding is still the fill, on
     every sample and both devices (it once took that pixel's image content: the decoded window, not the image,
-    bounded the image), and the image reaches the padding's edge."""
+    bounded the image), and the image reaches the padding's edge. (A RandomAffine that draws the identity makes
+    the geometry per sample: a fixed one decodes at full scale.)"""
     ds = fl.FolderDataset(imagenet_dir)
     n = 32
     odd = np.flatnonzero((np.asarray(ds.widths) % 8 != 0) | (np.asarray(ds.heights) % 8 != 0))[:n]
     assert len(odd) == n
-    tf = T.Compose([T.Resize((40, 60)), T.Pad(5, fill=7)])
+    tf = T.Compose([T.Resize((40, 60)), T.RandomAffine(degrees=0, fill=7), T.Pad(5, fill=7)])
     loader = fl.FastLoader(torch.utils.data.Subset(ds, odd), batch_size=n, shuffle=False, transform=tf,
                            device=device)
     x, _ = next(iter(loader))

@@ -93,8 +93,9 @@ def test_vectorised_plan_equals_scalar_algorithm(scale, ratio):
 
 def planners():
     return [RandomResizedCrop(224), RandomResizedCrop((96, 160), dct_downscale=False),
-            RandomResizedCrop(32, scale=(0.01, 0.05)), CenterCrop(224), CenterCrop((128, 192), resize=150, flip=0.5),
-            CenterCrop(224, resize=200), CenterCrop(64, dct_downscale=False)]
+            RandomResizedCrop(32, scale=(0.01, 0.05)), CenterCrop(224, dct_downscale=True),
+            CenterCrop((128, 192), resize=150, flip=0.5, dct_downscale=True), CenterCrop(224, resize=200),
+            CenterCrop(64)]
 
 
 @pytest.mark.parametrize("planner", planners(), ids=lambda p: f"{type(p).__name__}{p.size}")
@@ -304,7 +305,7 @@ def test_center_crop_exact_without_dct(center_jobs):
 
 
 def test_center_crop_psnr_with_dct(center_jobs):
-    planners = [CenterCrop(s, flip=0.5) for s in (224, 160, 112, 64)]
+    planners = [CenterCrop(s, flip=0.5, dct_downscale=True) for s in (224, 160, 112, 64)]
     jobs = [(data, full, p) for data, full in center_jobs for p in planners]
     rows = compare(jobs, center_reference, per_image=1)
     check_psnr(rows, min_windows=200)

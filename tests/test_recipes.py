@@ -233,7 +233,7 @@ def test_torchvision_v2_recipe_trains_and_evaluates(imagenet_dir):
     kinds = [type(t).__name__ for t in built.transforms]
     assert kinds == ["RandomResizedCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToDtype", "Normalize",
                      "RandomErasing", "RandomChoice"]
-    assert built.erasing[0].p == 0.1 and r.loader_kwargs == {"repeats": 4} and r.label_smoothing == 0.1
+    assert built.erasing[0].p == 0.1 and r.label_smoothing == 0.1
     assert sorted((type(t).__name__, t.alpha) for t in built.batch_ops[0].transforms) == [("CutMix", 1.0),
                                                                                           ("MixUp", 0.2)]
     assert [type(t).__name__ for t in Pipeline.build(recipes.torchvision_v2().eval).transforms][:2] == \
@@ -246,3 +246,14 @@ def test_torchvision_v2_recipe_trains_and_evaluates(imagenet_dir):
     val = fl.FastLoader(ds, batch_size=16, shuffle=False, pad=False, transform=r.eval)
     x, y = next(iter(val))
     assert x.shape == (16, 3, 32, 32) and y.dtype == torch.int64
+
+
+def test_torchvision_v2_repeats_only_when_distributed(monkeypatch):
+    """torchvision's train.py builds its RASampler only when distributed: one process gets no repeats (its 4
+    copies would come in a row, and MixUp/CutMix would mix most samples with themselves); torchrun's WORLD_SIZE
+    (before init_process_group) or an explicit world_size turns them on."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert recipes.torchvision_v2().loader_kwargs == {"repeats": 1}
+    assert recipes.torchvision_v2(world_size=8).loader_kwargs == {"repeats": 4}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert recipes.torchvision_v2().loader_kwargs == {"repeats": 4}

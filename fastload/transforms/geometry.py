@@ -629,10 +629,13 @@ class GeometryPlanner:
 
     steps: geometry transforms of this module. extra_fill: the policies' fill, used where their ``extra`` maps
     reveal the outside of the canvas (it must agree with the steps' fill). dct_downscale: let the decoder scale
-    by 1/2, 1/4 or 1/8 where the composed map shrinks by at least that much.
+    by 1/2, 1/4 or 1/8 where the composed map shrinks by at least that much. None (default): where a step draws
+    the crop or warp per sample (RandomResizedCrop, RandomCrop, RandomAffine, RandomRotation: training), not where
+    the geometry is fixed (Resize, CenterCrop, Pad, flips: evaluation, which then gives torchvision's pixels
+    within one level, where the DCT scale would cost 31-41 dB on photos twice the resize or more).
     """
 
-    def __init__(self, steps, extra_fill=None, *, dct_downscale=True):
+    def __init__(self, steps, extra_fill=None, *, dct_downscale=None):
         self.steps = list(steps)
         if not self.steps:
             raise ValueError("GeometryPlanner needs at least one geometric transform (one that fixes the output "
@@ -667,6 +670,8 @@ class GeometryPlanner:
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value per pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)
+        if dct_downscale is None:
+            dct_downscale = any(not isinstance(t, RandomHorizontalFlip) for t in random)
         self.dct_downscale = bool(dct_downscale)
 
     def with_size(self, size):

@@ -201,12 +201,14 @@ class CenterCrop(_Planner):
     resize: the short side after resizing (long side int()-rounded as torchvision does), or (h, w); default
     size / 0.875 (256 for 224). The decode window is the crop's footprint in the original image plus the resize
     filter's reach, so the result matches resizing the whole image and then cropping. A crop larger than the
-    resized image is zero-padded, as torchvision pads.
+    resized image is zero-padded, as torchvision pads. dct_downscale: False (default) decodes at full scale, so the
+    pixels are torchvision's within one level; True lets the decoder shrink by 2, 4 or 8 first where the resize
+    allows (faster on large photos, but 31-41 dB PSNR against torchvision on photos twice the resize or more).
     """
 
     num_uniforms = 1  # just the flip draw
 
-    def __init__(self, size, resize=None, *, flip=0.0, dct_downscale=True):
+    def __init__(self, size, resize=None, *, flip=0.0, dct_downscale=False):
         super().__init__(size, flip, dct_downscale)
         if resize is None:
             resize = int(max(self.size) / 0.875)
