@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from . import nvjpeg, ops
-from .errors import DecodeError
+from .errors import DecodeError, is_process_limit
 from .rng import uniforms
 
 FORMAT_JPEG = 0
@@ -139,6 +139,8 @@ def read_file(path, max_bytes=ops.MAX_BYTES):
     with its protections: opened non-blocking (a FIFO put where an image was must not hang the producer),
     regular files only, at most ``max_bytes``."""
     data, lengths, status, failed = ops.C.read_batch([os.fspath(path)], 1, max_bytes)
+    if int(status[0]) in ops.PROCESS_FAULTS:
+        raise ops.process_fault(int(status[0]), f"{os.fspath(path)}: {failed[0]}")
     return (bytes(data[:int(lengths[0])].numpy()), "") if int(status[0]) == ops.OK else (None, failed[0])
 
 
@@ -245,6 +247,8 @@ class PillowImages:
         except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)
             return ops.CORRUPT, e.detail()
         except Exception as e:  # any Pillow failure is this sample's decode error
+            if isinstance(e, MemoryError) or is_process_limit(e):
+                raise  # the process's limits, not this sample's: never a skipped sample
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 
 
@@ -307,18 +311,22 @@ class Cores:
         if len(bad):
             indices = indices.copy()
             buffer, offsets, shapes, matrices, used = self._repair(bad, indices, matrices, slot, offsets, shapes,
-                                                                   messages, epoch, used, counts)
+                                                                   status, messages, epoch, used, counts)
         labels = torch.from_numpy(m.labels[indices])
         m.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts, indices)
 
-    def _repair(self, bad, indices, matrices, slot, offsets, shapes, messages, epoch, used, counts):
+    def _repair(self, bad, indices, matrices, slot, offsets, shapes, status, messages, epoch, used, counts):
         """on_error="raise": raise for the first bad sample. "skip": replace each bad sample by a deterministic
-        pick (a pure function of seed, epoch and the bad index) decoded into the slot's spare room."""
+        pick (a pure function of seed, epoch and the bad index) decoded into the slot's spare room. A fault of
+        the process (ops.PROCESS_FAULTS: out of descriptors or memory) raises either way."""
         m = self.maker
-        if m.on_error == "raise":
-            k = int(bad[0])
+        faults = [k for k in bad.tolist() if int(status[k]) in ops.PROCESS_FAULTS]
+        if faults or m.on_error == "raise":
+            k = faults[0] if faults else int(bad[0])
             name = m.ds.sample_name(int(indices[k]))
+            if faults:
+                raise ops.process_fault(int(status[k]), f"{name}: {messages.get(k, '')}")
             raise DecodeError(f"{name}: {messages.get(k, '')}", sample=name, reason=messages.get(k, ""))
         buffer = slot.buffer
         offsets, shapes, matrices = offsets.clone(), shapes.clone(), matrices.clone()
@@ -344,6 +352,8 @@ class Cores:
                         sources, crcs, unreadable = self.crops.read(reader, pick)
                         d = self.crops.decode(pick, sources, crcs, w, buffer[used:], unreadable)
                     st, off, shp = int(d.status[0]), int(d.offsets[0]), d.shapes[0]
+                if st in ops.PROCESS_FAULTS:
+                    raise ops.process_fault(st, f"{m.ds.sample_name(int(pick[0]))}: {d.messages.get(0, '')}")
                 if st == ops.OK:
                     offsets[k], shapes[k], matrices[k] = used + off, shp, mat[0]
                     indices[k] = pick[0]

@@ -1,4 +1,21 @@
 """fastload's exceptions."""
+import errno
+
+#: errno values that are the process's limits, not a file's fault: out of descriptors or memory. A read failing
+#: with one raises whatever on_error says (skipping would replace good samples, or drop them from a folder scan).
+PROCESS_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_LIMIT_HINT = ("a limit of the process, not a fault of the sample: raise the open-file limit (ulimit -n), close "
+               "files, or free memory")
+
+
+def process_limit_error(message):
+    """The OSError for a sample read that failed on a PROCESS_LIMITS errno; ``message`` names the sample."""
+    return OSError(f"{message} ({_LIMIT_HINT})")
+
+
+def is_process_limit(e):
+    """Whether an OSError is one of PROCESS_LIMITS."""
+    return isinstance(e, OSError) and e.errno in PROCESS_LIMITS
 
 
 class DecodeError(ValueError):

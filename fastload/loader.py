@@ -40,8 +40,9 @@ _live = weakref.WeakSet()  # every _Producers whose threads may run
 
 @atexit.register
 def _stop_all():  # interpreter exit: no producer outlives it, even one whose iterator was never built
+    deadline = time.monotonic() + 5.0  # in all: producers left stuck by timeouts would each take it again
     for producers in list(_live):
-        producers.close()
+        producers.close(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _forget_inherited():
@@ -362,8 +363,9 @@ class FastLoader:
         ends. Nothing is lost: a loop over the loader that goes on after it continues with the next batch (new
         producers start there), and so does a new ``iter(loader)`` mid-epoch, as state_dict says. Call it before
         forking worker processes (a torch DataLoader for another dataset), so no producer is mid-decode at the
-        fork, or to free the buffers at once; dropping the loader does the same when the garbage collector gets to
-        it."""
+        fork, or to free the buffers at once (its own, and the process's pool of CPU batch outputs that no batch
+        holds, up to 1 GiB kept for reuse, oldest first out); dropping the loader frees its own when the garbage
+        collector gets to it."""
         current = self._iterator() if self._iterator is not None else None
         if current is not None:
             # Paused only while the loader's position is still that iterator's: set_epoch or load_state_dict
@@ -379,6 +381,12 @@ class FastLoader:
         if self._ahead is not None:
             self._ahead.close()
         self._ahead = None
+        ops.C.release_cpu_outputs()  # the host pool of CPU batch outputs (warp_cpu.cpp): blocks no batch holds
+
+    def __reduce__(self):
+        raise TypeError("a FastLoader cannot be pickled (it runs threads and holds native buffers): build it in the "
+                        "process that iterates it, from its dataset (which pickles), and carry its state_dict() to "
+                        "resume where another left off")
 
     def stats(self):
         """Throughput and where time went: images/s, seconds in read / decode / stage / waiting, counts, and

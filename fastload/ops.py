@@ -12,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from .errors import DecodeError
+from .errors import DecodeError, process_limit_error
 from .native import C
 
 __all__ = ["JpegInfo", "JpegWarning", "read_header", "read_headers", "decode_crop", "decode_crops", "verify_jpegs",
@@ -24,10 +24,19 @@ MAX_PIXELS = 178_956_970
 #: DCT downscales libjpeg-turbo can apply while decoding.
 DOWNSCALES = (1, 2, 4, 8)
 
-OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED, UNREADABLE, INTERNAL = range(10)
+OK, NOT_JPEG, CORRUPT, TOO_LARGE, BAD_WINDOW, UNSUPPORTED, NO_ROOM, NOT_DECODED, UNREADABLE, INTERNAL, \
+    NO_RESOURCES = range(11)
 _REASONS = {NOT_JPEG: "not a JPEG", CORRUPT: "corrupt", TOO_LARGE: "too large", BAD_WINDOW: "bad window",
             UNSUPPORTED: "unsupported", NO_ROOM: "no room", NOT_DECODED: "not decoded", UNREADABLE: "unreadable",
-            INTERNAL: "native error"}
+            INTERNAL: "native error", NO_RESOURCES: "out of descriptors or memory"}
+#: Statuses that are the process's, not the sample's (a native failure such as out of memory; a read refused
+#: for want of descriptors or memory): raised whatever on_error says, never skipped.
+PROCESS_FAULTS = (INTERNAL, NO_RESOURCES)
+
+
+def process_fault(status, message):
+    """The exception for a PROCESS_FAULTS status; ``message`` names the sample."""
+    return process_limit_error(message) if status == NO_RESOURCES else RuntimeError(message)
 #: Prefix of the message of an OK sample that decoded with a warning let through (see "Strict mode" below).
 WARNING_PREFIX = "warning: "
 #: Default per-image byte limit for decode_crops (files and buffers alike).
@@ -65,6 +74,8 @@ def _raise(status, message, sample):
     where = f"{sample}: " if sample is not None else ""
     if status == BAD_WINDOW:
         raise ValueError(f"{where}{message}")
+    if status in PROCESS_FAULTS:
+        raise process_fault(status, f"{where}{message}")
     raise DecodeError(f"{where}{message}", sample=sample, reason=_REASONS.get(status, "error"))
 
 
@@ -357,6 +368,10 @@ def affine_nearest_(images, samples, matrices, fill=0.0):
     CUDA kernel skips indices outside the batch (a sample listed twice there: undefined)."""
     if images.dim() != 4:
         raise ValueError(f"images must be 4-D [B, C, H, W], got shape {tuple(images.shape)}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (images, matrices)):
+        # an in-place op autograd cannot see: a backward would pass the gradient through unchanged
+        raise RuntimeError("affine_nearest is not differentiable (no fastload op is): call it under torch.no_grad() "
+                           "or on tensors that do not require grad; torchvision's F.affine gives a gradient")
     samples, matrices = nearest_maps(samples, matrices, images.shape[0], images.device)
     torch.ops.fastload.affine_nearest_(images, samples, matrices, fill_values(fill))
     return images

@@ -389,3 +389,16 @@ def test_a_state_for_another_dataset_of_the_same_length_is_refused(ds):
     assert same.state_dict()["batches_done"] == 1
     legacy = {k: v for k, v in state.items() if k != "dataset"}  # states from before the check still load
     make(range(20, 40)).load_state_dict(legacy)
+
+
+def test_a_loader_cannot_be_pickled_and_says_why(ds):
+    """pickle, torch.save, deepcopy and a spawn-started process's arguments all pickle: they failed with "cannot
+    pickle '_thread._local' object"; the error now says what to carry instead. The dataset pickles."""
+    import copy
+    import pickle
+
+    loader = fl.FastLoader(ds, batch_size=4)
+    for attempt in (lambda: pickle.dumps(loader), lambda: copy.deepcopy(loader)):
+        with pytest.raises(TypeError, match="cannot be pickled.*state_dict"):
+            attempt()
+    assert len(pickle.loads(pickle.dumps(ds))) == len(ds)

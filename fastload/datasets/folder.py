@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import ops
-from ..errors import DecodeError
+from ..errors import DecodeError, is_process_limit, process_limit_error
 from .base import DataError, DatasetError, ImageDataset, Record
 from .check import MAX_FILE_BYTES, first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
 from .record import JPEG, OTHER
@@ -298,6 +298,8 @@ def _scan_chunk(root, paths, sizes, strict):
         try:
             data, whole = _read_head_tail(path, size)
         except OSError as e:
+            if is_process_limit(e):  # not the file's fault: the scan must not drop it
+                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
             results[k] = f"unreadable: {(e.strerror or str(e)).lower()}"
             continue
         if is_jpeg(data):
@@ -307,6 +309,8 @@ def _scan_chunk(root, paths, sizes, strict):
         try:
             results[k] = _check_whole(data, strict) if whole else _scan_one_slow(path, strict)
         except (OSError, ValueError) as e:
+            if is_process_limit(e):
+                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
             results[k] = str(e)
     if jpeg_bufs:
         hw, status, messages = ops.read_headers(jpeg_bufs, 1, strict=strict)
@@ -327,6 +331,8 @@ def _scan_chunk(root, paths, sizes, strict):
                 # The head/tail did not settle it (huge metadata, trailing data): read the whole file.
                 results[k] = _scan_one_slow(os.path.join(root, paths[k]), strict)
             except (OSError, ValueError) as e:
+                if is_process_limit(e):
+                    raise process_limit_error(f"{os.path.join(root, paths[k])}: cannot read: {e.strerror}") from None
                 results[k] = str(e)
     return results
 
@@ -432,6 +438,8 @@ class _FolderReader:
                     raise DecodeError(f"{path}: cannot read: not a regular file", sample=path, reason="unreadable")
                 return f.read()
         except OSError as e:
+            if is_process_limit(e):
+                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
             raise DecodeError(f"{path}: cannot read: {e.strerror or e}", sample=path, reason="unreadable") from None
 
     def record(self, i):

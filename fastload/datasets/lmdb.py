@@ -3,6 +3,7 @@ import contextlib
 import os
 import struct
 import threading
+import weakref
 import zlib
 
 import lmdb
@@ -45,6 +46,8 @@ def open_env(path, subdir):
 # second open of the same files in one process, and LMDB handles must not be used after a fork. Keyed by the
 # data file's (device, inode), so a store replaced on disk is never mistaken for the one a dataset indexed.
 _envs = {}
+_envs_at = {}  # key -> (where, subdir): where the store was when opened
+_users = {}  # key -> the LMDBDatasets that read through it (weak): an environment in use is never closed
 _envs_pid = None
 _envs_lock = threading.Lock()
 
@@ -62,8 +65,26 @@ def _file_key(where, subdir):
     return st.st_dev, st.st_ino
 
 
-def shared_env(where, subdir, key=None):
-    """(environment, key) of the store at ``where`` for this process; ``key`` pins it to the file it was."""
+def _close_replaced(keep):
+    """Closes the environments of stores replaced or removed on disk that no dataset reads any more: a store
+    packed again at the same path, many times in one process, kept every old data file open and mapped (its disk
+    space too). A store still where it was stays open, for the next dataset of it."""
+    for key in [k for k in _envs if k != keep and not _users.get(k)]:
+        where, subdir = _envs_at[key]
+        try:
+            current = _file_key(where, subdir)
+        except OSError:
+            current = None
+        if current != key:
+            with contextlib.suppress(lmdb.Error):
+                _envs.pop(key).close()
+            _envs_at.pop(key, None)
+            _users.pop(key, None)
+
+
+def shared_env(where, subdir, key=None, user=None):
+    """(environment, key) of the store at ``where`` for this process; ``key`` pins it to the file it was.
+    ``user``: the dataset reading through it, which keeps it open (_close_replaced)."""
     global _envs_pid
     with _envs_lock:
         if _envs_pid != os.getpid():
@@ -71,6 +92,8 @@ def shared_env(where, subdir, key=None):
                 with contextlib.suppress(lmdb.Error):
                     env.close()
             _envs.clear()
+            _envs_at.clear()
+            _users.clear()
             _envs_pid = os.getpid()
         try:
             actual = _file_key(where, subdir)
@@ -81,12 +104,15 @@ def shared_env(where, subdir, key=None):
         if env is None:
             if actual != key:
                 raise DatasetError(f"{where}: the store was replaced on disk since this dataset was opened")
+            _close_replaced(key)
             try:
                 env = open_env(where, subdir)
             except lmdb.Error as e:
                 raise DatasetError(f"{where}: not a fastload store (LMDB cannot open it: {e})") from None
             _check_length(env, where, subdir)
-            _envs[key] = env
+            _envs[key], _envs_at[key] = env, (where, subdir)
+        if user is not None:
+            _users.setdefault(key, weakref.WeakSet()).add(user)
         return env, key
 
 
@@ -254,6 +280,7 @@ class LMDBDataset(ImageDataset):
         self.path = os.path.abspath(os.fspath(path))
         meta, self._key = read_meta(self.path)
         self._where, self._subdir = _locate(self.path)
+        shared_env(self._where, self._subdir, self._key, user=self)  # the dataset keeps its environment open
         try:
             count, classes = int(meta["count"]), [str(c) for c in meta["classes"]]
             arrays = decode_index(meta.pop("index"), count)
@@ -274,7 +301,7 @@ class LMDBDataset(ImageDataset):
 
     @contextlib.contextmanager
     def reader(self):
-        env, _ = shared_env(self._where, self._subdir, self._key)
+        env, _ = shared_env(self._where, self._subdir, self._key, user=self)
         reader = _LMDBReader(self, env)
         try:
             yield reader

@@ -16,6 +16,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -181,5 +182,8 @@ TORCH_LIBRARY_FRAGMENT(fastload, m) {
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("batch_ops", &batch_ops_cpu); }
+// Not differentiable: a backward through it raises (autograd's default fallback would give no gradient and
+// only warn).
+TORCH_LIBRARY_IMPL(fastload, Autograd, m) { m.impl("batch_ops", torch::autograd::autogradNotImplementedFallback()); }
 
 }  // namespace fastload

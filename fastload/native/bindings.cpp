@@ -41,6 +41,10 @@
 namespace py = pybind11;
 using namespace fastload;
 
+namespace fastload {
+size_t release_cpu_outputs();  // warp_cpu.cpp: the batch outputs' host pool
+}
+
 namespace {
 
 // The interpreter's main thread (set when the module loads), which runs the interpreter's finalisation.
@@ -86,11 +90,18 @@ constexpr int64_t kDefaultMaxBytes = int64_t(256) << 20;  // per image: no JPEG 
 // Opens a file with the reader's rules: non-blocking (a FIFO or device put where an image was must not block the
 // open; fstat then refuses it), regular files only, at most max_bytes. kOk with *fd open and *bytes its size, or
 // kUnreadable (nothing left open).
+// A read that failed for want of descriptors or memory (the process's limits, not the file): kNoResources, which
+// the loader raises whatever on_error says, since skipping would replace good samples.
+int read_failure(int err) {
+  return (err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS) ? kNoResources : kUnreadable;
+}
+
 int open_file(const std::string& path, int64_t max_bytes, int* fd, int64_t* bytes, char* message, size_t size) {
   *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (*fd < 0) {
-    std::snprintf(message, size, "cannot read: %s", std::strerror(errno));
-    return kUnreadable;
+    const int err = errno;
+    std::snprintf(message, size, "cannot read: %s", std::strerror(err));
+    return read_failure(err);
   }
   struct stat st;
   int status = kOk;
@@ -118,9 +129,10 @@ int read_all(int fd, uint8_t* dst, size_t n, char* message, size_t size) {
     const ssize_t got = ::read(fd, dst + done, n - done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      std::snprintf(message, size, "cannot read: %s", got < 0 ? std::strerror(errno) : "file shrank while reading");
+      const int err = got < 0 ? errno : 0;
+      std::snprintf(message, size, "cannot read: %s", got < 0 ? std::strerror(err) : "file shrank while reading");
       ::close(fd);
-      return kUnreadable;
+      return got < 0 ? read_failure(err) : kUnreadable;
     }
     done += static_cast<size_t>(got);
   }
@@ -863,6 +875,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("max_pixels") = 0);
   m.def("restart_layout", &restart_layout_py, py::arg("data"));
   m.def("crc32s", &crc32s_py, py::arg("buffers"), py::arg("threads") = 1);
+  m.def("release_cpu_outputs", &fastload::release_cpu_outputs,
+        "Frees the pooled host blocks of batch outputs no tensor holds; returns their bytes");
   m.def("jpeg_region", &jpeg_region_py, py::arg("data"), py::arg("top"), py::arg("left"), py::arg("height"),
         py::arg("width"), py::arg("downscale") = 1);
 

@@ -20,6 +20,7 @@ enum Status : int32_t {
   kNotDecoded = 7,   // batch slot never reached (another error stopped the batch)
   kUnreadable = 8,   // the file could not be read (missing, permissions, I/O error) or is over the byte limit
   kInternal = 9,     // the native worker failed (e.g. out of memory: std::bad_alloc), reported per sample
+  kNoResources = 10, // the file could not be opened or read for want of descriptors or memory (EMFILE, ENOMEM)
 };
 // A kOk status may come with a message: "warning: ..." names the libjpeg warnings let through (harmless ones
 // under strict; any with strict=false). See warning_harms_pixels in jpeg_errors.h for which are harmless.

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include <sys/mman.h>
@@ -113,14 +114,39 @@ class HostPool {
     *capacity = bytes;
     return p;
   }
+  // Pools p. At the limit the oldest blocks make room (after a size change they are the old size's, which no
+  // request fits any more); the newest is kept.
   void give(void* p, size_t capacity) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (pooled_ + capacity > kPoolBytes) {
-      std::free(p);
-      return;
+    std::vector<void*> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (!free_.empty() && pooled_ + capacity > kPoolBytes) {
+        evicted.push_back(free_.front().first);
+        pooled_ -= free_.front().second;
+        free_.erase(free_.begin());
+      }
+      if (pooled_ + capacity > kPoolBytes) {
+        evicted.push_back(p);
+      } else {
+        pooled_ += capacity;
+        free_.emplace_back(p, capacity);
+      }
     }
-    pooled_ += capacity;
-    free_.emplace_back(p, capacity);
+    for (void* q : evicted) std::free(q);
+  }
+  // Frees every pooled block (FastLoader.close(): the host memory goes back at once). Blocks in use stay theirs.
+  void release() {
+    std::vector<std::pair<void*, size_t>> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all.swap(free_);
+      pooled_ = 0;
+    }
+    for (auto& block : all) std::free(block.first);
+  }
+  size_t pooled() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pooled_;
   }
 
  private:
@@ -131,6 +157,12 @@ class HostPool {
 };
 
 }  // namespace
+
+size_t release_cpu_outputs() {
+  const size_t bytes = HostPool::get().pooled();
+  HostPool::get().release();
+  return bytes;
+}
 
 at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
   int64_t numel = 1;
@@ -990,5 +1022,8 @@ TORCH_LIBRARY(fastload, m) {
 }
 
 TORCH_LIBRARY_IMPL(fastload, CPU, m) { m.impl("warp_normalize", &warp_normalize_cpu); }
+// Not differentiable: a backward through it raises (autograd's default fallback would give no gradient and
+// only warn).
+TORCH_LIBRARY_IMPL(fastload, Autograd, m) { m.impl("warp_normalize", torch::autograd::autogradNotImplementedFallback()); }
 
 }  // namespace fastload
