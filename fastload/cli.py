@@ -75,9 +75,9 @@ def add_pack(sub):
         help="pack an image folder into an LMDB store",
         description="Pack an ImageFolder tree (one sub-folder per class) into an LMDB store for LMDBDataset.\n\n"
         "Original file bytes are kept unless --seekable (lossless) or --max-side is given. Every file is\n"
-        "checked: JPEGs (recognised by their bytes, not their name) by their header and marker structure,\n"
-        "which finds empty, garbage and truncated files at a few microseconds each; other formats by a Pillow\n"
-        "decode. Unreadable or broken files are skipped and listed, with reasons, in the summary, in\n"
+        "checked: JPEGs (recognised by their bytes, not their name) by their header and marker structure\n"
+        "(empty, garbage and truncated files, a few microseconds each) and, with strict checking (the default),\n"
+        "an entropy decode of every scan; other formats by a Pillow decode. Unreadable or broken files are skipped and listed, with reasons, in the summary, in\n"
         "DST/report.txt and in the store's metadata (--on-error raise stops at the first one).\n\n"
         "Writes DST.partial and renames it to DST only when complete. An interrupted pack (Ctrl-C, a kill,\n"
         "a crash) keeps every committed batch: run the same command with --resume to continue it.")

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from . import nvjpeg, ops
-from .errors import DecodeError, is_process_limit
+from .errors import DecodeError, is_process_limit, process_limit_error
 from .rng import uniforms
 
 FORMAT_JPEG = 0
@@ -98,12 +98,15 @@ def full_resolution(windows, matrices):
 
 def _get(reader, i):
     """reader.get(i) of a protocol dataset: whatever it raises (an OSError from a network file system, a KeyError)
-    is that sample's read error, named and subject to on_error like a failed decode."""
+    is that sample's read error, named and subject to on_error like a failed decode; but out of descriptors or
+    memory is the process's limit, raised as such (errors.PROCESS_LIMITS)."""
     try:
         return reader.get(i)
     except DecodeError:
         raise
     except Exception as e:
+        if isinstance(e, MemoryError) or is_process_limit(e):
+            raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
         raise DecodeError(f"cannot read it: {type(e).__name__}: {e}") from e
 
 

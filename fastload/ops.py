@@ -324,6 +324,8 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     normalise = mean is not None or std is not None
     if out_dtype is None:
         out_dtype = torch.float32 if normalise else images.dtype
+    if not (out_dtype == torch.uint8 or out_dtype.is_floating_point):
+        raise TypeError(f"out_dtype must be uint8 or floating, got {out_dtype}")
     result_dtype = out_dtype  # the kernel reads uint8 or float32 and writes these four; float64 is cast after
     out_dtype = out_dtype if out_dtype in (torch.uint8, torch.float32, torch.float16, torch.bfloat16) else torch.float32
     if images.dtype != torch.uint8:

@@ -428,6 +428,19 @@ def test_numbers_are_checked_under_torch_compile(photos, call):
         torch.compile(call, backend="aot_eager")(photos[:2])
 
 
+def test_numbers_that_change_between_compiled_calls(photos):
+    """A float argument that changes between calls is traced as a symbolic float: its check must still trace (an
+    `== False` on the comparison raised InternalTorchDynamoError from the second value on), and still refuse."""
+    for op, good, bad in [(F.adjust_brightness, (0.5, 0.7, 0.9), -0.5), (F.adjust_contrast, (0.5, 0.6), -1.0),
+                          (F.solarize, (100.0, 120.0), 300.0)]:
+        torch._dynamo.reset()
+        compiled = torch.compile(op, backend="aot_eager")
+        for value in good:
+            assert torch.equal(compiled(photos[:2], value), op(photos[:2], value))
+        with pytest.raises((ValueError, TypeError)):
+            compiled(photos[:2], bad)
+
+
 def test_compiles_fullgraph(photos):
     """The public functions trace into one graph (numbers become tensors, custom ops stay opaque)."""
     def chain(x, factors, bits):

@@ -119,6 +119,8 @@ def test_input_dtypes_and_the_layout_guess(images):
     for dtype in (torch.int16, torch.int32, torch.int64, torch.bool):
         with pytest.raises(TypeError, match="uint8"):
             ops.warp_affine(images.to(dtype), m, (24, 32), layout="NHWC")
+        with pytest.raises(TypeError, match="out_dtype must be uint8 or floating"):  # was computed, then truncated
+            ops.warp_affine(images, m, (24, 32), layout="NHWC", out_dtype=dtype)
     nhwc = images[:, :4, :4]  # [3, 4, 4, 3]
     with pytest.raises(ValueError, match="layout='NCHW' or layout='NHWC'"):
         ops.warp_affine(nhwc, torch.eye(2, 3), (4, 4))

@@ -48,6 +48,8 @@ def _walk_class(class_dir, extensions, skipped, root):
         try:
             st = os.stat(d)
         except OSError as e:
+            if is_process_limit(e):  # the process's limit: the class must not be dropped for it
+                raise process_limit_error(f"{d}: cannot open folder: {e.strerror}") from None
             skipped.append((os.path.relpath(d, root), f"cannot open folder: {e.strerror}"))
             continue
         if (st.st_dev, st.st_ino) in seen:
@@ -57,6 +59,8 @@ def _walk_class(class_dir, extensions, skipped, root):
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
+            if is_process_limit(e):
+                raise process_limit_error(f"{d}: cannot list folder: {e.strerror}") from None
             skipped.append((os.path.relpath(d, root), f"cannot list folder: {e.strerror}"))
             continue
         for entry in entries:
@@ -108,6 +112,8 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as e:
+        if is_process_limit(e):
+            raise process_limit_error(f"{root}: cannot list the folder: {e.strerror}") from None
         raise DatasetError(f"{root}: cannot list the folder: {e.strerror}") from None
     skipped = []
     walked = {e.name: _walk_class(e.path, extensions, skipped, root) for e in entries if e.is_dir()}

@@ -9,7 +9,7 @@ import zlib
 import lmdb
 import numpy as np
 
-from ..errors import DecodeError
+from ..errors import DecodeError, process_limit_error
 from .base import DatasetError, ImageDataset, Record
 from .record import (FORMAT_NAME, HEADER_SIZE, META_KEY, PLAN_KEY, SOURCES_KEY, VERSION, decode_index, loads,
                      parse_header, record_key, source_at)
@@ -209,6 +209,8 @@ class _LMDBReader:
             self._spent.append(self._txn)
             self._txn = self._env.begin(buffers=True)
             name = self._ds.sample_name(i)
+            if isinstance(e, lmdb.MemoryError):  # ENOMEM: the process's limit, not a damaged store
+                raise process_limit_error(f"{name}: cannot read the record: {e}") from None
             raise DecodeError(f"{name}: cannot read the record: {e} (damaged store)", sample=name,
                               reason="damaged store") from None
         if value is None:

@@ -117,6 +117,10 @@ class HostPool {
   // Pools p. At the limit the oldest blocks make room (after a size change they are the old size's, which no
   // request fits any more); the newest is kept.
   void give(void* p, size_t capacity) {
+    if (capacity > kPoolBytes) {  // never pooled: it would only empty the pool
+      std::free(p);
+      return;
+    }
     std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -134,19 +138,19 @@ class HostPool {
     }
     for (void* q : evicted) std::free(q);
   }
-  // Frees every pooled block (FastLoader.close(): the host memory goes back at once). Blocks in use stay theirs.
-  void release() {
+  // Frees every pooled block (FastLoader.close(): the host memory goes back at once); returns their bytes. Blocks
+  // in use stay theirs.
+  size_t release() {
     std::vector<std::pair<void*, size_t>> all;
+    size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       all.swap(free_);
+      bytes = pooled_;
       pooled_ = 0;
     }
     for (auto& block : all) std::free(block.first);
-  }
-  size_t pooled() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return pooled_;
+    return bytes;
   }
 
  private:
@@ -158,11 +162,7 @@ class HostPool {
 
 }  // namespace
 
-size_t release_cpu_outputs() {
-  const size_t bytes = HostPool::get().pooled();
-  HostPool::get().release();
-  return bytes;
-}
+size_t release_cpu_outputs() { return HostPool::get().release(); }
 
 at::Tensor recycled_cpu_output(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
   int64_t numel = 1;

@@ -420,9 +420,14 @@ def _param(x, value, name, check=None, dtype=torch.float64):
 
 
 # The parameter checks: (ok, (exception, message)) for a number or a numpy array of them (then ok is elementwise),
-# written with operators that mean the same on both, so torch.compile folds a number's check as a constant.
+# written with operators that mean the same on both, so torch.compile checks a number as it traces (a symbolic
+# float there: `not` and comparisons only, no `== False` on its result).
+def _not(b):
+    return ~b if isinstance(b, np.ndarray) else not b
+
+
 def _non_negative(v):
-    return (v < 0) == False, (ValueError, "{name} ({v}) is not non-negative.")  # noqa: E712 (NaN passes, as tv)
+    return _not(v < 0), (ValueError, "{name} ({v}) is not non-negative.")  # NaN passes, as in torchvision
 
 
 def _hue_range(v):
@@ -436,8 +441,8 @@ def _bits_range(v):
 
 def _at_most(bound):
     def check(v):
-        return (v > bound) == False, (TypeError, "Threshold should be less or equal the maximum value of the "  # noqa: E712
-                                                 "dtype, but got {v} ({name})")
+        return _not(v > bound), (TypeError, "Threshold should be less or equal the maximum value of the dtype, but "
+                                            "got {v} ({name})")
     return check
 
 
