@@ -26,8 +26,8 @@ Resume after a crash or a pre-emption with the same command plus ``--resume /sha
 
 Recipes (``--recipe``, fastload.recipes): ``classic`` (default): RandomResizedCrop(224) + flip; Resize(256) +
 CenterCrop(224). ``torchvision_v2``: torchvision's v2 recipe at 176 px: + TrivialAugmentWide, RandomErasing(0.1),
-MixUp(0.2)/CutMix(1.0) soft targets, repeated augmentation x4 under torchrun; eval Resize(232) + CenterCrop(224); label smoothing
-0.1 (the loss's, on the soft targets). ``ffcv``: FFCV's ResNet-50 recipe: 160 px growing to 192 px between epochs 65
+MixUp(0.2)/CutMix(1.0) soft targets, repeated augmentation x4 under torchrun; eval Resize(232) + CenterCrop(224);
+label smoothing 0.1 (the loss's, on the soft targets). ``ffcv``: FFCV's ResNet-50 recipe: 160 px growing to 192 px between epochs 65
 and 76 (of 88: --epochs 88), RandomResizedCrop + flip; eval at 256 px. A recipe is the data side only: the
 optimiser stays this script's (SGD, lr 0.1 per 256 images, weight decay 1e-4, 2 warm-up epochs, cosine), where
 torchvision's 80.9% also takes lr 0.5 at batch 1024, weight decay 2e-5 (none on norms), 5 warm-up epochs, 600

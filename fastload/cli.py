@@ -77,8 +77,9 @@ def add_pack(sub):
         "Original file bytes are kept unless --seekable (lossless) or --max-side is given. Every file is\n"
         "checked: JPEGs (recognised by their bytes, not their name) by their header and marker structure\n"
         "(empty, garbage and truncated files, a few microseconds each) and, with strict checking (the default),\n"
-        "an entropy decode of every scan; other formats by a Pillow decode. Unreadable or broken files are skipped and listed, with reasons, in the summary, in\n"
-        "DST/report.txt and in the store's metadata (--on-error raise stops at the first one).\n\n"
+        "an entropy decode of every scan; other formats by a Pillow decode. Unreadable or broken files are\n"
+        "skipped and listed, with reasons, in the summary, in DST/report.txt and in the store's metadata\n"
+        "(--on-error raise stops at the first one).\n\n"
         "Writes DST.partial and renames it to DST only when complete. An interrupted pack (Ctrl-C, a kill,\n"
         "a crash) keeps every committed batch: run the same command with --resume to continue it.")
     p.add_argument("src", metavar="SRC", help="image folder (ImageFolder layout) or, with --file-list, its root")
