@@ -18,6 +18,13 @@ def is_process_limit(e):
     return isinstance(e, OSError) and e.errno in PROCESS_LIMITS
 
 
+def raise_process_limit(e, doing):
+    """Raises process_limit_error if ``e`` is one of PROCESS_LIMITS (``doing``: what failed, naming the path), so a
+    caller that would skip the file or folder stops instead; returns otherwise."""
+    if is_process_limit(e):
+        raise process_limit_error(f"{doing}: {e.strerror}") from None
+
+
 class DecodeError(ValueError):
     """A sample's bytes could not be decoded into an image. The message names the sample and says why."""
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import ops
-from ..errors import DecodeError, is_process_limit, process_limit_error
+from ..errors import DecodeError, raise_process_limit
 from .base import DataError, DatasetError, ImageDataset, Record
 from .check import MAX_FILE_BYTES, first_scan_offset, header_failure, is_jpeg, jpeg_structure_problem, pillow_open
 from .record import JPEG, OTHER
@@ -48,8 +48,7 @@ def _walk_class(class_dir, extensions, skipped, root):
         try:
             st = os.stat(d)
         except OSError as e:
-            if is_process_limit(e):  # the process's limit: the class must not be dropped for it
-                raise process_limit_error(f"{d}: cannot open folder: {e.strerror}") from None
+            raise_process_limit(e, f"{d}: cannot open folder")  # the class must not be dropped for the process's limit
             skipped.append((os.path.relpath(d, root), f"cannot open folder: {e.strerror}"))
             continue
         if (st.st_dev, st.st_ino) in seen:
@@ -59,8 +58,7 @@ def _walk_class(class_dir, extensions, skipped, root):
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
-            if is_process_limit(e):
-                raise process_limit_error(f"{d}: cannot list folder: {e.strerror}") from None
+            raise_process_limit(e, f"{d}: cannot list folder")
             skipped.append((os.path.relpath(d, root), f"cannot list folder: {e.strerror}"))
             continue
         for entry in entries:
@@ -112,8 +110,7 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as e:
-        if is_process_limit(e):
-            raise process_limit_error(f"{root}: cannot list the folder: {e.strerror}") from None
+        raise_process_limit(e, f"{root}: cannot list the folder")
         raise DatasetError(f"{root}: cannot list the folder: {e.strerror}") from None
     skipped = []
     walked = {e.name: _walk_class(e.path, extensions, skipped, root) for e in entries if e.is_dir()}
@@ -304,8 +301,7 @@ def _scan_chunk(root, paths, sizes, strict):
         try:
             data, whole = _read_head_tail(path, size)
         except OSError as e:
-            if is_process_limit(e):  # not the file's fault: the scan must not drop it
-                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
+            raise_process_limit(e, f"{path}: cannot read")  # not the file's fault: the scan must not drop it
             results[k] = f"unreadable: {(e.strerror or str(e)).lower()}"
             continue
         if is_jpeg(data):
@@ -315,8 +311,7 @@ def _scan_chunk(root, paths, sizes, strict):
         try:
             results[k] = _check_whole(data, strict) if whole else _scan_one_slow(path, strict)
         except (OSError, ValueError) as e:
-            if is_process_limit(e):
-                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
+            raise_process_limit(e, f"{path}: cannot read")
             results[k] = str(e)
     if jpeg_bufs:
         hw, status, messages = ops.read_headers(jpeg_bufs, 1, strict=strict)
@@ -337,8 +332,7 @@ def _scan_chunk(root, paths, sizes, strict):
                 # The head/tail did not settle it (huge metadata, trailing data): read the whole file.
                 results[k] = _scan_one_slow(os.path.join(root, paths[k]), strict)
             except (OSError, ValueError) as e:
-                if is_process_limit(e):
-                    raise process_limit_error(f"{os.path.join(root, paths[k])}: cannot read: {e.strerror}") from None
+                raise_process_limit(e, f"{os.path.join(root, paths[k])}: cannot read")
                 results[k] = str(e)
     return results
 
@@ -444,8 +438,7 @@ class _FolderReader:
                     raise DecodeError(f"{path}: cannot read: not a regular file", sample=path, reason="unreadable")
                 return f.read()
         except OSError as e:
-            if is_process_limit(e):
-                raise process_limit_error(f"{path}: cannot read: {e.strerror}") from None
+            raise_process_limit(e, f"{path}: cannot read")
             raise DecodeError(f"{path}: cannot read: {e.strerror or e}", sample=path, reason="unreadable") from None
 
     def record(self, i):

@@ -31,7 +31,7 @@ import lmdb
 import numpy as np
 
 from .. import ops
-from ..errors import DecodeError, is_process_limit, process_limit_error
+from ..errors import DecodeError, raise_process_limit
 from .base import DataError, DatasetError
 from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
@@ -171,8 +171,7 @@ def _process(src, items, opt):
             out.append((file_index, "a folder, not a file"))
             continue
         except OSError as e:
-            if is_process_limit(e):  # the process's limit: stop the pack rather than leave good files out
-                raise process_limit_error(f"{os.path.join(src, rel)}: cannot read: {e.strerror}") from None
+            raise_process_limit(e, f"{os.path.join(src, rel)}: cannot read")  # stop rather than leave good files out
             out.append((file_index, f"unreadable: {(e.strerror or str(e)).lower()}"))
             continue
         except ValueError as e:
