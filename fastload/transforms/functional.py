@@ -409,7 +409,7 @@ def _param(x, value, name, check=None, dtype=torch.float64):
     if check is not None and host is not None:
         ok, (exc, message) = check(host)
         if isinstance(host, np.ndarray):
-            bad = np.flatnonzero(ok == False)  # noqa: E712 (elementwise)
+            bad = np.flatnonzero(~ok)
             if bad.size:
                 i = int(bad[0])
                 where = f"{name}[{i}]" if value.ndim else name
@@ -675,7 +675,7 @@ def _check_table_params(ops, params, x, name):
              6: "bits", 7: "threshold"}
     for code, check in checks.items():
         ok, (exc, message) = check(p0)
-        bad = (ok == False) & (ops == code)  # noqa: E712 (elementwise)
+        bad = ~ok & (ops == code)
         if bad.any():
             i, s = _first(bad)
             raise exc(f"{name}: sample {i}, slot {s}: " + message.format(name=names[code], v=float(p0[i, s])))
