@@ -105,7 +105,7 @@ def _get(reader, i):
     except DecodeError:
         raise
     except Exception as e:
-        if isinstance(e, MemoryError) or is_process_limit(e):
+        if is_process_limit(e):
             raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
         raise DecodeError(f"cannot read it: {type(e).__name__}: {e}") from e
 
@@ -250,7 +250,7 @@ class PillowImages:
         except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)
             return ops.CORRUPT, e.detail()
         except Exception as e:  # any Pillow failure is this sample's decode error
-            if isinstance(e, MemoryError) or is_process_limit(e):
+            if is_process_limit(e):
                 raise  # the process's limits, not this sample's: never a skipped sample
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 

@@ -14,8 +14,8 @@ def process_limit_error(message):
 
 
 def is_process_limit(e):
-    """Whether an OSError is one of PROCESS_LIMITS."""
-    return isinstance(e, OSError) and e.errno in PROCESS_LIMITS
+    """Whether an exception is the process's limit: an OSError of PROCESS_LIMITS, or a MemoryError."""
+    return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in PROCESS_LIMITS)
 
 
 def raise_process_limit(e, doing):

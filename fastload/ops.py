@@ -37,6 +37,8 @@ PROCESS_FAULTS = (INTERNAL, NO_RESOURCES)
 def process_fault(status, message):
     """The exception for a PROCESS_FAULTS status; ``message`` names the sample."""
     return process_limit_error(message) if status == NO_RESOURCES else RuntimeError(message)
+
+
 #: Prefix of the message of an OK sample that decoded with a warning let through (see "Strict mode" below).
 WARNING_PREFIX = "warning: "
 #: Default per-image byte limit for decode_crops (files and buffers alike).
@@ -326,8 +328,9 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
         out_dtype = torch.float32 if normalise else images.dtype
     if not (out_dtype == torch.uint8 or out_dtype.is_floating_point):
         raise TypeError(f"out_dtype must be uint8 or floating, got {out_dtype}")
-    result_dtype = out_dtype  # the kernel reads uint8 or float32 and writes these four; float64 is cast after
-    out_dtype = out_dtype if out_dtype in (torch.uint8, torch.float32, torch.float16, torch.bfloat16) else torch.float32
+    # the kernel reads uint8 or float32 and writes these four; another floating dtype (float64) is cast after
+    kernel_dtype = out_dtype if out_dtype in (torch.uint8, torch.float32, torch.float16, torch.bfloat16) \
+        else torch.float32
     if images.dtype != torch.uint8:
         images = images.float()
     in_scale = 1.0 / 255 if (normalise and images.dtype == torch.uint8) else 1.0
@@ -337,8 +340,8 @@ def warp_affine(images, matrices, out_size, mean=None, std=None, out_dtype=None,
     if channels_last is None:
         channels_last = False
     out = warp_ragged(data, offsets, shapes, matrices, out_size, mean=mean, std=std, in_scale=in_scale,
-                      out_dtype=out_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
-    return out if out.dtype == result_dtype else out.to(result_dtype)
+                      out_dtype=kernel_dtype, channels_last=channels_last, fill=fill, hwc=hwc, channels=c)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def affine_nearest(images, matrices, fill=0.0):

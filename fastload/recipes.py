@@ -14,12 +14,12 @@
   192 px between epochs 65 and 76, RandomResizedCrop + flip; evaluate at 256 px, a 224/256 centre crop.
 - ``classic``: RandomResizedCrop(224) + flip; Resize(256) + CenterCrop(224).
 """
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from . import sampler
 from .transforms import (Compose, CenterCrop, CutMix, MixUp, Normalize, RandomChoice, RandomErasing,
                          RandomHorizontalFlip, RandomResizedCrop, Resize, ToDtype, TrivialAugmentWide)
 
@@ -78,14 +78,6 @@ def _finish(mean, std):
     return [ToDtype(torch.float32, scale=True), Normalize(mean, std)]
 
 
-def _world_size():
-    """torch.distributed's world size when initialised, else torchrun's WORLD_SIZE (set before init), else 1."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", 1))
-
-
 def torchvision_v2(size=176, num_classes=1000, *, eval_size=224, eval_resize=232, mean=IMAGENET_MEAN,
                    std=IMAGENET_STD, world_size=None):
     """torchvision's v2 ImageNet recipe: RandomResizedCrop(size) + flip + TrivialAugmentWide + ToDtype + Normalize
@@ -97,7 +89,7 @@ def torchvision_v2(size=176, num_classes=1000, *, eval_size=224, eval_resize=232
     train.py builds its RASampler only when distributed (one process samples at random), and so does this recipe:
     with one process the 4 copies would come in a row, four of an image in a batch, which MixUp/CutMix (each
     sample mixed with its neighbour) would then mostly mix with themselves."""
-    world_size = _world_size() if world_size is None else world_size
+    world_size = sampler.world_size() if world_size is None else world_size
     train = Compose([RandomResizedCrop(size), RandomHorizontalFlip(), TrivialAugmentWide(interpolation="bilinear"),
                      *_finish(mean, std), RandomErasing(0.1),
                      RandomChoice([MixUp(alpha=0.2, num_classes=num_classes),

@@ -47,6 +47,12 @@ def _launched_world_size():
         return 1
 
 
+def world_size():
+    """The initialised process group's world size, else the launcher's WORLD_SIZE (set before init), else 1."""
+    world = _dist_world()
+    return world[1] if world is not None else _launched_world_size()
+
+
 def _dist_default(rank, world_size):
     if rank is None or world_size is None:
         initialised = _dist_world() is not None

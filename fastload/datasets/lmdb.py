@@ -5,6 +5,7 @@ import struct
 import threading
 import weakref
 import zlib
+from typing import NamedTuple
 
 import lmdb
 import numpy as np
@@ -45,9 +46,7 @@ def open_env(path, subdir):
 # One read-only environment per store file per process, shared by every LMDBDataset on it: py-lmdb refuses a
 # second open of the same files in one process, and LMDB handles must not be used after a fork. Keyed by the
 # data file's (device, inode), so a store replaced on disk is never mistaken for the one a dataset indexed.
-_envs = {}
-_envs_at = {}  # key -> (where, subdir): where the store was when opened
-_users = {}  # key -> the LMDBDatasets that read through it (weak): an environment in use is never closed
+_envs = {}  # key -> _Shared
 _envs_pid = None
 _envs_lock = threading.Lock()
 
@@ -65,21 +64,28 @@ def _file_key(where, subdir):
     return st.st_dev, st.st_ino
 
 
+class _Shared(NamedTuple):
+    env: lmdb.Environment
+    where: str  # where the store was when opened
+    subdir: bool
+    users: weakref.WeakSet  # the LMDBDatasets that read through it: an environment in use is never closed
+
+
 def _close_replaced(keep):
     """Closes the environments of stores replaced or removed on disk that no dataset reads any more: a store
     packed again at the same path, many times in one process, kept every old data file open and mapped (its disk
     space too). A store still where it was stays open, for the next dataset of it."""
-    for key in [k for k in _envs if k != keep and not _users.get(k)]:
-        where, subdir = _envs_at[key]
+    for key, shared in list(_envs.items()):
+        if key == keep or shared.users:
+            continue
         try:
-            current = _file_key(where, subdir)
+            current = _file_key(shared.where, shared.subdir)
         except OSError:
             current = None
         if current != key:
+            del _envs[key]
             with contextlib.suppress(lmdb.Error):
-                _envs.pop(key).close()
-            _envs_at.pop(key, None)
-            _users.pop(key, None)
+                shared.env.close()
 
 
 def shared_env(where, subdir, key=None, user=None):
@@ -88,20 +94,18 @@ def shared_env(where, subdir, key=None, user=None):
     global _envs_pid
     with _envs_lock:
         if _envs_pid != os.getpid():
-            for env in _envs.values():  # inherited from the parent: close (lock=False: nothing shared to disturb)
+            for shared in _envs.values():  # inherited from the parent: close (lock=False: nothing shared to disturb)
                 with contextlib.suppress(lmdb.Error):
-                    env.close()
+                    shared.env.close()
             _envs.clear()
-            _envs_at.clear()
-            _users.clear()
             _envs_pid = os.getpid()
         try:
             actual = _file_key(where, subdir)
         except OSError as e:
             raise DatasetError(f"{where}: cannot open the store: {e.strerror}") from None
         key = key or actual
-        env = _envs.get(key)
-        if env is None:
+        shared = _envs.get(key)
+        if shared is None:
             if actual != key:
                 raise DatasetError(f"{where}: the store was replaced on disk since this dataset was opened")
             _close_replaced(key)
@@ -110,10 +114,10 @@ def shared_env(where, subdir, key=None, user=None):
             except lmdb.Error as e:
                 raise DatasetError(f"{where}: not a fastload store (LMDB cannot open it: {e})") from None
             _check_length(env, where, subdir)
-            _envs[key], _envs_at[key] = env, (where, subdir)
+            shared = _envs[key] = _Shared(env, where, subdir, weakref.WeakSet())
         if user is not None:
-            _users.setdefault(key, weakref.WeakSet()).add(user)
-        return env, key
+            shared.users.add(user)
+        return shared.env, key
 
 
 def holds_fastload_keys(where):
@@ -125,7 +129,8 @@ def holds_fastload_keys(where):
     except OSError:
         return False
     with _envs_lock:
-        env = _envs.get(key) if _envs_pid == os.getpid() else None
+        shared = _envs.get(key) if _envs_pid == os.getpid() else None
+        env = shared.env if shared is not None else None
     own = None
     try:
         if env is None:
@@ -160,11 +165,12 @@ def _check_length(env, where, subdir):
                            f"(copied or written incompletely?); copy it again or re-pack it")
 
 
-def read_meta(path):
-    """(metadata dict with the index, environment key) of the store at ``path``. DatasetError for anything else."""
+def read_meta(path, user=None):
+    """(metadata dict with the index, environment key) of the store at ``path``. DatasetError for anything else.
+    ``user``: the dataset that will read through the environment (shared_env)."""
     path = os.path.abspath(os.fspath(path))
     where, subdir = _locate(path)
-    env, key = shared_env(where, subdir)
+    env, key = shared_env(where, subdir, user=user)
     with env.begin() as txn:
         raw = txn.get(META_KEY)
         unfinished = raw is None and txn.get(PLAN_KEY) is not None
@@ -280,9 +286,8 @@ class LMDBDataset(ImageDataset):
     def __init__(self, path, *, strict=True, transform=None, target_transform=None):
         super().__init__(transform, target_transform, strict=strict)
         self.path = os.path.abspath(os.fspath(path))
-        meta, self._key = read_meta(self.path)
+        meta, self._key = read_meta(self.path, user=self)  # the dataset keeps its environment open
         self._where, self._subdir = _locate(self.path)
-        shared_env(self._where, self._subdir, self._key, user=self)  # the dataset keeps its environment open
         try:
             count, classes = int(meta["count"]), [str(c) for c in meta["classes"]]
             arrays = decode_index(meta.pop("index"), count)
