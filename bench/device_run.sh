@@ -9,6 +9,7 @@
 #   example: examples/train_imagenet.py --recipe torchvision_v2 --arch resnet50 for STEPS_LIMIT (20) steps;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   trainprof: python -m bench.train_profile on 4 links to each JPEG, once per line of TPARGS (its arguments);
+#   split: python -m bench.hybrid_split SPLITARGS on the pack --seekable store of LINKS (4) links to each JPEG;
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
 #   resnet18 resnet50); profile: Nsight Compute on the tiled kernel (bench.kernel_probe) and
@@ -156,6 +157,14 @@ if [[ +$what+ == *+trainprof+* ]]; then  # bench.train_profile on the 8,000-samp
     timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.train_profile $base-x4 $args 2>&1 | tee -a "$OUT/trainprof.log" | \
       grep -E "^\||^cores used"
   done <<< "${TPARGS:---decoder cpu hybrid}"
+fi
+if [[ +$what+ == *+split+* ]]; then  # decoder="hybrid" splits, loaders alone (bench/hybrid_split.py)
+  links=${LINKS:-4}; data=$base-x$links
+  python3 -c "from bench.corpus import linked_copies; linked_copies('$base', '$data', $links)"
+  python3 -m fastload pack $data $data.seekable.lmdb --seekable --workers 16 -q --resume 2>&1 | tail -1
+  lscpu | grep -E "^(Model name|CPU\(s\))"
+  timeout ${TRAIN_TIMEOUT:-480} python3 -m bench.hybrid_split $data.seekable.lmdb $SPLITARGS 2>&1 | \
+    tee "$OUT/split$tag.log" | tail -25
 fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (LINKS=6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:

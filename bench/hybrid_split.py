@@ -2,18 +2,48 @@
 
 A split E/P gives the engines batch k when k % P < E and the cores the others, one producer per batch of the period
 (decoders.HYBRID_ENGINE_BATCHES / HYBRID_PERIOD, set here for each run); E/P:T also sets the loader's threads (per
-producer: the cores' decode threads, and the engines' producers' read and check threads) to T for that run; "cpu" and
-"nvjpeg" run beside them. Every
-run in turn, the order reversed each round, all in this one process; img/s over --epochs after a warm-up epoch.
+producer: the cores' decode threads, and the engines' producers' read and check threads) to T for that run;
+E/P:T@C pins the cores' producers (their planners and decode threads) to the last C cores this process may use and the
+engines' producers to the others, so the crop decoders and the engines' host-side submit do not share cores. "cpu"
+and "nvjpeg" run beside them. Every run in turn, the order reversed each round, all in this one process; img/s over
+--epochs after a warm-up epoch.
 
-    python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4 4/5:8] [--rounds 2] [--threads N]
-        [--nvjpeg-layouts 4:4 3:16]
+    python -m bench.hybrid_split DATA [--size 160] [--splits 2/3 4/6 2/4 4/5:8 2/3:12@12] [--rounds 2]
+        [--threads N] [--nvjpeg-layouts 4:4 3:16]
 """
 import argparse
+import contextlib
+import os
+import threading
 
 import fastload as fl
 from bench.gpu import fastload_rate
 from fastload import benchmark, decoders
+from fastload import loader as loader_module
+
+
+@contextlib.contextmanager
+def pinned(engine_batches, period, cores):
+    """Producer w of a hybrid loader (one per batch of the period, so w = k % period) and its planner on the last
+    ``cores`` cores when w makes the cores' batches (w >= engine_batches), else on the others."""
+    if not cores:
+        yield
+        return
+    available = sorted(os.sched_getaffinity(0))
+    if not 0 < cores < len(available):
+        raise SystemExit(f"@{cores}: needs between 1 and {len(available) - 1} cores")
+    for_cores, for_engines = set(available[-cores:]), set(available[:-cores])
+    original = loader_module._enter_thread
+
+    def enter(cpus, device):
+        w = int(threading.current_thread().name.rpartition("-")[2])
+        original(for_cores if w % period >= engine_batches else for_engines, device)
+
+    loader_module._enter_thread = enter
+    try:
+        yield
+    finally:
+        loader_module._enter_thread = original
 
 
 def main(argv=None):
@@ -39,12 +69,15 @@ def main(argv=None):
                 workers, threads = (int(v) for v in run.split()[1].split(":"))
                 decoder, split = "nvjpeg", default
             else:
-                split, _, threads = run.partition(":")
+                run_split, _, pin = run.partition("@")
+                split, _, threads = run_split.partition(":")
                 split = default if "/" not in split else tuple(int(v) for v in split.split("/"))
                 decoder = "hybrid" if "/" in run else run
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = split
-            rate, stats = fastload_rate(ds, args.epochs, args.batch_size, int(threads) if threads else args.threads,
-                                        decoder, crop=fl.RandomResizedCrop(args.size), workers=workers)
+            with pinned(*split, int(pin) if decoder == "hybrid" and pin else 0):
+                rate, stats = fastload_rate(ds, args.epochs, args.batch_size,
+                                            int(threads) if threads else args.threads, decoder,
+                                            crop=fl.RandomResizedCrop(args.size), workers=workers)
             rates[run].append(rate)
             print(f"{run:7s} {rate:9,.0f} img/s  "
                   + "  ".join(f"{k} {stats[k]:.2f}" for k in ("read_s", "decode_s", "stage_s", "wait_s")), flush=True)
