@@ -116,14 +116,21 @@ def fastload_rate(ds, epochs, batch, threads, decoder="cpu", **loader_kwargs):
     for x, y in loader:  # warm-up epoch: page cache, allocator, CUDA context
         pass
     torch.cuda.synchronize()
-    n, t = 0, time.perf_counter()
+    n, t, cpu = 0, time.perf_counter(), _process_cpu()
     for _ in range(epochs):
         for x, y in loader:
             n += len(y)
     torch.cuda.synchronize()
-    rate = n / (time.perf_counter() - t)
+    wall = time.perf_counter() - t
+    cores_used = (_process_cpu() - cpu) / wall
     loader.close()  # its next epoch's producers, started early, must not decode during the next rows
-    return rate, loader.stats()
+    return n / wall, dict(loader.stats(), cores_used=cores_used)
+
+
+def _process_cpu():
+    """CPU seconds of every thread of this process so far (native decode threads included)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def torchvision_rate(root, epochs, batch, workers):

@@ -80,7 +80,8 @@ def main(argv=None):
                                             crop=fl.RandomResizedCrop(args.size), workers=workers)
             rates[run].append(rate)
             print(f"{run:7s} {rate:9,.0f} img/s  "
-                  + "  ".join(f"{k} {stats[k]:.2f}" for k in ("read_s", "decode_s", "stage_s", "wait_s")), flush=True)
+                  + "  ".join(f"{k} {stats[k]:.2f}" for k in ("read_s", "decode_s", "stage_s", "wait_s", "cores_used")),
+                  flush=True)
     decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = default
     print(f"| decoder | {' | '.join(f'round {i + 1}' for i in range(args.rounds))} |")
     print("|---|" + "---:|" * args.rounds)
