@@ -216,6 +216,10 @@ class FastLoader:
         self._batches_done = 0
         self._epoch_set = False
         self._iterator = None
+        # Whether the latest iterator's batches still move the position: set_epoch (another epoch) or
+        # load_state_dict since it started chose the next iteration's, and it goes on without moving it.
+        self._iterator_counts = False
+        self._after_epoch = None  # a loaded state's "after_epoch": set_epoch(it) resumes at that epoch's end
         self._finished_epoch = False
         self._pipe = None
         self._ahead = None  # the next epoch's iterator, started early (_start_next_epoch)
@@ -247,15 +251,32 @@ class FastLoader:
     # --- epoch bookkeeping -------------------------------------------------------------------------------
     def set_epoch(self, epoch):
         """Selects the epoch the next iteration runs (its shuffle and crops), from its first batch (``loader.sampler.
-        set_epoch`` does the same). Without calls, epochs count up."""
-        if self._start_batch and int(epoch) == self._epoch:
+        set_epoch`` does the same). Without calls, epochs count up. The epoch an iteration is running now changes
+        nothing (a loop may call it every step); another one leaves the running iteration to finish its own epoch
+        without moving the position that state_dict saves."""
+        epoch = int(epoch)
+        running = self._counting_iterator()
+        if running is not None and running.epoch == epoch and not running.producers.stop.is_set():
+            return
+        if self._start_batch and epoch == self._epoch:
             self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
             return
-        self._epoch = int(epoch)
+        resumed_after = self._after_epoch is not None and epoch == self._after_epoch and self._epoch == epoch + 1 \
+            and self._epoch_set and not self._batches_done
+        self._epoch = epoch
         self.sampler.follow(self._epoch)
         self._epoch_set = True
-        self._start_batch = self._batches_done = 0
+        # A state saved on an epoch's last batch resumes at the next epoch; set_epoch of the epoch it was saved in
+        # (the loop's own counter) keeps that position: this epoch then has no batches left.
+        self._start_batch = self._batches_done = len(self) if resumed_after else 0
+        self._after_epoch = None
         self._paused = None
+        self._iterator_counts = False
+
+    def _counting_iterator(self):
+        """The latest iterator while its batches move the position, else None."""
+        current = self._iterator() if self._iterator is not None and self._iterator_counts else None
+        return current if current is not None and current.producers is not None else None
 
     def set_size(self, size):
         """The output size (int or (h, w)) of the epochs started from now on (the next ``iter(loader)``; an epoch
@@ -288,14 +309,17 @@ class FastLoader:
         """Position to resume from: the batches after the last one this loader handed out (where the next
         ``iter(loader)`` starts, in this process or another)."""
         epoch, done = self._epoch, self._batches_done
+        after = None
         if self._epoch_done() and not self._epoch_set:  # a finished epoch resumes at the next one
-            epoch, done = epoch + 1, 0
+            after, epoch, done = epoch, epoch + 1, 0
         sampler = self.sampler._state_dict(consumed=min(done * self.batch_size, len(self.sampler)))
         sampler["epoch"] = epoch
         # the size of the epoch it resumes in (mid-epoch: the one that epoch started with), and set_size's
         size = self._running[1] if done and self._running[0] == epoch else self._size_for(epoch)
         state = {"epoch": epoch, "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
                  "sampler": sampler, "size": list(size)}
+        if after is not None:  # saved on that epoch's last batch: set_epoch(after) on resume keeps the position
+            state["after_epoch"] = after
         # set_size's choice travels with the state; a loader's own size is its configuration (checked on load)
         state["size_chosen"] = self._size_set
         if self._size_set:
@@ -329,7 +353,9 @@ class FastLoader:
         choice = state.get("decoder") if self._trial is not None else None  # decoder="auto"'s earlier choice
         if choice is not None:
             self._trial.check(choice)
-        epoch = int(state["epoch"])
+        epoch, done = int(state["epoch"]), int(state["batches_done"])
+        if not 0 <= done <= len(self):
+            raise ValueError(f"state has batches_done={done}; an epoch of this loader has {len(self)} batches")
         size = tuple(state.get("size", self.pipeline.out_size))  # states from before resolution schedules
         if self.size_schedule is not None and self._size_for(epoch) != size:
             raise ValueError(f"state is for size {size} at epoch {epoch}; this loader's size_schedule gives "
@@ -345,12 +371,15 @@ class FastLoader:
         self.sampler.follow(epoch)  # the loader holds the position; its sampler lists the whole epoch
         if self.size_schedule is None and chosen:
             self._size, self._size_set = tuple(state["next_size"]), True
-        self._resume_size = size if int(state["batches_done"]) else None
+        self._resume_size = size if done else None
         self._epoch = epoch
-        self._start_batch = self._batches_done = int(state["batches_done"])
+        self._start_batch = self._batches_done = done
         self._epoch_set = True
         self._finished_epoch = False
         self._paused = None
+        self._iterator_counts = False  # a running iteration goes on, without moving the loaded position
+        after = state.get("after_epoch")
+        self._after_epoch = int(after) if after is not None and int(after) == epoch - 1 and not done else None
         if choice is not None:  # no trial; the next iteration decodes with it (a running one keeps its decoder)
             self._trial.adopt(choice)
             self._next_decoder = choice
@@ -367,10 +396,12 @@ class FastLoader:
         holds, up to 1 GiB kept for reuse, oldest first out); dropping the loader frees its own when the garbage
         collector gets to it."""
         current = self._iterator() if self._iterator is not None else None
-        if current is not None:
+        already_paused = current is not None and current.paused and self._paused is not None \
+            and self._paused() is current
+        if current is not None and not already_paused:  # a second close() leaves the first one's pause as it is
             # Paused only while the loader's position is still that iterator's: set_epoch or load_state_dict
             # since it ran chose another one, which stands.
-            if current.live() and current.epoch == self._epoch and current.next_batch == self._batches_done:
+            if current.live() and self._counting_iterator() is current:
                 current.pause()
                 # a new iter() resumes here, as after load_state_dict (the paused iterator takes it back if it
                 # goes on instead)
@@ -421,6 +452,7 @@ class FastLoader:
                 # loop that breaks after N steps the same N batches every time.
                 self._start_batch, self._resume_size = self._batches_done, self._running[1]
         self._epoch_set = self._finished_epoch = False
+        self._after_epoch = None
         start, self._start_batch, self._paused = self._start_batch, 0, None
         self._batches_done = start
         size = self._resume_size if start and self._resume_size else self._size_for(self._epoch)
@@ -436,6 +468,7 @@ class FastLoader:
                 ahead.close()
             iterator = self._iterator_for(self._epoch, self._epoch_batches(self._epoch), start, size)
         self._iterator = weakref.ref(iterator)  # a weak ref: dropping the iterator stops its threads
+        self._iterator_counts = True
         return iterator
 
     def _iterator_for(self, epoch, batches, start, size):
@@ -805,16 +838,39 @@ class _EpochIterator:
         self.paused = False  # stopped by loader.close(): the next __next__ starts producers at next_batch
         self.retired = False  # a newer iter(loader) took over: using this one is an error
         self.last_taken = None  # decoder="auto": when the loop took the previous batch of this run of producers
+        # Batch next_batch's item once taken off its queue, until the loop has it: an interrupt (Ctrl-C) in between
+        # leaves it here for the next call instead of losing it and taking the batches after it out of order.
+        self.held = None
         self.producers = None  # set last: an interrupt while they start leaves None here (they stop themselves)
         self.producers = _Producers(loader, batches, start, epoch)
 
     def _next_item(self):
+        """Batch next_batch's item from its producer's queue (or the one held since a call cut short)."""
+        if self.held is None:
+            self._take()
+        item = self.held
+        if isinstance(item, BaseException):
+            self.held = None
+            self.close()
+            raise item
+        return item
+
+    def _handed_out(self):
+        """The held batch is the loop's now."""
+        self.held = None
+        self.next_batch += 1
+        # The producers are on their last round of this epoch: the next one's may start.
+        if self.next_batch >= len(self.batches) - len(self.producers.queues) and self.loader._iterator is not None \
+                and self.loader._iterator() is self:
+            self.loader._start_next_epoch(self.epoch + 1)
+
+    def _take(self):
         p = self.producers
         q = p.queues[self.next_batch % len(p.queues)]
         t = time.perf_counter()
         while True:
             try:
-                item = q.get(timeout=_POLL)
+                self.held = q.get(timeout=_POLL)
                 break
             except queue.Empty:
                 if self.paused or p.stop.is_set():  # closed while waiting (loader.close() from a signal handler)
@@ -831,18 +887,9 @@ class _EpochIterator:
                 if self.loader.timeout is not None and waited > self.loader.timeout:
                     self.paused = False
                     p.close(timeout=0)  # stuck threads are not waited for here (the exit still waits for them)
-                    raise TimeoutError(f"no batch for {waited:.0f} s (timeout={self.loader.timeout}): batch "
+                    raise TimeoutError(f"no batch for {waited:.3g} s (timeout={self.loader.timeout}): batch "
                                        f"{self.next_batch} of epoch {self.loader._epoch} is stuck reading or decoding")
         self.loader._stats.add(wait=time.perf_counter() - t)
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        self.next_batch += 1
-        # The producers are on their last round of this epoch: the next one's may start.
-        if self.next_batch >= len(self.batches) - len(p.queues) and self.loader._iterator is not None \
-                and self.loader._iterator() is self:
-            self.loader._start_next_epoch(self.epoch + 1)
-        return item
 
     def __iter__(self):
         return self
@@ -866,9 +913,11 @@ class _EpochIterator:
             if self.next_batch >= len(self.batches):
                 return self._finish()
             handle, counts = self._next_item()
-            x, y = loader._device_pipe().receive(handle)
-        loader._batches_done += 1
+            x, y = loader._device_pipe().receive(handle)  # again for a held batch: it only waits and records
         loader._stats.add(images=len(y), batches=1, **counts)
+        self._handed_out()
+        if loader._counting_iterator() is self:
+            loader._batches_done += 1
         if loader._trial is not None:
             self._time_decoder(len(y))
         return x, y
@@ -896,11 +945,13 @@ class _EpochIterator:
         """New producers from next_batch (after a pause, or with another decoder)."""
         self.loader.pipeline.set_epoch_size(self.epoch, self.size)
         self.last_taken = None  # the gap is no interval of the loop's
+        self.held = None  # the new producers make that batch again
         self.producers = None
         self.producers = _Producers(self.loader, self.batches, self.next_batch, self.epoch)
 
     def _finish(self):
-        self.loader._finished_epoch = True
+        if self.loader._counting_iterator() is self:
+            self.loader._finished_epoch = True
         self.close()
         raise StopIteration
 

@@ -63,6 +63,10 @@ def _dist_default(rank, world_size):
             raise RuntimeError(f"this process is one of WORLD_SIZE={launched} (torchrun), but torch.distributed is "
                                f"not initialised: the shard comes from the process group, so build the loader after "
                                f"torch.distributed.init_process_group(), or pass rank= and world_size=")
+        if not initialised and rank is None and world_size is not None and world_size > 1:
+            # Every process would be rank 0, each taking the same shard (DistributedSampler refuses this too).
+            raise RuntimeError(f"world_size={world_size} without rank=, and torch.distributed is not initialised: "
+                               f"pass each process's rank= too, or build the loader after init_process_group()")
         if rank is None:
             rank = torch.distributed.get_rank() if initialised else 0
         if world_size is None:

@@ -377,6 +377,121 @@ def test_close_keeps_a_position_chosen_since_the_iteration_began(coded_dir):
     assert len(collect_now) == len(epoch1)
 
 
+def test_close_twice_mid_loop_goes_on(coded_dir):
+    """Two close() calls in a row mid-loop (two helpers each closing before they fork): the loop still gets every
+    batch of its epoch, and the next loop runs the next epoch (the second call used to end the loop early)."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=5, seed=6, crop=fl.RandomResizedCrop(32), workers=2)
+    epochs = [collect_epoch(make(), e) for e in range(2)]
+    loader = make()
+    got = []
+    for step, (x, y) in enumerate(loader):
+        got.append((x, y))
+        if step == 1:
+            loader.close()
+            loader.close()
+    assert same_batches(got, epochs[0])
+    assert same_batches(collect(loader), epochs[1])
+
+
+def test_set_epoch_and_load_state_dict_during_a_loop_keep_state_dict_right(coded_dir):
+    """set_epoch of the running epoch at every step changes nothing; set_epoch of another epoch, or
+    load_state_dict, mid-loop: the loop finishes its own epoch without moving the position state_dict saves, and
+    that position gives what the same process runs next."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    epochs = [collect_epoch(make(), e) for e in range(2)]
+    n = len(epochs[0])
+    loader = make()  # a step-based loop that calls set_epoch(step // n) at every step
+    for step, _ in enumerate(loader):
+        loader.set_epoch(0)
+        if step == 4:
+            break
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (0, 5)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert same_batches(collect(resumed), epochs[0][5:])
+
+    loader = make()
+    got = []
+    for step, (x, y) in enumerate(loader):
+        got.append((x, y))
+        if step == 2:
+            loader.set_epoch(1)  # for the next loop
+            assert (loader.state_dict()["epoch"], loader.state_dict()["batches_done"]) == (1, 0)
+    assert same_batches(got, epochs[0])
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert same_batches(collect(loader), epochs[1]) and same_batches(collect(resumed), epochs[1])
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()  # epoch 0, batch 1
+    rest = [next(it) for _ in range(4)]
+    loader.load_state_dict(saved)  # roll back: the next loop starts there; this one goes on with its own batches
+    rest += list(it)
+    assert same_batches(rest, epochs[0][1:])
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches_done"]) == (0, 1)
+    assert same_batches(collect(loader), epochs[0][1:])
+
+
+def test_a_state_saved_on_an_epochs_last_batch_resumes_with_the_loops_own_epoch_counter(coded_dir):
+    """A checkpoint inside the loop on the epoch's last batch, the loop's epoch counter saved beside it: on resume,
+    set_epoch(that counter) gives an empty epoch and set_epoch(counter + 1) the next one, as the run that saved it
+    went on; without set_epoch the next loop is the next epoch."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    epochs = [collect_epoch(make(), e) for e in range(2)]
+    loader = make()
+    for step, _ in enumerate(loader):
+        if step == len(epochs[0]) - 1:
+            state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"], state["after_epoch"]) == (1, 0, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)
+    assert collect(resumed) == []
+    resumed.set_epoch(1)
+    assert same_batches(collect(resumed), epochs[1])
+    plain = make()
+    plain.load_state_dict(state)
+    assert same_batches(collect(plain), epochs[1])
+    with pytest.raises(ValueError, match="batches_done"):
+        make().load_state_dict(dict(state, batches_done=len(epochs[0]) + 1))
+    with pytest.raises(ValueError, match="batches_done"):
+        make().load_state_dict(dict(state, batches_done=-1))
+
+
+@pytest.mark.parametrize("where", ["wait", "images"])
+def test_an_interrupt_inside_next_loses_no_batch(coded_dir, where):
+    """A KeyboardInterrupt after a batch left its queue but before next() returned it (a notebook stepping a held
+    iterator; injected in the stats call right after the queue's get, or the one before next() returns): the next
+    call returns that batch, and the rest follow in order."""
+    ds = fl.FolderDataset(coded_dir)
+    make = lambda: fl.FastLoader(ds, batch_size=4, seed=3, crop=fl.RandomResizedCrop(24), workers=2)
+    full = collect(make())
+    loader = make()
+    it = iter(loader)
+    got = [next(it) for _ in range(2)]
+    add = loader._stats.add
+
+    def interrupted(**kw):
+        if where in kw:
+            loader._stats.add = add
+            raise KeyboardInterrupt
+        return add(**kw)
+
+    loader._stats.add = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    got += list(it)
+    assert same_batches(got, full)
+
+
 def test_close_from_a_signal_handler_while_waiting_for_a_batch(coded_dir):
     """loader.close() runs while the loop waits inside next() (a SIGALRM handler here): the wait goes on with
     new producers and the epoch comes out whole, as without the signal."""

@@ -87,6 +87,12 @@ def test_a_sampler_made_before_the_process_group_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="WORLD_SIZE=2 .* not initialised"):
         ShardedSampler(10)
     assert ShardedSampler(10, rank=1, world_size=2).rank == 1  # given explicitly: fine
+    monkeypatch.delenv("WORLD_SIZE")
+    # world_size= alone, no process group: every process would be rank 0 (DistributedSampler refuses it too)
+    with pytest.raises(RuntimeError, match="world_size=2 without rank="):
+        ShardedSampler(10, world_size=2)
+    assert ShardedSampler(10, world_size=1).world_size == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
     # Started otherwise (mp.spawn: no WORLD_SIZE), the group made after the sampler: refused when it iterates
     monkeypatch.delenv("WORLD_SIZE")
     s, explicit = ShardedSampler(10), ShardedSampler(10, rank=0, world_size=1)
