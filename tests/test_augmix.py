@@ -251,7 +251,7 @@ def test_same_seed_same_pixels_and_per_sample_independence(photos):
 @pytest.mark.parametrize("kw, exc", [
     (dict(severity=0), ValueError), (dict(severity=11), ValueError), (dict(severity=2.5), TypeError),
     (dict(mixture_width=2.5), TypeError), (dict(chain_depth=2.5), TypeError), (dict(fill="a"), TypeError),
-    (dict(interpolation="foo"), ValueError),
+    (dict(interpolation="foo"), ValueError), (dict(alpha="1"), ValueError), (dict(alpha=True), NotImplementedError),
 ])
 def test_validation_like_torchvision(kw, exc, photos):
     """Same exception types as torchvision (in its constructor, or at its first image for the TypeErrors of

@@ -174,7 +174,7 @@ BAD = [
     ("GaussianBlur", dict(kernel_size=3, sigma=0)), ("GaussianBlur", dict(kernel_size=3, sigma=(2.0, 1.0))),
     ("GaussianBlur", dict(kernel_size=3, sigma="a")), ("GaussianBlur", dict(kernel_size=3, sigma=(1, 2, 3))),
     ("GaussianBlur", dict(kernel_size=3, sigma=("a", 1))), ("GaussianBlur", dict(kernel_size=-1)),
-    ("GaussianBlur", dict(kernel_size=(3.0, 5.0))),
+    ("GaussianBlur", dict(kernel_size=(3.0, 5.0))), ("GaussianBlur", dict(kernel_size=(True, 3))),
     ("RandomInvert", dict(p=1.5)), ("RandomGrayscale", dict(p=-0.1)),
     ("RandomPosterize", dict(bits=9, p=1.0)), ("RandomPosterize", dict(bits=2.5, p=1.0)),
     ("RandomPosterize", dict(bits=4, p=2.0)),

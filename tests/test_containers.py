@@ -4,6 +4,7 @@ between neighbours, nested containers, validation like torchvision's, and the lo
 to torchvision's ops applied sample by sample with the same draws (DeiT III's 3-Augment, SimCLR's colour
 distortion)."""
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -185,7 +186,7 @@ def test_validation_like_torchvision_and_refused_children_named():
     for args in ((gray,), ([],), ([gray], [1, 2])):
         raises_like_torchvision(lambda: T.RandomChoice(*args), lambda: v2.RandomChoice(*args))
     # a negative weight: torchvision's multinomial raises at the first image, fastload when the pipeline is built
-    for p in ([-1, 2], [0, 0], [1, -1]):  # (torchvision: ZeroDivisionError when built for the zero sums)
+    for p in ([-1, 2], [0, 0], [1, -1], [math.inf, 1]):  # (torchvision: ZeroDivisionError when built for zero sums)
         raises_like_torchvision(lambda: T.RandomChoice([gray, gray], p=p),
                                 lambda: v2.RandomChoice([v2.RandomGrayscale(1.0)] * 2, p=p)(torch.zeros(3, 2, 2)))
     for args, kwargs in (((gray,), {}), (([],), {}), (([gray],), dict(p=1.5)), (([gray],), dict(p=-0.1))):

@@ -340,12 +340,27 @@ def test_fma_matches_torch_add(photos, device):
     (lambda x: F.rgb_to_grayscale(x, 2), lambda x: TF.rgb_to_grayscale(x[0], 2), "1 or 3"),
     (lambda x: F.adjust_saturation(torch.cat([x, x[:, :1]], 1), 1.0),
      lambda x: TF.adjust_saturation(torch.cat([x, x[:, :1]], 1)[0], 1.0), "channel"),
+    (lambda x: F.rgb_to_grayscale(torch.cat([x, x[:, :1]], 1)),
+     lambda x: TF.rgb_to_grayscale(torch.cat([x, x[:, :1]], 1)[0]), "1 or 3 channels"),
+    (lambda x: F.gaussian_blur(x, [3.0, 3]), lambda x: TF.gaussian_blur(x[0], [3.0, 3]), "ints"),
+    (lambda x: F.gaussian_blur(x[:, :, :4, :4], 9), lambda x: TF.gaussian_blur(x[0, :, :4, :4], 9), "Padding size"),
 ])
 def test_bad_arguments_raise_like_torchvision(photos, call, tv_call, match):
     with pytest.raises(Exception) as tv_error:
         tv_call(photos)
     with pytest.raises(tv_error.type, match=match):
         call(photos)
+
+
+def test_keyword_arguments_have_torchvisions_names(photos):
+    """Keyword calls move over from torchvision: the image is ``inpt``, the parameters keep their names."""
+    x = photos[:2]
+    for name, kwargs in (("adjust_brightness", dict(brightness_factor=1.3)), ("posterize", dict(bits=3)),
+                         ("solarize", dict(threshold=100)), ("invert", {}), ("rgb_to_grayscale",
+                                                                               dict(num_output_channels=3)),
+                         ("gaussian_blur", dict(kernel_size=[3, 3], sigma=[1.0, 1.0]))):
+        ours = getattr(F, name)(inpt=x, **kwargs)
+        assert all(torch.equal(ours[i], getattr(TF, name)(inpt=x[i], **kwargs)) for i in range(2)), name
 
 
 def test_bad_shapes_are_refused(photos):

@@ -493,7 +493,7 @@ def test_random_crop_and_pad_sizes_errors_and_refusals():
         G.GeometryPlanner([G.CenterCrop(32), G.Pad(8)]).with_size(16)
     with pytest.raises(ValueError, match=r"sample 7: Required crop size \(300, 300\) is larger than input image"):
         G.GeometryPlanner([G.RandomCrop(300)]).plan([400, 200], [400, 400], 0, 0, [6, 7])
-    with pytest.raises(ValueError, match="sample 3: padding"):
+    with pytest.raises(RuntimeError, match="sample 3: padding"):
         G.GeometryPlanner([G.Pad(-60), G.CenterCrop(8)]).plan([100], [130], 0, 0, [3])
     # torchvision's other padding modes need the image outside its edge, which the warp reads as fill: refused
     with pytest.raises(ValueError, match="constant fill only"):
@@ -574,6 +574,10 @@ def test_affine_and_rotation_distributions_match_torchvision():
     lambda m: m.Pad(2, fill=object()), lambda m: m.RandomCrop(10, padding=()), lambda m: m.RandomCrop(10, padding=[]),
     lambda m: m.Resize(8, interpolation="foo"), lambda m: m.Resize(8, interpolation=99),
     lambda m: m.RandomResizedCrop(8, interpolation=2.5), lambda m: m.RandomAffine(5, interpolation="cubic"),
+    # torchvision's resize and torch's constant pad raise these RuntimeErrors at the first image
+    lambda m: m.Resize(0), lambda m: m.RandomResizedCrop(-5), lambda m: m.Pad(4, fill=[1, 2]),
+    lambda m: m.RandomCrop(16, padding=4, fill=[1, 2, 3, 4]), lambda m: m.RandomCrop(16, padding=4, fill=300),
+    lambda m: m.Pad(2, fill=-1), lambda m: m.Pad(2, fill=float("nan")),
 ])
 def test_bad_arguments_raise_like_torchvision(make):
     """The type torchvision raises at construction or at the first image; fastload's at construction."""

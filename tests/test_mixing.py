@@ -270,6 +270,15 @@ def test_apply_validation_like_torchvision(photos):
             MixUp(num_classes=4).apply(x, bad, 0, 0, 0)
 
 
+@pytest.mark.parametrize("name", ["MixUp", "CutMix"])
+def test_alpha_and_num_classes_types_raise_like_torchvision(photos, name):
+    """torchvision takes these in its constructor and raises at the first batch; fastload when built."""
+    x, y = photos
+    for kwargs in (dict(alpha=True, num_classes=4), dict(num_classes=4.0), dict(num_classes="4")):
+        raises_like_torchvision(lambda: globals()[name](**kwargs), lambda: getattr(T2, name)(**kwargs)(x, y))
+    assert globals()[name](num_classes=np.int64(4)).num_classes == 4
+
+
 def test_random_choice_validation_like_torchvision():
     for args in ((MixUp(num_classes=4),), ([],), ([MixUp(num_classes=4)], [1, 2])):
         raises_like_torchvision(lambda: RandomChoice(*args), lambda: T2.RandomChoice(*args))

@@ -1,5 +1,6 @@
 """FastLoader(transform=...): the pipeline end to end on real photos (the parts have their own test files)."""
 import enum
+import functools
 
 import numpy as np
 import pytest
@@ -154,6 +155,10 @@ def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_pat
                                                                              expected.params)
 
 
+def my_augmentation(x):
+    return x
+
+
 @pytest.mark.parametrize("bad, error, words", [
     (lambda: T.Compose([T.RandomResizedCrop(32), lambda im: im]), TypeError, "not a fastload transform"),
     (lambda: T.Compose([T.RandomResizedCrop(32), T.Lambda(lambda im: im)]), TypeError, "a Python function"),
@@ -181,6 +186,14 @@ def test_skipped_samples_get_their_replacements_parameters(imagenet_dir, tmp_pat
      ValueError, "rounded to torch.bfloat16"),
     (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.ToDtype(torch.float16),
                         T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]), ValueError, "after a float-to-float ToDtype"),
+    # a user's own function, however wrapped, by its name (not "builtins.function")
+    (lambda: T.Compose([T.RandomResizedCrop(32), my_augmentation]), TypeError, "test_pipeline.my_augmentation"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), functools.partial(my_augmentation)]), TypeError,
+     "functools.partial(test_pipeline.my_augmentation)"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.Lambda(my_augmentation)]), TypeError,
+     "Lambda(test_pipeline.my_augmentation)"),
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True), T.Normalize([], [])]),
+     RuntimeError, "one value, or one per channel"),
 ])
 def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error, words):
     ds = fl.FolderDataset(imagenet_dir)
@@ -192,6 +205,20 @@ def test_what_fastload_cannot_run_is_refused_naming_it(imagenet_dir, bad, error,
         assert {"TrivialAugmentWide", "RandomErasing", "Normalize"} <= set(listed)
         assert all(isinstance(getattr(T, n), type) and not issubclass(getattr(T, n), enum.Enum) for n in listed)
         assert "AutoAugmentPolicy" not in listed and "Pipeline" not in listed
+
+
+def test_a_tensor_p_works_as_in_torchvision(imagenet_dir):
+    """torchvision keeps a 0-d tensor p and compares with it; the same draws as the float."""
+    ds = fl.FolderDataset(imagenet_dir)
+
+    def first(p):
+        tf = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(p), T.RandomApply([T.RandomInvert(p)], p),
+                        T.RandomGrayscale(p), T.ToDtype(torch.float32, scale=True), T.RandomErasing(p)])
+        return next(iter(fl.FastLoader(ds, batch_size=8, seed=2, transform=tf)))[0]
+
+    assert torch.equal(first(torch.tensor(0.5)), first(0.5))
+    with pytest.raises(ValueError, match="interval"):
+        T.RandomInvert(torch.tensor(1.5))
 
 
 def test_a_transform_shared_by_two_pipelines_keeps_each_pipelines_draws(imagenet_dir):
@@ -576,8 +603,10 @@ def test_torchvision_v1_pipelines_move_over(imagenet_dir):
         return x
 
     v2 = first(T.ToDtype(torch.float32, scale=True))
-    assert torch.equal(first(T.ToTensor()), v2)
+    with pytest.warns(UserWarning, match=r"`ToTensor\(\)` is deprecated"):  # as torchvision's v2.ToTensor
+        to_tensor = T.ToTensor()
+    assert torch.equal(first(to_tensor), v2)
     assert torch.equal(first(T.RGB(), T.ConvertImageDtype()), v2)
     # (normalised in float32, then rounded once to float16, as fastload's ToDtype(float16) does: README)
     assert torch.equal(first(T.ConvertImageDtype(torch.float16), dtype=torch.float16), v2.half())
-    assert repr(T.ToTensor()) == "ToTensor()" and T.ConvertImageDtype().dtype == TV.ConvertImageDtype().dtype
+    assert repr(to_tensor) == "ToTensor()" and T.ConvertImageDtype().dtype == TV.ConvertImageDtype().dtype

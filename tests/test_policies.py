@@ -375,6 +375,17 @@ def test_autoaugment_policy_argument():
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def test_bins_that_are_not_ints_raise_like_torchvision():
+    image = torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8)
+    for bins in (3.0, None):
+        with pytest.raises(TypeError):
+            torch.manual_seed(0)
+            for _ in range(50):  # until torchvision draws an op that uses the bins
+                v2.TrivialAugmentWide(num_magnitude_bins=bins)(image)
+        with pytest.raises(TypeError, match="num_magnitude_bins"):
+            P.TrivialAugmentWide(num_magnitude_bins=bins)
+
+
 def test_fewer_than_two_bins_refused():
     # torchvision's Posterize bins divide by num_bins - 1: one bin gives NaN bits rather than an error
     for make in (lambda: P.TrivialAugmentWide(1), lambda: P.RandAugment(magnitude=0, num_magnitude_bins=1)):

@@ -23,7 +23,7 @@ import torch
 from .. import ops, rng
 from .color import _table
 from .functional import OPS, photometric
-from .mixing import _GAMMA_COLUMNS, _log_gamma
+from .mixing import _GAMMA_COLUMNS, _log_gamma, concentration
 from .policies import _PHOTOMETRIC, _check_fill, _check_interpolation, _lin, _none, _posterize, geometric_matrices
 
 __all__ = ["AugMix", "AugMixParams"]
@@ -102,7 +102,7 @@ class AugMix:
             raise ValueError(f"The severity must be between [1, {_PARAMETER_MAX}]. Got {severity} instead.")
         if mixture_width < 0:  # torchvision silently mixes no chain; say so instead
             raise ValueError(f"mixture_width must be >= 0, got {mixture_width}")
-        alpha = float(alpha)
+        alpha = concentration(alpha, "Dirichlet")
         if not alpha > 0:  # torchvision samples Dirichlet(alpha) with it, which is undefined for alpha <= 0
             raise ValueError(f"alpha must be > 0 (the Dirichlet concentration), got {alpha}")
         self.severity = severity

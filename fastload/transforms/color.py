@@ -15,7 +15,7 @@ import torch
 
 from .. import rng
 from .functional import OPS, PhotometricTable, solarize_threshold
-from .geometry import uniform_bounds
+from .geometry import probability, uniform_bounds
 
 __all__ = ["ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomInvert", "RandomPosterize",
            "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize"]
@@ -64,9 +64,7 @@ class _RandomApply(_Photometric):
     op = None  # name in OPS
 
     def __init__(self, p=0.5):
-        if not (0.0 <= p <= 1.0):
-            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
-        self.p = p
+        self.p = probability(p)
 
     def _param(self):
         return 0.0
@@ -184,7 +182,7 @@ class GaussianBlur(_Photometric):
         for ks in self.kernel_size:
             if ks <= 0 or ks % 2 == 0:
                 raise ValueError("Kernel size value should be an odd and positive number.")
-            if not isinstance(ks, numbers.Integral):  # torchvision: linspace(steps=ks) at the first image
+            if not isinstance(ks, numbers.Integral) or isinstance(ks, bool):  # torchvision: linspace(steps=ks)
                 raise TypeError(f"Kernel size values should be integers, got {self.kernel_size}")
         self.sigma = _setup_number_or_seq(sigma, "sigma")
         if not 0.0 < self.sigma[0] <= self.sigma[1]:

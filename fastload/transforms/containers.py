@@ -13,6 +13,7 @@ the one warp before decode) and the policies (whose rotations fold into it too) 
 the fact: refused, naming the child.
 """
 import copy
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 
 from .. import rng
 from .functional import PhotometricTable
+from .geometry import probability
 
 __all__ = ["RandomChoice", "RandomApply", "RandomOrder"]
 
@@ -142,8 +144,8 @@ class RandomChoice(_Container):
         # torchvision divides by sum(p) when built, and its multinomial raises at the first call
         if sum(p) == 0:
             raise ZeroDivisionError(f"RandomChoice: p sums to 0: {list(p)}")
-        if not all(prob >= 0 for prob in p) or not sum(p) > 0:
-            raise RuntimeError(f"RandomChoice: p must hold non-negative weights with a positive sum, got {list(p)}")
+        if not all(0 <= prob < math.inf for prob in p) or not sum(p) > 0:  # torchvision's multinomial refuses
+            raise RuntimeError(f"RandomChoice: p must hold finite non-negative weights with a positive sum, got {list(p)}")
         self.kind = self._adopt(transforms, ("photometric", "batch"))
         total = sum(p)
         self.p = [prob / total for prob in p]
@@ -211,8 +213,7 @@ class RandomApply(_Container):
 
     def __init__(self, transforms, p=0.5):
         _check_list(transforms, "Argument transforms should be a sequence of transforms")
-        if not (0.0 <= p <= 1.0):
-            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+        p = probability(p)
         self._adopt(transforms)
         self.p = p
         self.stream = 0  # set by Compose

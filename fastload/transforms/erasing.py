@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import rng
-from .geometry import uniform_bounds
+from .geometry import probability, uniform_bounds
 
 __all__ = ["RandomErasing"]
 
@@ -46,8 +46,7 @@ class RandomErasing:
 
     def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0.0, inplace=False):
         # torchvision's checks, messages and exception types, in its order
-        if not (0.0 <= p <= 1.0):
-            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+        p = probability(p)
         if not isinstance(value, (numbers.Number, str, tuple, list)):
             raise TypeError("Argument value should be either a number or str or a sequence")
         if isinstance(value, str) and value != "random":

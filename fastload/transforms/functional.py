@@ -381,11 +381,11 @@ def _gaussian_blur(x: Tensor, kx: int, ky: int, sigma: Tensor) -> Tensor:
 
 def _check_image(x, name, channels=(1, 3)):
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: x must be a tensor [B, C, H, W], got {type(x).__name__}")
+        raise TypeError(f"{name}: the image must be a tensor [B, C, H, W], got {type(x).__name__}")
     if x.ndim != 4:
-        raise ValueError(f"{name}: x must be a batch [B, C, H, W], got shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: the image must be a batch [B, C, H, W], got shape {tuple(x.shape)}")
     if not (x.dtype == torch.uint8 or x.is_floating_point()):
-        raise TypeError(f"{name}: x must be uint8 (0-255) or floating (0-1), got {x.dtype}")
+        raise TypeError(f"{name}: the image must be uint8 (0-255) or floating (0-1), got {x.dtype}")
     if channels is not None and x.shape[1] not in channels:
         raise TypeError(f"Input image tensor permitted channel values are {list(channels)}, but found {x.shape[1]}")
 
@@ -451,72 +451,74 @@ def _factor_op(op, name, x, factor):
     return op(x, _param(x, factor, name, _non_negative))
 
 
-def adjust_brightness(x, brightness_factor):
-    """x * factor, clamped (torchvision's adjust_brightness per sample)."""
-    return _factor_op(_brightness, "brightness_factor", x, brightness_factor)
+def adjust_brightness(inpt, brightness_factor):
+    """inpt * factor, clamped (torchvision's adjust_brightness per sample)."""
+    return _factor_op(_brightness, "brightness_factor", inpt, brightness_factor)
 
 
-def adjust_contrast(x, contrast_factor):
+def adjust_contrast(inpt, contrast_factor):
     """Blend with the sample's mean luma (torchvision's adjust_contrast per sample)."""
-    return _factor_op(_contrast, "contrast_factor", x, contrast_factor)
+    return _factor_op(_contrast, "contrast_factor", inpt, contrast_factor)
 
 
-def adjust_saturation(x, saturation_factor):
+def adjust_saturation(inpt, saturation_factor):
     """Blend with the sample's luma image (torchvision's adjust_saturation per sample)."""
-    return _factor_op(_saturation, "saturation_factor", x, saturation_factor)
+    return _factor_op(_saturation, "saturation_factor", inpt, saturation_factor)
 
 
-def adjust_sharpness(x, sharpness_factor):
+def adjust_sharpness(inpt, sharpness_factor):
     """Blend with a 3x3 smoothing of the inside, borders kept (torchvision's adjust_sharpness per sample)."""
-    return _factor_op(_sharpness, "sharpness_factor", x, sharpness_factor)
+    return _factor_op(_sharpness, "sharpness_factor", inpt, sharpness_factor)
 
 
-def adjust_hue(x, hue_factor):
+def adjust_hue(inpt, hue_factor):
     """Rotate the hue by hue_factor turns in [-0.5, 0.5] through HSV in float32 (torchvision's adjust_hue)."""
-    _check_image(x, "adjust_hue")
-    return _hue(x, _param(x, hue_factor, "hue_factor", _hue_range))
+    _check_image(inpt, "adjust_hue")
+    return _hue(inpt, _param(inpt, hue_factor, "hue_factor", _hue_range))
 
 
-def posterize(x, bits):
+def posterize(inpt, bits):
     """Keep the top ``bits`` (0-8) bits of each value (torchvision's posterize per sample)."""
-    _check_image(x, "posterize", channels=None)
+    _check_image(inpt, "posterize", channels=None)
     if isinstance(bits, numbers.Real) and not isinstance(bits, numbers.Integral):  # torchvision: int bits only
         raise TypeError(f"bits must be a positive integer in the range [0, 8], got {bits} instead.")
     if isinstance(bits, Tensor) and bits.is_floating_point() and bits.device != torch.device("cpu"):
         raise TypeError("posterize: bits must be an integer tensor (or a CPU tensor, checked to hold integers)")
-    return _posterize(x, _param(x, bits, "bits", _bits_range, dtype=torch.int64))
+    return _posterize(inpt, _param(inpt, bits, "bits", _bits_range, dtype=torch.int64))
 
 
-def solarize(x, threshold):
+def solarize(inpt, threshold):
     """Invert the values >= threshold, on the image's scale: 0-255 for uint8, 0-1 for float (torchvision's)."""
-    _check_image(x, "solarize", channels=None)
-    return _solarize(x, _param(x, threshold, "threshold", _at_most(_bound(x))))
+    _check_image(inpt, "solarize", channels=None)
+    return _solarize(inpt, _param(inpt, threshold, "threshold", _at_most(_bound(inpt))))
 
 
-def autocontrast(x):
+def autocontrast(inpt):
     """Stretch each sample's channels to the full range (torchvision's autocontrast)."""
-    _check_image(x, "autocontrast")
-    return _autocontrast(x)
+    _check_image(inpt, "autocontrast")
+    return _autocontrast(inpt)
 
 
-def equalize(x):
+def equalize(inpt):
     """Histogram equalisation of each sample's channels (torchvision's equalize, PIL's lookup table)."""
-    _check_image(x, "equalize", channels=None)
-    return _equalize(x)
+    _check_image(inpt, "equalize", channels=None)
+    return _equalize(inpt)
 
 
-def invert(x):
-    """255 - x for uint8, 1 - x for float."""
-    _check_image(x, "invert", channels=None)
-    return _invert_op(x)
+def invert(inpt):
+    """255 - inpt for uint8, 1 - inpt for float."""
+    _check_image(inpt, "invert", channels=None)
+    return _invert_op(inpt)
 
 
-def rgb_to_grayscale(x, num_output_channels=1):
+def rgb_to_grayscale(inpt, num_output_channels=1):
     """Luma 0.2989 R + 0.587 G + 0.114 B, truncated to uint8, in 1 or 3 channels (torchvision's rgb_to_grayscale)."""
-    _check_image(x, "rgb_to_grayscale")
+    if isinstance(inpt, Tensor) and inpt.ndim == 4 and inpt.shape[1] not in (1, 3):  # torchvision's unbind: ValueError
+        raise ValueError(f"rgb_to_grayscale: the image needs 1 or 3 channels, got {inpt.shape[1]}")
+    _check_image(inpt, "rgb_to_grayscale")
     if num_output_channels not in (1, 3):
         raise ValueError(f"num_output_channels must be 1 or 3, got {num_output_channels}.")
-    return _grayscale(x, num_output_channels)
+    return _grayscale(inpt, num_output_channels)
 
 
 def _kernel_size(kernel_size):
@@ -525,15 +527,17 @@ def _kernel_size(kernel_size):
     elif len(kernel_size) != 2:
         raise ValueError(f"If kernel_size is a sequence its length should be 2. Got {len(kernel_size)}")
     for k in kernel_size:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):  # torchvision's linspace raises it
+            raise TypeError(f"kernel_size should hold ints, got {list(kernel_size)}")
         if k % 2 == 0 or k < 0:
             raise ValueError(f"kernel_size should have odd and positive integers. Got {kernel_size}")
     return int(kernel_size[0]), int(kernel_size[1])
 
 
-def gaussian_blur(x, kernel_size, sigma=None):
+def gaussian_blur(inpt, kernel_size, sigma=None):
     """torchvision's gaussian_blur with a kernel size (kx, ky) shared by the batch and a sigma per sample:
     a number, (sx, sy), a tensor [B] or [B, 2]; None: 0.15 * k + 0.35 per axis, as torchvision."""
-    _check_image(x, "gaussian_blur", channels=None)
+    _check_image(inpt, "gaussian_blur", channels=None)
     kx, ky = _kernel_size(kernel_size)
     if sigma is None:
         sigma = (kx * 0.15 + 0.35, ky * 0.15 + 0.35)
@@ -546,12 +550,12 @@ def gaussian_blur(x, kernel_size, sigma=None):
             raise ValueError(f"If sigma is a sequence, its length should be 2. Got {len(sigma)}")
         if any(float(s) <= 0 for s in sigma):  # numbers: checked under torch.compile too (constants)
             raise ValueError(f"sigma should have positive values. Got {list(sigma)}")
-        sigma = torch.tensor([float(s) for s in sigma], dtype=torch.float64).expand(x.shape[0], 2)
+        sigma = torch.tensor([float(s) for s in sigma], dtype=torch.float64).expand(inpt.shape[0], 2)
     elif isinstance(sigma, Tensor):
-        if sigma.shape == (x.shape[0],) or sigma.ndim == 0:
-            sigma = sigma.unsqueeze(-1).expand(x.shape[0], 2)
-        elif sigma.shape != (x.shape[0], 2):
-            raise ValueError(f"sigma must be a number, (sx, sy), or a tensor [B] or [B, 2] with B = {x.shape[0]}, "
+        if sigma.shape == (inpt.shape[0],) or sigma.ndim == 0:
+            sigma = sigma.unsqueeze(-1).expand(inpt.shape[0], 2)
+        elif sigma.shape != (inpt.shape[0], 2):
+            raise ValueError(f"sigma must be a number, (sx, sy), or a tensor [B] or [B, 2] with B = {inpt.shape[0]}, "
                              f"got shape {tuple(sigma.shape)}")
     else:
         raise TypeError(f"sigma should be either float or sequence of floats. Got {type(sigma)}")
@@ -560,8 +564,8 @@ def gaussian_blur(x, kernel_size, sigma=None):
         if bad.any():
             i = int(bad.nonzero()[0])
             raise ValueError(f"sigma should have positive values. Got {sigma[i].tolist()} (sample {i})")
-    sigma = sigma.to(device=x.device, dtype=torch.float64, non_blocking=True).contiguous()
-    return _gaussian_blur(x, kx, ky, sigma)
+    sigma = sigma.to(device=inpt.device, dtype=torch.float64, non_blocking=True).contiguous()
+    return _gaussian_blur(inpt, kx, ky, sigma)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -774,8 +778,8 @@ def _check_blur_sizes(table, x, name):
     bad = (table.ops.numpy() == OPS["gaussian_blur"]) & ((size[..., 0] > 2 * w - 1) | (size[..., 1] > 2 * h - 1))
     if bad.any():
         i, s = _first(bad)
-        raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size {params[i, s, :2].tolist()} is too "
-                         f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
+        raise RuntimeError(f"{name}: sample {i}, slot {s}: kernel_size {params[i, s, :2].tolist()} is too "
+                           f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
 
 
 @torch.library.register_fake("fastload::photometric")

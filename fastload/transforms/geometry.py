@@ -69,8 +69,8 @@ def _setup_size(size, error_msg):
         raise ValueError(error_msg)
     _check_int_sizes(size)
     size = tuple(int(s) for s in size)
-    if min(size) <= 0:
-        raise ValueError(f"size must be positive, got {size}")
+    if min(size) <= 0:  # torchvision's resize raises a RuntimeError at the first image
+        raise RuntimeError(f"size must be positive, got {size}")
     return size
 
 
@@ -92,6 +92,14 @@ def _setup_angle(x, name, req_sizes=(2,)):
     return [float(d) for d in x]
 
 
+def probability(p):
+    """torchvision's check of a ``p`` (ValueError outside [0, 1], NaN included), as a float: a 0-d tensor, which
+    torchvision keeps and compares, works too."""
+    if not (0.0 <= p <= 1.0):
+        raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
+    return float(p)
+
+
 def _check_fill(fill):
     if isinstance(fill, dict):
         for value in fill.values():
@@ -100,14 +108,22 @@ def _check_fill(fill):
         raise TypeError("Got inappropriate fill arg, only Numbers, tuples, lists and dicts are allowed.")
 
 
+def _check_pad_fill(fill):
+    """torch's constant pad of a uint8 image, which torchvision's pad uses, refuses a fill that overflows uint8."""
+    values = fill_triple(fill, RuntimeError)
+    if not all(-1.0 < v < 256.0 for v in values):  # NaN too
+        raise RuntimeError(f"fill {fill!r}: value cannot be converted to type uint8_t without overflow")
+
+
 def places_fill(t):
     """Whether transform t puts its ``fill`` into images (a RandomCrop that cannot pad keeps one, unused)."""
     return hasattr(t, "fill") and getattr(t, "places_fill", True)
 
 
-def fill_triple(fill):
+def fill_triple(fill, error=ValueError):
     """torchvision's ``fill`` (number, sequence of 1 or 3, None = 0, or a dict keyed by tv_tensors type or
-    "others": the image's entry) as 3 floats on the image's scale (0-255 for uint8)."""
+    "others": the image's entry) as 3 floats on the image's scale (0-255 for uint8). ``error``: what torchvision
+    raises for a length that does not fit the channels (fill_error of the transform)."""
     if isinstance(fill, dict):
         image = [v for k, v in fill.items() if getattr(k, "__name__", k) == "Image"]
         fill = image[0] if image else fill.get("others", 0)
@@ -119,8 +135,8 @@ def fill_triple(fill):
     if len(fill) == 1:
         fill = fill * 3
     if len(fill) != 3:  # torchvision raises this at the first RGB image
-        raise ValueError(f"The number of elements in 'fill' cannot broadcast to match the number of channels of "
-                         f"the image ({len(fill)} != 3)")
+        raise error(f"The number of elements in 'fill' cannot broadcast to match the number of channels of "
+                    f"the image ({len(fill)} != 3)")
     return tuple(fill)
 
 
@@ -218,6 +234,7 @@ class _Geometry:
     stream = 0  # set by Compose; each transform reads only its own stream
     columns = 0  # rng.uniforms columns read per sample (0: no randomness)
     sets_size = False  # whether the output canvas has the same size for every sample
+    fill_error = ValueError  # torchvision's error for a fill that does not fit the channels (its affine grid's)
 
     def draw(self, heights, widths, seed, epoch, indices):
         """Per-sample parameters (torchvision's make_params, vectorised) for canvases of (heights, widths)."""
@@ -299,7 +316,9 @@ class Resize(_Geometry):
         else:
             raise ValueError(
                 f"size can be an integer, a sequence of one or two integers, or None, but got {size} instead.")
-        # torchvision raises these two at the first image
+        # torchvision raises these at the first image (the first a RuntimeError of its resize)
+        if size is not None and min(size) <= 0:
+            raise RuntimeError(f"size must be positive, got {size}")
         if max_size is not None and size is not None and len(size) != 1:
             raise ValueError("max_size should only be passed if size is None or specifies the length of the smaller "
                              "edge, i.e. size should be an int or a sequence of length 1 in torchscript mode.")
@@ -401,6 +420,7 @@ class RandomCrop(_Geometry):
 
     columns = 2
     sets_size = True
+    fill_error = RuntimeError  # torch's constant pad, which torchvision's pad uses
 
     def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
         self.size = _setup_size(size, error_msg="Please provide only two dimensions (h, w) for size.")
@@ -409,6 +429,8 @@ class RandomCrop(_Geometry):
                 _check_padding(padding)
             _check_padding_mode(self, padding_mode)
         _check_fill(fill)
+        if pad_if_needed or padding is not None:
+            _check_pad_fill(fill)
         self._pads = _check_padding(padding) if padding else [0, 0, 0, 0]
         self.padding = list(self._pads) if padding else None  # torchvision's [left, right, top, bottom]
         self.pad_if_needed = pad_if_needed
@@ -458,10 +480,13 @@ class Pad(_Geometry):
     right, top, bottom as torchvision parses it; negative values crop), the new border is the pipeline's fill.
     padding_mode other than "constant" is refused."""
 
+    fill_error = RuntimeError  # torch's constant pad, which torchvision's pad uses
+
     def __init__(self, padding, fill=0, padding_mode="constant"):
         self._pads = _check_padding(padding)
         _check_padding_mode(self, padding_mode)
         _check_fill(fill)
+        _check_pad_fill(fill)
         self.padding = padding if isinstance(padding, int) else list(padding)
         self.fill = fill
         self.padding_mode = padding_mode
@@ -471,8 +496,8 @@ class Pad(_Geometry):
         bad = np.flatnonzero((np.asarray(heights) + top + bottom <= 0) | (np.asarray(widths) + left + right <= 0))
         if len(bad):
             i = bad[0]
-            raise ValueError(f"sample {np.asarray(indices).reshape(-1)[i]}: padding {self._pads} (left, right, top, "
-                             f"bottom) leaves nothing of a {heights[i]}x{widths[i]} canvas")
+            raise RuntimeError(f"sample {np.asarray(indices).reshape(-1)[i]}: padding {self._pads} (left, right, top, "
+                               f"bottom) leaves nothing of a {heights[i]}x{widths[i]} canvas")  # torch's pad: too
         return {}
 
     def _step(self, p, heights, widths):
@@ -491,9 +516,7 @@ class RandomHorizontalFlip(_Geometry):
     axis = 0  # x
 
     def __init__(self, p=0.5):
-        if not (0.0 <= p <= 1.0):
-            raise ValueError("`p` should be a floating point value in the interval [0.0, 1.0].")
-        self.p = p
+        self.p = probability(p)
 
     def _draw(self, heights, widths, u):
         return dict(flip=u[:, 0] < self.p)
@@ -664,7 +687,7 @@ class GeometryPlanner:
             raise ValueError(f"the output size of {self.steps} is not fixed (it follows each image's size or aspect "
                              f"ratio): end the geometry with RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w))")
         self.out_size = size
-        fills = {fill_triple(t.fill) for t in self.steps if places_fill(t)}
+        fills = {fill_triple(t.fill, t.fill_error) for t in self.steps if places_fill(t)}
         if extra_fill is not None:
             fills.add(fill_triple(extra_fill))
         if len(fills) > 1:

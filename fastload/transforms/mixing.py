@@ -24,6 +24,7 @@ Targets come out as float [B, num_classes] soft labels (one-hot mixed with the s
 loss's job (``torch.nn.CrossEntropyLoss(label_smoothing=...)`` takes these soft targets), not the loader's.
 """
 import math
+import numbers
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -37,6 +38,17 @@ _GAMMA_ATTEMPTS = 12
 _GAMMA_COLUMNS = 3 * _GAMMA_ATTEMPTS + 1  # (normal u1, normal u2, acceptance u) per attempt, then the boost's U
 _COLUMNS = 2 * _GAMMA_COLUMNS + 2  # per element: two gammas, then CutMix's box centre (row, column)
 _MODES = ("batch", "pair", "elem")
+
+
+def concentration(alpha, what):
+    """A Beta or Dirichlet ``alpha`` as a float, refused as torchvision's torch.tensor([alpha]) sampling refuses it:
+    a string (ValueError), a bool (NotImplementedError: no such sampler for bool)."""
+    if isinstance(alpha, str):
+        raise ValueError(f"alpha must be a number, got {alpha!r}")
+    if isinstance(alpha, bool):
+        raise NotImplementedError(f"alpha must be a number, not a bool ({alpha!r}): the {what} sampler has no bool "
+                                  f"version")
+    return float(alpha)
 
 
 def _log_gamma(alpha, u):
@@ -102,14 +114,15 @@ class _Mix:
     kind = "batch"
 
     def __init__(self, *, alpha=1.0, num_classes=None, labels_getter="default", mode="batch"):
-        if isinstance(alpha, str):  # float() would take it; torchvision's torch.tensor([alpha]) does not
-            raise ValueError(f"alpha must be a number, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = concentration(alpha, "Beta")
         if not self.alpha > 0:  # torch's Beta refuses it with a ValueError in torchvision's constructor
             raise ValueError(f"alpha must be > 0 (the Beta(alpha, alpha) concentration), got {alpha}")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES} (timm's meanings), got {mode!r}")
-        self.num_classes = num_classes
+        if num_classes is not None and (not isinstance(num_classes, numbers.Integral)
+                                        or isinstance(num_classes, bool)):  # torchvision's one_hot: TypeError
+            raise TypeError(f"num_classes must be an int, got {num_classes!r}")
+        self.num_classes = None if num_classes is None else int(num_classes)
         self.labels_getter = _labels_getter(labels_getter)
         self.mode = mode
         self.stream = 0  # set by Compose

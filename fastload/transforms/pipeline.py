@@ -22,7 +22,10 @@ before an epoch's batches are made). Every step that depends on it takes the epo
 canvas, RandomErasing's boxes and the stage's output (carried by each batch's SampleParams).
 """
 import copy
+import functools
 import threading
+import types
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -107,6 +110,9 @@ class ToTensor(ToDtype):
     on the 0-1 scale, ``ToDtype(torch.float32, scale=True)``."""
 
     def __init__(self):
+        warnings.warn("The transform `ToTensor()` is deprecated and will be removed in a future release. Instead, "
+                      "please use `v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])`.Output is "
+                      "equivalent up to float precision.")  # torchvision's warning, word for word
         super().__init__(torch.float32, scale=True)
 
     def __repr__(self):
@@ -191,8 +197,23 @@ def _supported_names():
     return ", ".join(n for n in names if n[0].isupper() and n not in not_transforms)
 
 
+def _name(t):
+    """What a refusal calls ``t``: a function or partial by its own name (``train.my_aug``), a Lambda with its
+    function's, a class (passed instead of an instance) by its repr, anything else by its type."""
+    if isinstance(t, type):
+        return repr(t)
+    if isinstance(t, Lambda):
+        return f"Lambda({_name(t.lambd)})"
+    if isinstance(t, functools.partial):
+        return f"functools.partial({_name(t.func)})"
+    if isinstance(t, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        module, name = getattr(t, "__module__", None), getattr(t, "__qualname__", t.__name__)
+        return f"{module}.{name}" if module else name
+    return type(t).__module__ + "." + type(t).__qualname__
+
+
 def _refuse(t, why):
-    name = type(t).__module__ + "." + type(t).__qualname__ if not isinstance(t, type) else repr(t)
+    name = _name(t)
     return TypeError(f"FastLoader cannot run {name} ({why}). fastload runs these transforms, with torchvision.transforms"
                      f".v2's names and arguments: {_supported_names()}. Import them from fastload.transforms "
                      f"(`import fastload.transforms as T`).")
@@ -275,7 +296,7 @@ class Pipeline:
         # one channel, or three where Normalize broadcasts it (torchvision's sub(mean) then div_(std)).
         self._one_channel, grey = _one_channel_slots(photometric)
         self.out_channels = 3
-        lengths = (len(mean or (0,)), len(std or (1,)))
+        lengths = (1 if mean is None else len(mean), 1 if std is None else len(std))
         if not set(lengths) <= {1, 3}:  # torchvision's broadcast raises this at the first image
             raise RuntimeError(f"Normalize(mean={mean}, std={std}): one value, or one per channel (3), can broadcast "
                                f"to the image; {max(lengths, key=lambda n: n not in (1, 3))} cannot")
@@ -301,7 +322,8 @@ class Pipeline:
         self._geometries = {self.out_size: self.geometry}  # (H, W) -> the geometry planning that size
         self._epoch_sizes = {}  # epoch -> (H, W) where it differs from out_size (set_epoch_size)
         # torchvision's defaults: fill=0 for RandomAffine/RandomRotation, None (0) for the policies
-        fills = {fill_triple(t.fill) for t in steps + self._policies if places_fill(t)}
+        fills = {fill_triple(t.fill, getattr(t, "fill_error", ValueError)) for t in steps + self._policies
+                 if places_fill(t)}
         if len(fills) > 1:
             raise ValueError(f"fastload applies one fill value to a pipeline; these transforms ask for {sorted(fills)}")
         self.fill = fills.pop() if fills else (0.0, 0.0, 0.0)  # per channel

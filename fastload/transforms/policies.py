@@ -350,7 +350,9 @@ def _randint(u, n):
 
 def _check_bins(num_magnitude_bins):
     # torchvision divides by num_bins - 1 for Posterize's bins: fewer than 2 bins gives NaN bits, not an error
-    if not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
+    if not isinstance(num_magnitude_bins, int) or isinstance(num_magnitude_bins, bool):  # torchvision: TypeError
+        raise TypeError(f"num_magnitude_bins should be an integer >= 2, got {num_magnitude_bins!r}")
+    if num_magnitude_bins < 2:
         raise ValueError(f"num_magnitude_bins should be an integer >= 2, got {num_magnitude_bins}")
 
 
