@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from fastload.cli import main
-from fastload.datasets import DataError, FolderDataset, LMDBDataset, pack
+from fastload.datasets import DataError, DatasetError, FolderDataset, LMDBDataset, pack
 from fastload.datasets.lmdb import shared_env
 from fastload.datasets.record import META_KEY, PLAN_KEY, PROGRESS_KEY, SKIP_PREFIX, key_index, loads
 from pack_corpus import add_broken, flip_middle_byte, jpeg_files, photo_tree, rewrite_record
@@ -242,6 +242,46 @@ def test_refusals(pack_tree, tmp_path, capsys):
     assert LMDBDataset(dst).meta["reencoded"] == 48
     assert not list(tmp_path.glob("r.lmdb.old-*"))
     capsys.readouterr()
+
+
+def test_a_store_whose_last_counted_page_lmdb_never_wrote_opens(tmp_path, monkeypatch):
+    """LMDB does not write a page freed in the transaction that allocated it: a pack whose last transaction frees
+    one at the end of the file (here: many skipped files' keys, deleted by the final transaction) leaves a data file
+    a page shorter than its metadata counts. pack grows it to what is counted, so the truncation check that guards
+    readers against a store cut short (SIGBUS) accepts it; without that, the sound store was refused."""
+    import importlib
+    store_module = importlib.import_module("fastload.datasets.lmdb")
+    pack_module = importlib.import_module("fastload.datasets.pack")  # the package's `pack` is the function
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    for i in range(300):  # the same files every run, so LMDB's page allocation is the same too
+        h, w = rng.integers(32, 300, 2)
+        path = src / f"c{i % 4}" / f"{i:05d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path, quality=70)
+        if rng.random() < 0.4:  # a download cut short
+            path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+    def short_by(dst):
+        env = lmdb.open(str(dst), readonly=True, lock=False)
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        env.close()
+        return need - os.path.getsize(dst / "data.mdb")
+
+    monkeypatch.setattr(pack_module, "cover_counted_pages", lambda env, where, subdir: None)
+    pack(src, tmp_path / "uncovered.lmdb", workers=1, commit_every=64, progress=False, log=lambda msg: None)
+    assert short_by(tmp_path / "uncovered.lmdb") > 0  # the case arises with these files
+    with pytest.raises(DatasetError, match="truncated store"):
+        LMDBDataset(tmp_path / "uncovered.lmdb")
+    monkeypatch.undo()
+    result = pack(src, tmp_path / "out.lmdb", workers=1, commit_every=64, progress=False, log=lambda msg: None)
+    assert short_by(tmp_path / "out.lmdb") == 0
+    ds = LMDBDataset(tmp_path / "out.lmdb")
+    assert len(ds) == result.records == 300 - len(result.skipped) > 150
+    with ds.reader() as reader:
+        assert all(len(reader.get(i)) > 0 for i in range(len(ds)))
+    assert store_module.holds_fastload_keys(str(tmp_path / "out.lmdb"))
 
 
 def test_map_grows_when_full(pack_tree, tmp_path):

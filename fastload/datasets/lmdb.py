@@ -154,6 +154,16 @@ def _short_by(env, where, subdir):
     return (size, need) if size < need else None
 
 
+def cover_counted_pages(env, where, subdir):
+    """For writers, after a commit: grows the data file to every page LMDB's metadata counts. LMDB never writes a
+    page freed in the transaction that allocated it (a loose page), so a sound store may end before its last
+    counted page, and readers' truncation check (_check_length) would refuse it. The added pages are zeros that
+    nothing references."""
+    short = _short_by(env, where, subdir)
+    if short:
+        os.truncate(os.path.join(where, "data.mdb") if subdir else where, short[1])
+
+
 def _check_length(env, where, subdir):
     """DatasetError (env closed) for a data file shorter than the pages its metadata says it has: reading a page
     past the end of a memory-mapped file kills the process with SIGBUS (a copy cut short, a full disk)."""

@@ -35,7 +35,7 @@ from ..errors import DecodeError, raise_process_limit
 from .base import DataError, DatasetError
 from .check import MAX_FILE_BYTES, header_failure, is_jpeg, jpeg_structure_problem, pillow_check
 from .folder import list_images
-from .lmdb import holds_fastload_keys
+from .lmdb import cover_counted_pages, holds_fastload_keys
 from .progress import progress as progress_bar
 from .record import (FLAG_CONVERTED, FLAG_REENCODED, FLAG_SEEKABLE, FORMAT_NAME, HEADER_SIZE, JPEG, META_KEY, OTHER, PLAN_KEY,
                      PROGRESS_KEY, SKIP_PREFIX, SOURCES_KEY, VERSION, dumps, encode_index, encode_sources, key_index, loads, parse_header,
@@ -290,6 +290,7 @@ def _write(env, puts=(), deletes=()):
                     txn.put(key, value)
                 for key in deletes:
                     txn.delete(key)
+            cover_counted_pages(env, env.path(), True)
             return
         except lmdb.MapFullError:
             env.set_mapsize(env.info()["map_size"] * 2)
