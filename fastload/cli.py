@@ -455,6 +455,11 @@ def build_parser():
 
 def main(argv=None):
     """Runs the command line; returns the exit code (usage errors and --help included, no SystemExit)."""
+    # File and class names need not be valid text (Latin-1 bytes on a UTF-8 system): printed escaped rather than
+    # ending the command with a UnicodeEncodeError where stdout is strict (an en_US.UTF-8 desktop's is).
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

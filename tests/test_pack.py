@@ -389,6 +389,16 @@ def test_file_names_that_are_not_utf8(pack_tree, tmp_path):
     assert os.fsencode(named[0]).endswith(b"/c/caf\xe9.jpg") and all(os.path.exists(p) for p in named)
     report = (tmp_path / "s.lmdb" / "report.txt").read_bytes()
     assert b"cass\xe9.jpg" in report
+    # The command line prints such names (a class named so too) where stdout is strict UTF-8, as on an
+    # en_US.UTF-8 desktop: escaped, not a UnicodeEncodeError traceback
+    shutil.copytree(src / "c", os.fsdecode(os.fsencode(src) + b"/cl\xe9"))
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    for args in (["pack", str(src), str(tmp_path / "t.lmdb")], ["inspect", str(tmp_path / "t.lmdb")],
+                 ["verify", str(src)]):
+        run = subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, env=env, timeout=300)
+        out = (run.stdout + run.stderr).decode("utf-8")
+        assert b"Traceback" not in run.stderr and "\\udce9" in out, (args, out)
+        assert run.returncode == (1 if args[0] == "verify" else 0), (args, out)
 
 
 def _check_committed_state(partial):
