@@ -236,6 +236,7 @@ def test_refusals(pack_tree, tmp_path, capsys):
     fails(["inspect", str(tmp_path / "p.lmdb")], "did not finish")
     fails(["inspect", str(empty)], "no images")
     fails(["verify", str(tmp_path / "missing")], "no such")
+    fails(["pack", str(pack_tree), str(tmp_path / "y.partial")], "must not end in .partial")  # unreadable name
 
     # --force replaces the store, and only once the new one is complete.
     assert main(["pack", str(pack_tree), str(dst), "--force", "--max-side", "256", "-q"]) == 0
@@ -370,6 +371,29 @@ def test_an_interrupted_force_pack_resumes_and_a_running_one_is_never_discarded(
         assert (running / "pack.lock").exists()
     finally:
         os.close(fd)
+
+
+def test_a_force_pack_killed_during_its_swap_leaves_nothing_behind_after_resume(pack_tree, tmp_path):
+    """SIGTERM or SIGKILL inside `pack --force`'s swap (only Ctrl-C is held off there): between the two renames DST
+    is missing and the old store sits at DST.old-PID; after them the old store is left beside DST. The next pack
+    of DST (--resume) finishes the swap and removes the old store of the dead process, and only fastload stores."""
+    dst = tmp_path / "k.lmdb"
+    pack(pack_tree, dst, **quiet())
+    new = pack(pack_tree, tmp_path / "new.lmdb", **quiet(max_side=64))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    os.rename(dst, f"{dst}.old-{dead}")  # killed between the renames
+    shutil.copytree(new.path, f"{dst}.partial")
+    with pytest.raises(DatasetError, match="did not finish"):
+        LMDBDataset(dst)
+    pack(pack_tree, dst, **quiet(resume=True, max_side=64))
+    assert records(store_items(dst)) == records(store_items(new.path))
+    assert not Path(f"{dst}.old-{dead}").exists() and not Path(f"{dst}.partial").exists()
+    shutil.copytree(new.path, f"{dst}.old-{dead}")  # killed after both renames, before the old store went
+    mine = tmp_path / "k.lmdb.old-1"  # a folder of the user's that only looks like one
+    mine.mkdir()
+    pack(pack_tree, dst, **quiet(resume=True, max_side=64))  # complete already: nothing to resume
+    assert not Path(f"{dst}.old-{dead}").exists() and mine.is_dir()
 
 
 def test_file_names_that_are_not_utf8(pack_tree, tmp_path):

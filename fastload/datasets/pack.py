@@ -347,6 +347,8 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     workers = workers or min(8, os.cpu_count() or 1)
     if not os.path.basename(dst):
         raise DatasetError(f"{dst or os.sep}: not a store path (name the store's folder, e.g. /data/train.lmdb)")
+    if dst.endswith(".partial"):  # readers take that name for an unfinished pack's
+        raise DatasetError(f"{dst}: a store's name must not end in .partial (pack's name for an unfinished store)")
     parent = os.path.dirname(dst)
     if not os.path.isdir(parent):
         raise DatasetError(f"{dst}: the folder {parent} " + ("is not a folder" if os.path.lexists(parent) else
@@ -468,6 +470,7 @@ def _already_done(src, dst, file_list, opt, log, t0, classes):
 
     meta, _ = read_meta(dst)
     _check_same(meta, src, file_list, opt, dst, classes)
+    _remove_replaced_stores(dst)
     log(f"{dst} is already complete: nothing to resume")
     return PackResult(dst, meta["count"], meta["files_seen"], [tuple(s) for s in meta["skipped"]],
                       time.perf_counter() - t0, meta["image_bytes"], meta["reencoded"], meta["converted"],
@@ -713,3 +716,29 @@ def _swap_into_place(partial, dst):
     else:
         os.rename(partial, dst)
         _fsync_dir(os.path.dirname(dst))
+    _remove_replaced_stores(dst)
+
+
+def _remove_replaced_stores(dst):
+    """Removes DST.old-PID stores that a `pack --force` of a process no longer running moved aside and did not get
+    to delete (killed by SIGTERM or SIGKILL during the swap, which defers only Ctrl-C): called once a store is at
+    DST. Only fastload stores are removed."""
+    parent, name = os.path.split(dst)
+    prefix = f"{name}.old-"
+    for entry in os.listdir(parent):
+        pid = entry[len(prefix):] if entry.startswith(prefix) else ""
+        if not pid.isdigit() or (int(pid) != os.getpid() and _running(int(pid))):
+            continue
+        old = os.path.join(parent, entry)
+        if os.path.isdir(old) and holds_fastload_keys(old):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
