@@ -481,7 +481,8 @@ def main(argv=None):
         _err(e)
         return EXIT_DATA
     except KeyboardInterrupt:
-        _err("interrupted" + ("; continue the pack with --resume" if args.command == "pack" else ""))
+        started = args.command == "pack" and os.path.isdir(os.path.abspath(args.dst).rstrip(os.sep) + ".partial")
+        _err("interrupted" + ("; continue the pack with --resume" if started else ""))
         return 130
     except BrokenPipeError:  # e.g. `fastload inspect DST | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

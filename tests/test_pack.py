@@ -211,6 +211,9 @@ def test_refusals(pack_tree, tmp_path, capsys):
     user_dir.mkdir()
     (user_dir / "thesis.tex").write_text("do not delete")
     fails(["pack", str(pack_tree), str(user_dir), "--force"], "not a fastload store; not deleting it")
+    fails(["pack", str(pack_tree), str(user_dir)], "not a fastload store")  # not "pass --force", which refuses
+    (tmp_path / "notes.txt").write_text("mine")
+    fails(["pack", str(pack_tree), str(tmp_path / "notes.txt")], "not a fastload store")
     assert (user_dir / "thesis.tex").read_text() == "do not delete"
 
     partial = tmp_path / "p.lmdb.partial"
@@ -371,6 +374,31 @@ def test_an_interrupted_force_pack_resumes_and_a_running_one_is_never_discarded(
         assert (running / "pack.lock").exists()
     finally:
         os.close(fd)
+
+
+def test_pack_warns_of_classes_without_images_and_of_a_source_changed_since_it_began(pack_tree, tmp_path,
+                                                                                      monkeypatch):
+    """A class folder with no image gives a label no sample carries, as FolderDataset warns; a --resume packs the
+    files listed when the pack began, and says so when the folder has changed since."""
+    import importlib
+    pack_module = importlib.import_module("fastload.datasets.pack")  # the package's `pack` is the function
+    src = tmp_path / "src"
+    shutil.copytree(pack_tree, src)
+    (src / "zz_empty").mkdir()
+    with pytest.warns(UserWarning, match="1 classes have no images: zz_empty"):
+        first = pack(src, tmp_path / "a.lmdb", **quiet())
+
+    def interrupted(env, plan):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pack_module, "_finalize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, tmp_path / "b.lmdb", **quiet())
+    monkeypatch.undo()
+    shutil.copy(jpeg_files(src)[0], src / "zz_empty" / "new.jpg")
+    with pytest.warns(UserWarning, match=r"has changed since this pack started \(1 files added\): --resume packs"):
+        resumed = pack(src, tmp_path / "b.lmdb", **quiet(resume=True))
+    assert resumed.records == first.records
 
 
 def test_a_force_pack_killed_during_its_swap_leaves_nothing_behind_after_resume(pack_tree, tmp_path):

@@ -23,6 +23,7 @@ import stat
 import sys
 import threading
 import time
+import warnings
 import zlib
 from collections import deque, namedtuple
 from concurrent.futures import ThreadPoolExecutor
@@ -299,7 +300,7 @@ def _write(env, puts=(), deletes=()):
             free = shutil.disk_usage(path).free
             raise OSError(errno.ENOSPC if free < (64 << 20) else errno.EIO,
                           f"cannot write the store ({e}; {free / 1e6:.1f} MB free on its disk). What was packed "
-                          f"so far is kept: make room, then continue with `fastload pack SRC DST --resume`",
+                          f"so far is kept: make room, then run the same command with --resume added",
                           path) from None
 
 
@@ -375,13 +376,13 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     if resume and os.path.lexists(dst) and not os.path.lexists(partial):
         return _already_done(src, dst, file_list, opt, log, t0, classes)
     if os.path.lexists(dst):
+        _check_replaceable(dst)  # before "pass --force": --force would not replace what fastload did not make
         if not force:
             if resume:  # an interrupted `pack --force` over an existing store
                 raise DatasetError(f"{dst} already exists beside {partial}: continue with --resume --force (the old "
                                    f"store is replaced once the new one is complete)")
             raise DatasetError(f"{dst} already exists; pass --force to replace it (the old store is removed only "
                                f"once the new one is complete)")
-        _check_replaceable(dst)
     if os.path.lexists(partial):
         if force and not resume:
             _check_replaceable(partial)
@@ -432,6 +433,11 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
                 _check_same(plan, src, file_list, opt, partial, classes)
                 _raise_listing_skip(plan["listing_skipped"], src, on_error,
                                     f" (the pack being resumed listed its files without it: start over with --force)")
+                changed = _source_changes(plan, src, file_list, classes)
+                if changed:
+                    warnings.warn(f"{src} has changed since this pack started ({changed}): --resume packs the files "
+                                  f"listed then; start over with --force to pack the folder as it is now",
+                                  stacklevel=2)
                 _grow(env, plan, map_size)
                 log(f"resuming {partial}: {prog['next_file']} of {len(plan['files'])} files done, "
                     f"{prog['next_record']} records")
@@ -459,6 +465,9 @@ def pack(src, dst, *, workers=None, max_side=None, quality=None, convert_to_jpeg
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(partial, "pack.lock"))
     _swap_into_place(partial, dst)
+    empty = [c for c, n in zip(meta["classes"], meta.get("class_counts", ())) if n == 0]
+    if empty:  # as FolderDataset warns: labels that no sample carries
+        warnings.warn(f"{dst}: {len(empty)} classes have no images: {', '.join(empty[:5])}", stacklevel=2)
     skipped = [tuple(s) for s in meta["skipped"]]
     return PackResult(dst, meta["count"], meta["files_seen"], skipped, time.perf_counter() - t0,
                       meta["image_bytes"], meta["reencoded"], meta["converted"], meta.get("seekable", 0), this_run)
@@ -496,6 +505,19 @@ def _listing(src, file_list, classes):
         raise DatasetError(f"{src}: none of its image files can be read "
                            f"(e.g. {listing.skipped[0][0]}: {listing.skipped[0][1]})")
     return listing
+
+
+def _source_changes(plan, src, file_list, classes):
+    """How the source's listing now differs from the plan's (what a resume packs); "" where it does not."""
+    try:
+        now = list_images(src, file_list=file_list, classes=classes)
+    except DatasetError as e:
+        return f"it cannot be listed now: {e}"
+    was, paths = {p for p, _ in plan["files"]}, set(now.paths)
+    changes = [f"{n} files {what}" for n, what in ((len(paths - was), "added"), (len(was - paths), "gone")) if n]
+    if list(now.classes) != list(plan["classes"]):
+        changes.append("other class folders")
+    return ", ".join(changes)
 
 
 def _check_same(started, src, file_list, opt, where, classes=None):
