@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from . import nvjpeg, ops
+from .datasets.source import SubsetSource
 from .errors import DecodeError, is_process_limit, process_limit_error
 from .rng import uniforms
 
@@ -97,17 +98,23 @@ def full_resolution(windows, matrices):
 # ---- reading ------------------------------------------------------------------------------------------------
 
 def _get(reader, i):
-    """reader.get(i) of a protocol dataset: whatever it raises (an OSError from a network file system, a KeyError)
-    is that sample's read error, named and subject to on_error like a failed decode; but out of descriptors or
-    memory is the process's limit, raised as such (errors.PROCESS_LIMITS)."""
+    """reader.get(i) of a protocol dataset, its errors as _read_error makes them."""
     try:
         return reader.get(i)
-    except DecodeError:
-        raise
     except Exception as e:
-        if is_process_limit(e):
-            raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
-        raise DecodeError(f"cannot read it: {type(e).__name__}: {e}") from e
+        raise _read_error(e, i) from e
+
+
+def _read_error(e, i):
+    """What a protocol reader's get() or sources() raised for sample i, as the loader reports it: whatever it is (an
+    OSError from a network file system, a KeyError) is that sample's read error, a DecodeError named and subject to
+    on_error like a failed decode; but out of descriptors or memory is the process's limit, raised as such
+    (errors.PROCESS_LIMITS)."""
+    if isinstance(e, DecodeError):
+        return e
+    if is_process_limit(e):
+        raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
+    return DecodeError(f"cannot read it: {type(e).__name__}: {e}")
 
 
 def read_sources(reader, indices, unreadable=None):
@@ -121,15 +128,17 @@ def read_sources(reader, indices, unreadable=None):
     try:
         buffers, crcs = sources(indices.tolist())
         return list(buffers), (None if crcs is None else list(crcs))
-    except DecodeError:  # a damaged record among them: one by one, so only that sample fails
-        pass
+    except Exception as e:  # a damaged record or a failed read among them: one by one, so only that sample fails
+        if not isinstance(e, DecodeError) and is_process_limit(e):
+            raise process_limit_error(f"cannot read samples {indices.tolist()[:8]}: {e}") from e
     buffers, crcs = [], []
     for k, i in enumerate(indices.tolist()):
         try:
             b, c = sources([i])
             buffers.append(b[0])
             crcs.append(-1 if c is None else c[0])
-        except DecodeError as e:
+        except Exception as error:
+            e = _read_error(error, i)
             buffers.append(b"")
             crcs.append(-1)
             if unreadable is not None:
@@ -161,9 +170,44 @@ class Decoded:
 
 def sample_keys(ds, n):
     """int64 [n]: the underlying sample each of the n keys reads. A view (a Subset, or repeats: key k reads sample
-    k % len) maps several keys to one sample, so per-sample verdicts are kept once per file."""
-    base_of = getattr(ds, "indices", None) if hasattr(ds, "base") else None
-    return np.arange(n, dtype=np.int64) if base_of is None else np.asarray(base_of, dtype=np.int64)
+    k % len) maps several keys to one sample, so per-sample verdicts are kept once per file. (Only fastload's own
+    view: a user's dataset may have fields of those names.)"""
+    return np.asarray(ds.indices, dtype=np.int64) if isinstance(ds, SubsetSource) else np.arange(n, dtype=np.int64)
+
+
+class SizeChecks:
+    """Which samples' JPEG headers have been seen to agree with the dataset's heights/widths (one bool per
+    underlying sample, for the loader's life). Crops are planned from those sizes; a size that is wrong (a custom
+    index of the originals beside resized files, say) crops the wrong part of the image, or a part of a larger one,
+    and libjpeg decodes it without a word. So each JPEG's header is read on its first decode and compared, unless
+    the dataset vouches for its index (``sizes_checked``: FolderDataset and LMDBDataset read it from the same
+    files)."""
+
+    def __init__(self, maker):
+        ds = maker.ds
+        self.key = sample_keys(ds, len(maker.heights))
+        self.heights, self.widths = maker.heights, maker.widths
+        vouched = bool(getattr(ds, "sizes_checked", False))
+        self.passed = np.full(int(self.key.max(initial=-1)) + 1, vouched, dtype=bool)
+
+    def mismatches(self, indices, sources, threads, max_pixels):
+        """{position: reason} of the JPEGs among ``indices`` (their ``sources``) whose header gives another size
+        than the index; those whose header agrees pass. A source that cannot be read or parsed is left to the
+        decode, which reports it."""
+        indices = np.asarray(indices, dtype=np.int64)
+        pos = np.flatnonzero(~self.passed[self.key[indices]])
+        if not len(pos):
+            return {}
+        sizes, status, _ = ops.read_headers([sources[k] for k in pos.tolist()], threads, strict=False,
+                                            max_pixels=max_pixels)
+        found, ok = sizes.numpy(), np.asarray(status) == ops.OK
+        idx = indices[pos]
+        said = np.stack([self.heights[idx], self.widths[idx]], 1)
+        agree = ok & (found == said).all(1)
+        self.passed[self.key[idx[agree]]] = True
+        return {int(k): f"its JPEG is {h}x{w} (height x width) but the dataset's heights/widths say {sh}x{sw}: the "
+                        f"index does not describe this file"
+                for k, (h, w), (sh, sw) in zip(pos[ok & ~agree], found[ok & ~agree], said[ok & ~agree])}
 
 
 class ScanChecks:
@@ -203,11 +247,15 @@ class JpegCrops:
     def __init__(self, maker):
         self.maker = maker  # its threads, strict and max_pixels (threads change when decoder="auto" switches)
         self.checks = maker.part("scan checks", lambda: ScanChecks(maker.ds, len(maker.heights), maker.strict))
+        self.sizes = maker.part("size checks", lambda: SizeChecks(maker))
 
     def read(self, reader, indices):
-        """(sources, crcs, unreadable {position: message}) of these samples."""
+        """(sources, crcs, unreadable {position: message}) of these JPEG samples; a header that contradicts the
+        index counts as unreadable (SizeChecks)."""
         unreadable = {}
         sources, crcs = read_sources(reader, indices, unreadable)
+        wrong = self.sizes.mismatches(indices, sources, self.maker.threads, self.maker.max_pixels)
+        unreadable.update({k: text for k, text in wrong.items() if k not in unreadable})
         return sources, crcs, unreadable
 
     def decode(self, indices, sources, crcs, windows, out, unreadable=None):
@@ -383,7 +431,8 @@ def _hardware_decodable(header):
             and (header["h_samp"], header["v_samp"]) in _HARDWARE_SAMPLING)
 
 
-def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXELS, max_bytes=ops.MAX_BYTES):
+def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXELS, max_bytes=ops.MAX_BYTES,
+                 sizes=None):
     """Which of these JPEGs may go to the hardware decoder: bool [len(indices)]; updates ``state`` (per sample,
     UNKNOWN / CORES / HEADER_OK / VERIFIED) in place.
 
@@ -394,12 +443,14 @@ def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXEL
     CORES: the CPU path decodes it, and reports or skips it exactly as decoder="cpu" does. The verdict is cached
     per sample: later epochs pay nothing. (So a folder file rewritten after its check, during training, reaches
     the engines unchecked: the same window every reader of a mutable folder has.) A buffer that is None (a
-    read that failed) is not ready, and nothing is cached for it."""
+    read that failed) is not ready, and nothing is cached for it. ``sizes`` [len(indices), 2]: the index's
+    (height, width); a header that says otherwise marks the sample CORES too, whose path reports it (SizeChecks)."""
     indices = np.asarray(indices, dtype=np.int64)
     present = np.array([b is not None for b in buffers], dtype=bool)
     for k in np.flatnonzero(present & (state[indices] == UNKNOWN)).tolist():
         header = ops.C.read_header(buffers[k], max_pixels)
-        state[indices[k]] = HEADER_OK if _hardware_decodable(header) else CORES
+        fits = sizes is None or (header["height"], header["width"]) == tuple(int(v) for v in sizes[k])
+        state[indices[k]] = HEADER_OK if _hardware_decodable(header) and fits else CORES
     pending = np.flatnonzero(present & (state[indices] == HEADER_OK))
     if len(pending):  # one batch call on the cores, GIL released
         status, _ = ops.verify_jpegs([buffers[k] for k in pending.tolist()], threads, strict=True,
@@ -444,7 +495,8 @@ class Engines:
         with m.ds.reader() as reader:
             buffers = self._buffers(reader, indices[chosen], slot)
             keep = engine_ready(self.decodable, verdicts[chosen], buffers, threads=m.threads,
-                                max_pixels=m.max_pixels)
+                                max_pixels=m.max_pixels,
+                                sizes=np.stack([m.heights[indices[chosen]], m.widths[indices[chosen]]], 1))
             # verify_jpegs is a strict whole-scan check: the cores need not read those scans again
             self.cores.crops.checks.passed[verdicts[chosen[keep]]] = True
             # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose

@@ -166,6 +166,53 @@ def test_a_protocol_readers_own_error_is_the_samples_error(folder):
     assert torch.equal(y[keep], ref_y[keep]) and torch.equal(x[keep], ref_x[keep])
 
 
+def test_a_readers_error_through_a_subset_or_repeats_is_still_the_samples_error(folder):
+    """The Subset view and repeats= read through fastload's own view of the dataset: a get() that raises there is
+    that sample's error too, named and subject to on_error (it escaped as the raw KeyError)."""
+    def get(i):
+        if i == 3:
+            raise KeyError(f"no record {i}")
+        return Path(folder.paths[i]).read_bytes()
+
+    for view, kw in ((lambda d: torch.utils.data.Subset(d, list(range(len(folder)))), {}), (lambda d: d,
+                                                                                         dict(repeats=2))):
+        with pytest.raises(DecodeError, match=r"flaky\[3\].*KeyError.*no record 3"):
+            epoch(view(protocol_dataset(folder, "flaky", get)), **kw)
+        loader = fl.FastLoader(view(protocol_dataset(folder, "flaky", get)), batch_size=8, shuffle=False,
+                               crop=fl.CenterCrop(48), threads=2, on_error="skip", **kw)
+        assert sum(len(y) for _, y in loader) == len(loader.sampler) and loader.stats()["skipped"] >= 1
+
+
+def test_an_index_that_does_not_describe_its_files_is_the_samples_error(folder):
+    """heights/widths of other images (the originals, beside resized files) would crop the wrong part of each file
+    without a word from libjpeg: each JPEG's header is compared with the index on its first read, and a mismatch
+    is that sample's error, named, and skipped with on_error="skip"."""
+    read = lambda i: Path(folder.paths[i]).read_bytes()  # noqa: E731
+    for k, change in ((2, lambda h: h // 2), (5, lambda h: h + 1)):  # smaller or larger than the file
+        wrong = protocol_dataset(folder, "resized", read)
+        wrong.heights = folder.heights.copy()
+        wrong.heights[k] = change(wrong.heights[k])
+        with pytest.raises(DecodeError, match=rf"resized\[{k}\]: its JPEG is {folder.heights[k]}x{folder.widths[k]} "
+                                              rf"\(height x width\) but the dataset's heights/widths say "
+                                              rf"{wrong.heights[k]}x{folder.widths[k]}"):
+            epoch(wrong)
+        loader = fl.FastLoader(wrong, batch_size=8, shuffle=False, crop=fl.CenterCrop(48), threads=2,
+                               on_error="skip")
+        x, y = (torch.cat(t) for t in zip(*loader))
+        ref_x, ref_y = epoch(folder)
+        keep = [i for i in range(len(folder)) if i != k]
+        assert loader.stats()["skipped"] == 1 and torch.equal(x[keep], ref_x[keep])
+
+
+def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
+    """Fields named like those of fastload's Subset view (base, indices) are the user's: not read as sample keys."""
+    ds = protocol_dataset(folder, "mine", lambda i: Path(folder.paths[i]).read_bytes())
+    ds.base, ds.indices = "s3://bucket", [f"id-{i}" for i in range(len(folder))]
+    x, y = epoch(ds)
+    ref_x, ref_y = epoch(folder)
+    assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+
+
 def test_transforms_on_the_dataset_are_refused_not_ignored(tree, folder):
     """FolderDataset keeps transform/target_transform for ds[i]; FastLoader, which never calls ds[i], refuses them."""
     from torchvision.transforms import v2

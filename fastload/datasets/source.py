@@ -13,6 +13,8 @@ datasets: the dataset protocol"):
   ``with`` exits) and optionally ``r.sources(indices) -> (buffers or file paths, CRC-32s or None)`` for the
   native batch decoder (without it the loader uses ``get``).
 * ``sample_name(i) -> str``: what error messages call sample i (a path, ``store[i]``).
+* optionally ``sizes_checked = True``: heights/widths were read from these files' own headers, so the loader need
+  not compare each JPEG's header with them on its first read (decoders.SizeChecks).
 
 ``transform`` / ``target_transform`` are not part of it: a source that sets them is refused, since FastLoader
 would not apply them (its own ``transform=`` does, on whole batches).
@@ -68,6 +70,7 @@ class SubsetSource:
         self.formats = np.asarray(base.formats)[self.indices]
         self.classes = getattr(base, "classes", None)
         self.scans_checked = getattr(base, "scans_checked", False)  # decoders.ScanChecks
+        self.sizes_checked = getattr(base, "sizes_checked", False)  # decoders.SizeChecks
 
     def __len__(self):
         return len(self.indices)
