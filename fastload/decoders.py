@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from . import nvjpeg, ops
 from .datasets.source import SubsetSource
@@ -286,13 +286,16 @@ class PillowImages:
             if h * w * 3 > room.numel():
                 raise ValueError(f"its {w}x{h} window needs {h * w * 3} bytes, the batch gave it {room.numel()}")
             with self.ds.reader() as reader:
-                data = bytes(reader.get(index))
+                data = bytes(_get(reader, index))
             with Image.open(io.BytesIO(data)) as im:
                 if im.width * im.height > self.max_pixels:
                     raise ValueError(f"{im.width}x{im.height} is over the pixel limit ({self.max_pixels})")
                 rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
-            if rgb.shape[0] < top + h or rgb.shape[1] < left + w:
-                raise ValueError(f"image is {rgb.shape[1]}x{rgb.shape[0]}, the index says otherwise")
+            said = (int(self.ds.heights[index]), int(self.ds.widths[index]))
+            if rgb.shape[:2] != said:  # crops planned from another size would be silently wrong (SizeChecks)
+                return ops.CORRUPT, (f"its image is {rgb.shape[0]}x{rgb.shape[1]} (height x width) but the "
+                                     f"dataset's heights/widths say {said[0]}x{said[1]}: the index does not "
+                                     f"describe this file")
             room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
             return ops.OK, ""
         except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)
@@ -300,6 +303,8 @@ class PillowImages:
         except Exception as e:  # any Pillow failure is this sample's decode error
             if is_process_limit(e):
                 raise  # the process's limits, not this sample's: never a skipped sample
+            if isinstance(e, UnidentifiedImageError):  # its message names the BytesIO object, not the file
+                return ops.CORRUPT, "Pillow could not decode it: not an image format Pillow can identify"
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 
 

@@ -213,6 +213,48 @@ def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
     assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
 
 
+def test_other_formats_check_the_index_and_name_read_errors_too(folder, tmp_path):
+    """A PNG sample (Pillow's path): an index of another size is the sample's error (it was silently cropped when
+    the index was smaller), and a get() that raises is a read error, not "Pillow could not decode it"."""
+    from PIL import Image
+
+    images = [np.asarray(Image.open(folder.paths[i]).convert("RGB"))[:60, :70] for i in range(4)]
+    files = []
+    for k, img in enumerate(images):
+        files.append(tmp_path / f"{k}.png")
+        Image.fromarray(img).save(files[-1])
+
+    def get(i):
+        if i == 3:
+            raise KeyError(f"no record {i}")
+        return files[i].read_bytes()
+
+    ds = protocol_dataset(folder, "png", get)
+    ds.heights, ds.widths = np.full(4, 60), np.full(4, 70)
+    ds.labels, ds.formats = np.arange(4), np.ones(4, dtype=np.uint8)
+    type(ds).__len__ = lambda self: 4
+    with pytest.raises(DecodeError, match=r"png\[3\].*cannot read it: KeyError"):
+        epoch(ds)
+    ds.heights = np.array([60, 30, 60, 60])
+    with pytest.raises(DecodeError, match=r"png\[1\]: its image is 60x70 \(height x width\) but the dataset's "
+                                          r"heights/widths say 30x70"):
+        next(iter(fl.FastLoader(ds, batch_size=3, shuffle=False, crop=fl.CenterCrop(24), threads=2)))
+
+
+@pytest.mark.parametrize("field, values, words", [
+    ("heights", [0, 1, 1], r"heights must hold integers in 1\.\..*sample 0 has 0"),
+    ("widths", [3.0, 4.0, 5.0], r"widths must hold integers.*got float64"),
+    ("formats", [0, 2, 0], r"formats must hold integers in 0\.\.1.*sample 1 has 2"),
+])
+def test_index_arrays_are_checked_when_the_loader_is_built(folder, field, values, words):
+    ds = protocol_dataset(folder, "mine", lambda i: b"")
+    ds.heights, ds.widths, ds.labels, ds.formats = np.full(3, 8), np.full(3, 8), np.zeros(3), np.zeros(3, np.uint8)
+    type(ds).__len__ = lambda self: 3
+    setattr(ds, field, np.asarray(values))
+    with pytest.raises(ValueError, match=words):
+        fl.FastLoader(ds)
+
+
 def test_transforms_on_the_dataset_are_refused_not_ignored(tree, folder):
     """FolderDataset keeps transform/target_transform for ds[i]; FastLoader, which never calls ds[i], refuses them."""
     from torchvision.transforms import v2

@@ -55,7 +55,29 @@ def as_source(dataset):
         if size != n:
             raise ValueError(f"{_type_name(dataset)}.{name} has {size} entries but the dataset has {n} samples: "
                              f"the index arrays must have one entry per sample")
+    for name in ("heights", "widths", "formats"):
+        values = np.asarray(getattr(dataset, name))
+        lowest = 0 if name == "formats" else 1
+        if values.ndim != 1 or (values.size and (not np.issubdtype(values.dtype, np.integer)
+                                                 or values.min() < lowest or values.max() > _HIGHEST[name])):
+            bad = _first_bad(values, lowest, _HIGHEST[name])
+            raise ValueError(f"{_type_name(dataset)}.{name} must hold integers in {lowest}..{_HIGHEST[name]}, one per "
+                             f"sample ({_MEANING[name]}); {bad}")
     return dataset
+
+
+_HIGHEST = {"heights": 1 << 30, "widths": 1 << 30, "formats": 1}
+_MEANING = {"heights": "each image's height in pixels", "widths": "each image's width in pixels",
+            "formats": "0 JPEG, 1 another format"}
+
+
+def _first_bad(values, lowest, highest):
+    if values.ndim != 1:
+        return f"got an array of shape {values.shape}"
+    if not np.issubdtype(values.dtype, np.integer):
+        return f"got {values.dtype}"
+    i = int(np.flatnonzero((values < lowest) | (values > highest))[0])
+    return f"sample {i} has {values[i]}"
 
 
 class SubsetSource:
