@@ -227,6 +227,11 @@ def test_data_prefetcher_gives_other_labels_back_as_they_went_in_on_cuda():
     out = list(fl.DataPrefetcher(batches, device="cuda"))
     assert [y for _, y in out] == [["img0.jpg", "img1.jpg", "img2.jpg"], ["img3.jpg", "img4.jpg", "img5.jpg"]]
     assert all(x.is_cuda and x.shape == (3, 3, 40, 60) for x, _ in out)
+    # a tensor that is not [B, ...] (a 0-d one, metadata of the batch) reaches the device too
+    (x, y), = list(fl.DataPrefetcher([(imgs.expand(3, 3, 40, 60).contiguous(), torch.tensor(7))], device="cuda"))
+    assert y.is_cuda and int(y) == 7
+    with pytest.raises(ValueError, match="already: DataPrefetcher copies host batches"):
+        list(fl.DataPrefetcher([(imgs.expand(3, 3, 40, 60).cuda(), torch.zeros(3))], device="cuda"))
 
 
 @pytest.mark.cuda

@@ -248,6 +248,16 @@ def test_data_prefetcher_refuses_what_it_would_read_wrong():
     with pytest.raises(TypeError, match="batches of two items, got a list of 3"):
         next(iter(fl.DataPrefetcher([[x8, torch.zeros(2), "extra"]], device="cpu")))
     assert first(x8.numpy())[0].shape == (2, 3, 8, 8)  # a numpy batch from a custom collate_fn
+    # lists of images (a collate_fn that keeps them apart) and PIL images got torch.as_tensor's riddles
+    with pytest.raises(TypeError, match="got a tuple of 2 items: use a collate_fn that stacks them"):
+        first(tuple(x8))
+    from PIL import Image
+    with pytest.raises(TypeError, match="got Image"):
+        next(iter(fl.DataPrefetcher([(Image.new("RGB", (8, 8)), torch.zeros(2))], device="cpu")))
+    # [B, 3, H, 3] fits both layouts: read as NCHW without a word, where warp_affine asks
+    with pytest.raises(ValueError, match=r"fit both layouts: pass layout="):
+        first(x8[..., :3])
+    assert first(x8[..., :3], layout="NCHW")[0].shape == (2, 3, 8, 3)
 
 
 def test_cpus_pins_the_producers_and_keeps_the_batches(ds):

@@ -28,8 +28,9 @@ class DataPrefetcher:
     images: uint8, or float on the 0-1 scale, ``[B, C, H, W]`` or ``[B, H, W, C]`` (``layout="NCHW"|"NHWC"``;
     default: guessed from which axis has 1, 3 or 4 values); other integer types are refused (their scale is not
     known). ``size``: the output (int or (h, w)), None keeps the input's. ``mean``/``std`` (0-1 scale; uint8 input
-    is scaled by 1/255 first), ``dtype`` and ``channels_last`` as FastLoader's. Labels come back as they went in:
-    tensors (and what torch.as_tensor takes) on the device, anything else (file names, dicts) untouched. If the
+    is scaled by 1/255 first), ``dtype`` and ``channels_last`` as FastLoader's. A shape that fits both layouts
+    ([B, 3, H, 3]) needs ``layout=``. Labels come back as they went in: tensors (and what torch.as_tensor takes,
+    e.g. a list of ints) on the device, anything else (file names, dicts) untouched. If the
     wrapped loader raises, the batch it made before comes first, then the error, as the loader itself gives them."""
 
     def __init__(self, loader, device="cuda", *, size=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
@@ -60,14 +61,27 @@ class DataPrefetcher:
                 type(batch).__name__
             raise TypeError(f"DataPrefetcher expects (images, labels) batches of two items, got {what}")
         x, y = batch
-        x = torch.as_tensor(x)  # a numpy batch from a custom collate_fn too
+        if isinstance(x, (list, tuple)):  # e.g. collate_fn=lambda b: tuple(zip(*b)): images of their own sizes
+            raise TypeError(f"images must be one batch tensor [B, C, H, W] or [B, H, W, C], got a {type(x).__name__} "
+                            f"of {len(x)} items: use a collate_fn that stacks them (the default one does)")
+        try:
+            x = torch.as_tensor(x)  # a numpy batch from a custom collate_fn too
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"images must be a batch tensor (or array) [B, C, H, W] or [B, H, W, C], got "
+                            f"{type(x).__name__} ({e}): convert PIL images with a ToTensor/PILToTensor transform "
+                            f"before batching") from None
+        if x.device.type != "cpu":
+            raise ValueError(f"images are on {x.device} already: DataPrefetcher copies host batches to the GPU; "
+                             f"for batches on the GPU call fastload.ops.warp_affine on them")
         if x.dim() != 4 or x.shape[0] == 0:
             raise ValueError(f"images must be a batch [B, C, H, W] or [B, H, W, C] with B >= 1, got shape "
                              f"{tuple(x.shape)}")
         if x.dtype != torch.uint8 and not x.is_floating_point():
             raise TypeError(f"images must be uint8 (0-255) or float (0-1), got {x.dtype}: convert them, e.g. "
                             f"x.to(torch.uint8) for 0-255 values")
-        hwc = self.layout == "NHWC" or (self.layout is None and x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3, 4))
+        if self.layout is None and x.shape[-1] in (1, 3, 4) and x.shape[1] in (1, 3, 4):
+            raise ValueError(f"images of shape {tuple(x.shape)} fit both layouts: pass layout='NCHW' or 'NHWC'")
+        hwc = self.layout == "NHWC" or (self.layout is None and x.shape[-1] in (1, 3, 4))
         b = x.shape[0]
         h, w, c = (x.shape[1], x.shape[2], x.shape[3]) if hwc else (x.shape[2], x.shape[3], x.shape[1])
         given = [len(v) for v in (self.mean, self.std) if v is not None]
@@ -104,6 +118,8 @@ class DataPrefetcher:
     def _receive(self, pending):
         handle, y = pending
         x, labels = handle if self.pipe is None else self.pipe.receive(handle)
+        if y is not _CARRIED and isinstance(y, torch.Tensor):  # a tensor not [B, ...] (the stage carries those)
+            y = y.to(x.device)
         return x, (labels if y is _CARRIED else y)
 
     def __iter__(self):
