@@ -15,7 +15,7 @@ export CUDA_HOME ?= /usr/local/cuda-13.0
 endif
 DATA ?= data
 
-.PHONY: setup system build test demo bench clean
+.PHONY: setup system build test demo clean
 setup: system $(VENV)/.built
 
 system:

@@ -115,6 +115,7 @@ def fastload_rate(ds, epochs, batch, threads, decoder="cpu", **loader_kwargs):
                            decoder=decoder, **loader_kwargs)
     for x, y in loader:  # warm-up epoch: page cache, allocator, CUDA context
         pass
+    loader.close()  # the next epoch's producers, started as this one ended, must not make batches off the clock
     torch.cuda.synchronize()
     n, t, cpu = 0, time.perf_counter(), _process_cpu()
     for _ in range(epochs):

@@ -6,7 +6,8 @@ on the folder itself and on the store `fastload pack --seekable` makes of it (pa
     python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json F]
 
 Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
-loaders: fastload.benchmark.pipelines), workers = threads = cores. --rounds N measures every loader N times in
+loaders: fastload.benchmark.pipelines); torchvision's workers = --cores, and FastLoader's threads = --cores, in its
+own default layout for a CPU (2 producers of that many threads each, sharing the cores). --rounds N measures every loader N times in
 alternating order (round r runs them in turn, starting one later each round) and prints each loader's median with
 its range: on a shared 2-core machine one run of torchvision's DataLoader varies by up to +-30%, so a ratio of
 single runs says little (bench/RESULTS.md, "Machines, corpora and `bench/device_run.sh`").
@@ -18,6 +19,8 @@ import statistics
 
 from bench import corpus
 from fastload import benchmark
+from fastload.decoders import KINDS
+from fastload.loader import usable_cores
 from fastload.datasets import FolderDataset, LMDBDataset
 
 
@@ -37,7 +40,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1, help="measure each loader this many times, alternating; report "
                                                            "medians")
-    p.add_argument("--cores", type=int, default=os.cpu_count(), help="fastload threads and torchvision workers")
+    p.add_argument("--cores", type=int, default=usable_cores(),
+                   help="fastload threads (per producer) and torchvision workers (default: this process's cores)")
     p.add_argument("--transform", default=None, choices=benchmark.TRANSFORMS,
                    help="the same torchvision v2 pipeline in both loaders (default: the crop= shorthand and "
                         "torchvision's classic transforms)")
@@ -61,7 +65,8 @@ def main(argv=None):
     for name, root in sets.items():
         ds = FolderDataset(root)
         store = LMDBDataset(corpus.seekable_store(root))
-        loaders = [(f"fastload FastLoader (cpu, {args.cores} threads, {what})",
+        producers = KINDS["cpu"].workers(args.cores, False)
+        loaders = [(f"fastload FastLoader (cpu, {producers} x {args.cores} threads, {what})",
                     lambda dataset=dataset: benchmark.fastload_rate(
                         dataset, batch_size=args.batch_size, threads=args.cores, epochs=args.epochs,
                         transform=args.transform))

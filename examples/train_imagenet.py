@@ -35,7 +35,8 @@ epochs and a model EMA.
 
 Smoke run on a CPU (a few steps of a small model on small crops):
 
-    python examples/train_imagenet.py --train data/imagenet --val data/imagenet --device cpu \\
+    python examples/train_imagenet.py --train data/imagenet-c10-p100-s0 --val data/imagenet-c10-p100-s0 \\
+        --device cpu \\
         --arch resnet18 --size 64 --batch-size 8 --epochs 1 --limit-steps 4 --checkpoint /tmp/smoke.pt
 
 Under torchrun, FastLoader takes its shard (rank, world size) from torch.distributed by itself and, on CUDA,
@@ -89,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--limit-steps", type=int, default=None, help="stop (with a checkpoint) after this many steps "
                    "in total, counting those before a resume; for smoke tests")
     p.add_argument("--evaluate", action="store_true", help="only evaluate (the --resume checkpoint) and exit")
-    p.add_argument("--print-every", type=int, default=50)
+    p.add_argument("--print-every", type=int, default=50, help="log the loss every N steps (0: epoch ends only)")
     return p.parse_args(argv)
 
 
@@ -208,6 +209,9 @@ def main(argv=None):
         # pad=False: under torchrun every image is evaluated exactly once (shards may differ by one image)
         val_loader = fl.FastLoader(val_ds, batch_size=args.batch_size, shuffle=False, pad=False,
                                    transform=recipe.eval, device=device, channels_last=True, threads=threads)
+    if len(train_loader) == 0:  # drop_last: every rank's shard is smaller than one batch
+        raise SystemExit(f"--batch-size {args.batch_size}: {args.train} gives each of {world_size} process(es) "
+                         f"{len(train_loader.sampler)} images, not one full batch; use a smaller batch")
     log(f"train: {train_ds} -> {len(train_loader)} steps per epoch on each of {world_size} process(es), "
         f"recipe {args.recipe}: {recipe.train}")
 
@@ -244,8 +248,8 @@ def main(argv=None):
         log(f"checkpoint: {args.checkpoint} (step {step})")
 
     if args.evaluate:  # only evaluate the weights of --resume
-        if val_loader is None:
-            raise SystemExit("--evaluate needs --val")
+        if val_loader is None or not args.resume:
+            raise SystemExit("--evaluate needs --val and --resume (the checkpoint whose weights to evaluate)")
         top1, top5 = evaluate(model, val_loader, device)
         log(f"eval: top-1 {top1:.2%}, top-5 {top5:.2%} ({len(val_loader.dataset)} images)")
         finish()
@@ -274,7 +278,7 @@ def main(argv=None):
             scheduler.step()
             step, steps, images = step + 1, steps + 1, images + len(y) * world_size
             loss_sum += loss.detach()  # no loss.item() every step: it would wait for the GPU each time
-            if step % args.print_every == 0:
+            if args.print_every and step % args.print_every == 0:
                 log(f"epoch {epoch} step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.4f} "
                     f"{images / (time.perf_counter() - t):,.0f} img/s")
             if args.save_every and step % args.save_every == 0:

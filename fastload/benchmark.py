@@ -112,9 +112,11 @@ def _sync(device):
 _MAX_WARMUP_BATCHES = 400
 
 
-def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, ready=None):
+def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, ready=None, settle=None):
     """Runs warm-up epochs (one, and more while ``ready()`` is False) and `epochs` timed ones; returns images/s over
-    the timed ones."""
+    the timed ones. ``settle()`` runs between them: FastLoader's close(), since it starts the next epoch's producers
+    as an epoch ends, and batches made before the clock starts would count as made in no time (a DataLoader starts
+    its workers at iter(), inside the timing)."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)
@@ -136,6 +138,8 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, 
             epoch += 1
             if ready is None or ready() or warm_batches >= _MAX_WARMUP_BATCHES:
                 break
+        if settle is not None:
+            settle()
         _sync(device)
         start = time.perf_counter()
         images = sum(run(e)[1] for e in range(epoch, epoch + epochs))
@@ -169,7 +173,8 @@ def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cp
     def ready():  # decoder="auto": time what its trial chose, not the trial
         trial = loader.stats().get("decoder_trial")
         return trial is None or trial["chosen"] is not None
-    rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step, ready)
+    rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step, ready,
+                         settle=loader.close)
     loader.close()  # no producer thread left (the next epoch's start early) when the baseline forks its workers
     return rate, dict(loader.stats(), threads=loader.threads, workers=loader.workers)
 
@@ -202,7 +207,7 @@ def torchvision_dataset(dataset, size=224, transform=None, num_classes=1000):
         tf = pipelines(transform, size, num_classes)[1]
     root = getattr(dataset, "root", None)
     if root is not None and os.path.isdir(root) and not getattr(dataset, "skipped", None):
-        return torchvision.datasets.ImageFolder(root, transform=tf)
+        return torchvision.datasets.ImageFolder(root, transform=tf, allow_empty=True)  # as FolderDataset: warned
     # An LMDB store, or a folder with unreadable files (ImageFolder would crash on them): read what fastload reads.
     return _PILRecords(dataset, tf)
 
@@ -228,12 +233,13 @@ def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device=
     return _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
 
 
-def training_step(model_name, device, batch_size):
+def training_step(model_name, device, batch_size, num_classes=1000):
     """A real training step: torchvision model, SGD, bf16 autocast, channels_last. Returns step(x, y)."""
     import torchvision
     if model_name not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model_name!r}")
-    model = getattr(torchvision.models, model_name)(num_classes=1000).to(device, memory_format=torch.channels_last)
+    model = getattr(torchvision.models, model_name)(num_classes=num_classes).to(device,
+                                                                                memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -306,7 +312,8 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rows = []
-    step = training_step(model, device, batch_size) if model else None
+    num_classes = max(1000, len(dataset.classes))  # the model's outputs and MixUp/CutMix's targets cover every label
+    step = training_step(model, device, batch_size, num_classes) if model else None
     ceiling = None
     fed = f"{model} fed by " if model else ""
     if step is not None:
@@ -314,7 +321,8 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "kind": "ceiling",
                      "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
-                                size=size, progress=progress, step=step, decoder=decoder, transform=transform)
+                                size=size, progress=progress, step=step, decoder=decoder, transform=transform,
+                                num_classes=num_classes)
     config["threads"] = stats["threads"]  # FastLoader's choice unless given
     how = {"nvjpeg": "GPU hardware decoder", "hybrid": "GPU hardware decoder + cores"}.get(stats["decoder"]) or (
         f"{stats['workers']} x {stats['threads']} threads" if stats["workers"] > 1 else f"{stats['threads']} threads")
@@ -325,7 +333,8 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
                  "images_per_s": rate, "stats": stats})
     if baseline == "torchvision":
         tv = torchvision_rate(dataset, batch_size=batch_size, workers=workers, epochs=epochs, device=device,
-                              size=size, progress=progress, step=step, transform=transform)
+                              size=size, progress=progress, step=step, transform=transform,
+                              num_classes=num_classes)
         rows.append({"pipeline": f"{fed}torchvision DataLoader ({workers} workers)", "kind": "torchvision",
                      "images_per_s": tv})
         for row in rows:

@@ -112,6 +112,8 @@ def _read_error(e, i):
     (errors.PROCESS_LIMITS)."""
     if isinstance(e, DecodeError):
         return e
+    if getattr(e, "process_limit", False):  # made by _get already
+        raise e
     if is_process_limit(e):
         raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
     return DecodeError(f"cannot read it: {type(e).__name__}: {e}")
@@ -129,8 +131,8 @@ def read_sources(reader, indices, unreadable=None):
         buffers, crcs = sources(indices.tolist())
         return list(buffers), (None if crcs is None else list(crcs))
     except Exception as e:  # a damaged record or a failed read among them: one by one, so only that sample fails
-        if not isinstance(e, DecodeError) and is_process_limit(e):
-            raise process_limit_error(f"cannot read samples {indices.tolist()[:8]}: {e}") from e
+        if is_process_limit(e):
+            raise e if getattr(e, "process_limit", False) else process_limit_error(f"cannot read samples: {e}") from e
     buffers, crcs = [], []
     for k, i in enumerate(indices.tolist()):
         try:

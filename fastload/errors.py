@@ -9,13 +9,18 @@ _LIMIT_HINT = ("a limit of the process, not a fault of the sample: raise the ope
 
 
 def process_limit_error(message):
-    """The OSError for a sample read that failed on a PROCESS_LIMITS errno; ``message`` names the sample."""
-    return OSError(f"{message} ({_LIMIT_HINT})")
+    """The OSError for a sample read that failed on a PROCESS_LIMITS errno; ``message`` names the sample. Marked
+    (``process_limit``), so that code it passes through again knows it for one (its errno is not kept)."""
+    error = OSError(f"{message} ({_LIMIT_HINT})")
+    error.process_limit = True
+    return error
 
 
 def is_process_limit(e):
-    """Whether an exception is the process's limit: an OSError of PROCESS_LIMITS, or a MemoryError."""
-    return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in PROCESS_LIMITS)
+    """Whether an exception is the process's limit: an OSError of PROCESS_LIMITS (or one process_limit_error made),
+    or a MemoryError."""
+    return isinstance(e, MemoryError) or (isinstance(e, OSError) and (e.errno in PROCESS_LIMITS
+                                                                      or getattr(e, "process_limit", False)))
 
 
 def raise_process_limit(e, doing):
