@@ -778,8 +778,8 @@ def _check_blur_sizes(table, x, name):
     bad = (table.ops.numpy() == OPS["gaussian_blur"]) & ((size[..., 0] > 2 * w - 1) | (size[..., 1] > 2 * h - 1))
     if bad.any():
         i, s = _first(bad)
-        raise RuntimeError(f"{name}: sample {i}, slot {s}: kernel_size {params[i, s, :2].tolist()} is too "
-                           f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
+        raise ValueError(f"{name}: sample {i}, slot {s}: kernel_size {params[i, s, :2].tolist()} is too "
+                         f"large for reflect padding of a {h}x{w} image (at most {2 * w - 1}, {2 * h - 1})")
 
 
 @torch.library.register_fake("fastload::photometric")
