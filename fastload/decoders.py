@@ -102,20 +102,21 @@ def _get(reader, i):
     try:
         return reader.get(i)
     except Exception as e:
-        raise _read_error(e, i) from e
+        error = _read_error(e, f"sample {i}")
+        if error is e:
+            raise
+        raise error from e
 
 
-def _read_error(e, i):
-    """What a protocol reader's get() or sources() raised for sample i, as the loader reports it: whatever it is (an
-    OSError from a network file system, a KeyError) is that sample's read error, a DecodeError named and subject to
-    on_error like a failed decode; but out of descriptors or memory is the process's limit, raised as such
-    (errors.PROCESS_LIMITS)."""
-    if isinstance(e, DecodeError):
+def _read_error(e, what):
+    """What a protocol reader's get() or sources() raised (``what``: the samples read), as the loader reports it:
+    whatever it is (an OSError from a network file system, a KeyError) is that sample's read error, a DecodeError
+    named and subject to on_error like a failed decode; but out of descriptors or memory is the process's limit, an
+    OSError to raise (errors.process_limit_error, marked as such, so it passes through here unchanged)."""
+    if isinstance(e, DecodeError) or getattr(e, "process_limit", False):
         return e
-    if getattr(e, "process_limit", False):  # made by _get already
-        raise e
     if is_process_limit(e):
-        raise process_limit_error(f"sample {i}: cannot read it: {e}") from e
+        return process_limit_error(f"{what}: cannot read it: {e}")
     return DecodeError(f"cannot read it: {type(e).__name__}: {e}")
 
 
@@ -131,16 +132,23 @@ def read_sources(reader, indices, unreadable=None):
         buffers, crcs = sources(indices.tolist())
         return list(buffers), (None if crcs is None else list(crcs))
     except Exception as e:  # a damaged record or a failed read among them: one by one, so only that sample fails
-        if is_process_limit(e):
-            raise e if getattr(e, "process_limit", False) else process_limit_error(f"cannot read samples: {e}") from e
+        error = _read_error(e, "samples")
+        if is_process_limit(error):
+            if error is e:
+                raise
+            raise error from e
     buffers, crcs = [], []
     for k, i in enumerate(indices.tolist()):
         try:
             b, c = sources([i])
             buffers.append(b[0])
             crcs.append(-1 if c is None else c[0])
-        except Exception as error:
-            e = _read_error(error, i)
+        except Exception as failure:
+            e = _read_error(failure, f"sample {i}")
+            if is_process_limit(e):
+                if e is failure:
+                    raise
+                raise e from failure
             buffers.append(b"")
             crcs.append(-1)
             if unreadable is not None:
@@ -207,9 +215,14 @@ class SizeChecks:
         said = np.stack([self.heights[idx], self.widths[idx]], 1)
         agree = ok & (found == said).all(1)
         self.passed[self.key[idx[agree]]] = True
-        return {int(k): f"its JPEG is {h}x{w} (height x width) but the dataset's heights/widths say {sh}x{sw}: the "
-                        f"index does not describe this file"
-                for k, (h, w), (sh, sw) in zip(pos[ok & ~agree], found[ok & ~agree], said[ok & ~agree])}
+        return {int(k): index_mismatch("JPEG", found_hw, said_hw)
+                for k, found_hw, said_hw in zip(pos[ok & ~agree], found[ok & ~agree], said[ok & ~agree])}
+
+
+def index_mismatch(kind, found, said):
+    """The reason for a sample whose image is ``found`` (height, width) where the dataset's index says ``said``."""
+    return (f"its {kind} is {found[0]}x{found[1]} (height x width) but the dataset's heights/widths say "
+            f"{said[0]}x{said[1]}: the index does not describe this file")
 
 
 class ScanChecks:
@@ -295,9 +308,7 @@ class PillowImages:
                 rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
             said = (int(self.ds.heights[index]), int(self.ds.widths[index]))
             if rgb.shape[:2] != said:  # crops planned from another size would be silently wrong (SizeChecks)
-                return ops.CORRUPT, (f"its image is {rgb.shape[0]}x{rgb.shape[1]} (height x width) but the "
-                                     f"dataset's heights/widths say {said[0]}x{said[1]}: the index does not "
-                                     f"describe this file")
+                return ops.CORRUPT, index_mismatch("image", rgb.shape[:2], said)
             room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
             return ops.OK, ""
         except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)

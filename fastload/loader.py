@@ -256,7 +256,8 @@ class FastLoader:
         without moving the position that state_dict saves."""
         epoch = int(epoch)
         running = self._counting_iterator()
-        if running is not None and running.epoch == epoch and not running.producers.stop.is_set():
+        paused = self._paused is not None and self._paused() is running  # by close(): it goes on if asked
+        if running is not None and running.epoch == epoch and (not running.producers.stop.is_set() or paused):
             return
         if self._start_batch and epoch == self._epoch:
             self._epoch_set = True  # the epoch a resumed state is in: keep its position (DDP habit)
@@ -856,10 +857,12 @@ class _EpochIterator:
         return item
 
     def _handed_out(self):
-        """The held batch is the loop's now."""
+        """The held batch is the loop's now: the counters first (an interrupt after them loses nothing), then the
+        next epoch's producers if this one's are on their last round."""
         self.held = None
         self.next_batch += 1
-        # The producers are on their last round of this epoch: the next one's may start.
+        if self.loader._counting_iterator() is self:
+            self.loader._batches_done += 1
         if self.next_batch >= len(self.batches) - len(self.producers.queues) and self.loader._iterator is not None \
                 and self.loader._iterator() is self:
             self.loader._start_next_epoch(self.epoch + 1)
@@ -916,8 +919,6 @@ class _EpochIterator:
             x, y = loader._device_pipe().receive(handle)  # again for a held batch: it only waits and records
         loader._stats.add(images=len(y), batches=1, **counts)
         self._handed_out()
-        if loader._counting_iterator() is self:
-            loader._batches_done += 1
         if loader._trial is not None:
             self._time_decoder(len(y))
         return x, y

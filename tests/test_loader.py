@@ -407,6 +407,14 @@ def test_set_epoch_and_load_state_dict_during_a_loop_keep_state_dict_right(coded
         loader.set_epoch(0)
         if step == 4:
             break
+    paused = make()  # the same after close() paused the loop (before forking a DataLoader, say)
+    got = []
+    for step, (x, y) in enumerate(paused):
+        got.append((x, y))
+        if step == 2:
+            paused.close()
+            paused.set_epoch(0)
+    assert same_batches(got, epochs[0]) and same_batches(collect(paused), epochs[1])
     state = loader.state_dict()
     assert (state["epoch"], state["batches_done"]) == (0, 5)
     resumed = make()
@@ -466,7 +474,7 @@ def test_a_state_saved_on_an_epochs_last_batch_resumes_with_the_loops_own_epoch_
         make().load_state_dict(dict(state, batches_done=-1))
 
 
-@pytest.mark.parametrize("where", ["wait", "images"])
+@pytest.mark.parametrize("where", ["wait", "images", "next epoch"])
 def test_an_interrupt_inside_next_loses_no_batch(coded_dir, where):
     """A KeyboardInterrupt after a batch left its queue but before next() returned it (a notebook stepping a held
     iterator; injected in the stats call right after the queue's get, or the one before next() returns): the next
@@ -485,6 +493,21 @@ def test_an_interrupt_inside_next_loses_no_batch(coded_dir, where):
             raise KeyboardInterrupt
         return add(**kw)
 
+    if where == "next epoch":  # starting the next epoch's producers, after the batch was counted
+        got += [next(it) for _ in range(len(full) - 2 - len(loader._iterator().producers.queues))]
+        start = loader._start_next_epoch
+
+        def starting(epoch):
+            loader._start_next_epoch = start
+            raise KeyboardInterrupt
+
+        loader._start_next_epoch = starting
+        with pytest.raises(KeyboardInterrupt):
+            got.append(next(it))
+        got.append(None)  # the batch next() was returning when interrupted: the loop had it counted
+        rest = list(it)
+        assert loader.state_dict()["epoch"] == 1 and same_batches(rest, full[len(got):])
+        return
     loader._stats.add = interrupted
     with pytest.raises(KeyboardInterrupt):
         next(it)

@@ -277,6 +277,9 @@ def test_alpha_and_num_classes_types_raise_like_torchvision(photos, name):
     for kwargs in (dict(alpha=True, num_classes=4), dict(num_classes=4.0), dict(num_classes="4")):
         raises_like_torchvision(lambda: globals()[name](**kwargs), lambda: getattr(T2, name)(**kwargs)(x, y))
     assert globals()[name](num_classes=np.int64(4)).num_classes == 4
+    for bad in (0, -1):  # torchvision's one_hot takes -1 as the width of each batch: targets that change width
+        with pytest.raises(ValueError, match="num_classes must be at least 1"):
+            globals()[name](num_classes=bad)
 
 
 def test_random_choice_validation_like_torchvision():

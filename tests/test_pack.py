@@ -4,6 +4,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -410,6 +411,8 @@ def test_a_force_pack_killed_during_its_swap_leaves_nothing_behind_after_resume(
     new = pack(pack_tree, tmp_path / "new.lmdb", **quiet(max_side=64))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
+    aside = f"{socket.gethostname()} {dead}\n"  # what pack writes into the store it moves aside
+    (dst / "replaced-by-pack").write_text(aside)
     os.rename(dst, f"{dst}.old-{dead}")  # killed between the renames
     shutil.copytree(new.path, f"{dst}.partial")
     with pytest.raises(DatasetError, match="did not finish"):
@@ -418,10 +421,19 @@ def test_a_force_pack_killed_during_its_swap_leaves_nothing_behind_after_resume(
     assert records(store_items(dst)) == records(store_items(new.path))
     assert not Path(f"{dst}.old-{dead}").exists() and not Path(f"{dst}.partial").exists()
     shutil.copytree(new.path, f"{dst}.old-{dead}")  # killed after both renames, before the old store went
-    mine = tmp_path / "k.lmdb.old-1"  # a folder of the user's that only looks like one
-    mine.mkdir()
+    Path(f"{dst}.old-{dead}", "replaced-by-pack").write_text(aside)
+    backup = tmp_path / "k.lmdb.old-20240101"  # the user's own copy of a store, under a name that looks like one
+    shutil.copytree(new.path, backup)
+    notes = tmp_path / f"k.lmdb.old-{int(dead) + 1}"  # marked, but holding a file of the user's too
+    shutil.copytree(new.path, notes)
+    (notes / "replaced-by-pack").write_text(f"{socket.gethostname()} {int(dead) + 1}\n")
+    (notes / "NOTES.txt").write_text("mine")
     pack(pack_tree, dst, **quiet(resume=True, max_side=64))  # complete already: nothing to resume
-    assert not Path(f"{dst}.old-{dead}").exists() and mine.is_dir()
+    assert not Path(f"{dst}.old-{dead}").exists()
+    assert (backup / "data.mdb").exists() and (notes / "NOTES.txt").exists()
+    # the marker a real --force swap writes: it removes its own aside store and leaves the new one marker-free
+    pack(pack_tree, dst, **quiet(force=True))
+    assert not list(tmp_path.glob(f"k.lmdb.old-{os.getpid()}")) and not (dst / "replaced-by-pack").exists()
 
 
 def test_file_names_that_are_not_utf8(pack_tree, tmp_path):

@@ -57,8 +57,6 @@ class ImageDataset(torch.utils.data.Dataset, abc.ABC):
     widths: np.ndarray
     labels: np.ndarray
     formats: np.ndarray
-    #: heights/widths were read from these very files' headers (the loader need not check them: decoders.SizeChecks)
-    sizes_checked = True
 
     def __init__(self, transform=None, target_transform=None, strict=True):
         self.strict = strict  # for ds[i]'s decode, as in ops.decode_crop

@@ -467,6 +467,10 @@ class FolderDataset(ImageDataset):
     would not apply them): give it ``FastLoader(transform=...)``.
     """
 
+    #: heights/widths come from these files' own headers, rescanned when a file's size or mtime changes: the loader
+    #: need not compare them again (decoders.SizeChecks)
+    sizes_checked = True
+
     def __init__(self, root, *, file_list=None, classes=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
                  on_error="skip", strict=True, transform=None, target_transform=None):
         if on_error not in ("skip", "raise"):

@@ -293,6 +293,9 @@ class LMDBDataset(ImageDataset):
     ``strict`` applies to ``ds[i]``'s decode (as in ops.decode_crop; the loader has its own).
     """
 
+    #: heights/widths are each record's own, taken from its image when packed (decoders.SizeChecks)
+    sizes_checked = True
+
     def __init__(self, path, *, strict=True, transform=None, target_transform=None):
         super().__init__(transform, target_transform, strict=strict)
         self.path = os.path.abspath(os.fspath(path))

@@ -19,6 +19,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -49,7 +50,8 @@ PackResult = namedtuple("PackResult", "path records files skipped seconds image_
 
 DEFAULT_QUALITY = 90
 TURBOJPEG_FALLBACK = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
-_STORE_FILES = {"data.mdb", "lock.mdb", "pack.lock", "report.txt", "report.txt.tmp"}
+_ASIDE = "replaced-by-pack"  # in a store `pack --force` moves aside to DST.old-PID: "HOST PID" of that pack
+_STORE_FILES = {"data.mdb", "lock.mdb", "pack.lock", "report.txt", "report.txt.tmp", _ASIDE}
 _CHUNK = 64  # files per worker task
 _BATCH_BYTES = 64 << 20  # a commit at least this often, whatever --commit-every says
 #: Seconds to sleep after each commit; only for tests that kill a pack midway.
@@ -731,6 +733,8 @@ def _swap_into_place(partial, dst):
         # A Ctrl-C between the renames would leave no DST and the old store at DST.old-PID, never cleaned up:
         # it waits until the swap and the clean-up are done (a few seconds for a large store at most).
         with _ctrl_c_deferred():
+            with open(os.path.join(dst, _ASIDE), "w") as f:  # a fastload store folder: _check_replaceable said so
+                f.write(f"{socket.gethostname()} {os.getpid()}\n")
             os.rename(dst, old)
             os.rename(partial, dst)
             _fsync_dir(os.path.dirname(dst))
@@ -742,18 +746,30 @@ def _swap_into_place(partial, dst):
 
 
 def _remove_replaced_stores(dst):
-    """Removes DST.old-PID stores that a `pack --force` of a process no longer running moved aside and did not get
-    to delete (killed by SIGTERM or SIGKILL during the swap, which defers only Ctrl-C): called once a store is at
-    DST. Only fastload stores are removed."""
+    """Removes the DST.old-PID stores that a `pack --force` moved aside and did not get to delete (killed by
+    SIGTERM or SIGKILL during the swap, which defers only Ctrl-C): called once a store is at DST. Only a folder that
+    pack marked when it moved it aside (_ASIDE: this host, that PID, no longer running) and that holds nothing but a
+    fastload store's files: never a user's own DST.old-something."""
     parent, name = os.path.split(dst)
-    prefix = f"{name}.old-"
+    prefix, host = f"{name}.old-", socket.gethostname()
     for entry in os.listdir(parent):
         pid = entry[len(prefix):] if entry.startswith(prefix) else ""
-        if not pid.isdigit() or (int(pid) != os.getpid() and _running(int(pid))):
-            continue
         old = os.path.join(parent, entry)
-        if os.path.isdir(old) and holds_fastload_keys(old):
-            shutil.rmtree(old, ignore_errors=True)
+        if not pid.isdigit() or os.path.islink(old):
+            continue
+        try:
+            with open(os.path.join(old, _ASIDE)) as f:
+                marked = f.read().split() == [host, pid]
+        except OSError:
+            continue
+        if not marked or (int(pid) != os.getpid() and _running(int(pid))):
+            continue
+        try:
+            _check_replaceable(old)
+            shutil.rmtree(old)
+        except (OSError, DatasetError) as e:  # the new store is in place: say so, do not fail the pack
+            warnings.warn(f"{old}: a store an interrupted `pack --force` moved aside, not removed: {e}",
+                          stacklevel=3)
 
 
 def _running(pid):

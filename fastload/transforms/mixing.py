@@ -122,6 +122,9 @@ class _Mix:
         if num_classes is not None and (not isinstance(num_classes, numbers.Integral)
                                         or isinstance(num_classes, bool)):  # torchvision's one_hot: TypeError
             raise TypeError(f"num_classes must be an int, got {num_classes!r}")
+        if num_classes is not None and num_classes < 1:  # torchvision's one_hot would take -1 as "from the batch"
+            raise ValueError(f"num_classes must be at least 1, got {num_classes} (the targets' width must not change "
+                             f"from batch to batch)")
         self.num_classes = None if num_classes is None else int(num_classes)
         self.labels_getter = _labels_getter(labels_getter)
         self.mode = mode
