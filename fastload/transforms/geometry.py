@@ -68,8 +68,12 @@ def _setup_size(size, error_msg):
     elif len(size) != 2:
         raise ValueError(error_msg)
     _check_int_sizes(size)
-    size = tuple(int(s) for s in size)
-    if min(size) <= 0:  # torchvision's resize raises a RuntimeError at the first image
+    return _positive(tuple(int(s) for s in size))
+
+
+def _positive(size):
+    """``size`` where every side is positive, else the RuntimeError torchvision's resize raises at the first image."""
+    if min(size) <= 0:
         raise RuntimeError(f"size must be positive, got {size}")
     return size
 
@@ -316,9 +320,9 @@ class Resize(_Geometry):
         else:
             raise ValueError(
                 f"size can be an integer, a sequence of one or two integers, or None, but got {size} instead.")
-        # torchvision raises these at the first image (the first a RuntimeError of its resize)
-        if size is not None and min(size) <= 0:
-            raise RuntimeError(f"size must be positive, got {size}")
+        # torchvision raises these at the first image
+        if size is not None:
+            _positive(size)
         if max_size is not None and size is not None and len(size) != 1:
             raise ValueError("max_size should only be passed if size is None or specifies the length of the smaller "
                              "edge, i.e. size should be an int or a sequence of length 1 in torchscript mode.")
