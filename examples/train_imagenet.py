@@ -33,7 +33,7 @@ optimiser stays this script's (SGD, lr 0.1 per 256 images, weight decay 1e-4, 2 
 torchvision's 80.9% also takes lr 0.5 at batch 1024, weight decay 2e-5 (none on norms), 5 warm-up epochs, 600
 epochs and a model EMA.
 
-Smoke run on a CPU (a few steps of a small model on small crops):
+Smoke run on a CPU (a few steps of a small model on small crops, on the photos `make demo` puts in data/):
 
     python examples/train_imagenet.py --train data/imagenet-c10-p100-s0 --val data/imagenet-c10-p100-s0 \\
         --device cpu \\

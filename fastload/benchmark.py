@@ -116,7 +116,7 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, 
     """Runs warm-up epochs (one, and more while ``ready()`` is False) and `epochs` timed ones; returns images/s over
     the timed ones. ``settle()`` runs between them: FastLoader's close(), since it starts the next epoch's producers
     as an epoch ends, and batches made before the clock starts would count as made in no time (a DataLoader starts
-    its workers at iter(), inside the timing)."""
+    making batches at iter(), inside the timing)."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)

@@ -577,7 +577,7 @@ def test_affine_and_rotation_distributions_match_torchvision():
     # torchvision's resize and torch's constant pad raise these RuntimeErrors at the first image
     lambda m: m.Resize(0), lambda m: m.RandomResizedCrop(-5), lambda m: m.Pad(4, fill=[1, 2]),
     lambda m: m.RandomCrop(16, padding=4, fill=[1, 2, 3, 4]), lambda m: m.RandomCrop(16, padding=4, fill=300),
-    lambda m: m.Pad(2, fill=-1), lambda m: m.Pad(2, fill=float("nan")),
+    lambda m: m.Pad(2, fill=-1), lambda m: m.Pad(2, fill=-0.5), lambda m: m.Pad(2, fill=float("nan")),
 ])
 def test_bad_arguments_raise_like_torchvision(make):
     """The type torchvision raises at construction or at the first image; fastload's at construction."""

@@ -72,7 +72,9 @@ def _setup_size(size, error_msg):
 
 
 def _positive(size):
-    """``size`` where every side is positive, else the RuntimeError torchvision's resize raises at the first image."""
+    """``size`` where every side is positive, else a RuntimeError: what torchvision's Resize and RandomResizedCrop
+    raise at the first image (its CenterCrop and RandomCrop return an empty image, which a batch of one size cannot
+    hold)."""
     if min(size) <= 0:
         raise RuntimeError(f"size must be positive, got {size}")
     return size
@@ -115,7 +117,7 @@ def _check_fill(fill):
 def _check_pad_fill(fill):
     """torch's constant pad of a uint8 image, which torchvision's pad uses, refuses a fill that overflows uint8."""
     values = fill_triple(fill, RuntimeError)
-    if not all(-1.0 < v < 256.0 for v in values):  # NaN too
+    if not all(0.0 <= v < 256.0 for v in values):  # NaN too; torch takes 255.5 (rounded down) but not -0.5
         raise RuntimeError(f"fill {fill!r}: value cannot be converted to type uint8_t without overflow")
 
 
