@@ -120,6 +120,14 @@ def _read_error(e, what):
     return DecodeError(f"cannot read it: {type(e).__name__}: {e}")
 
 
+def _raise_if_process_limit(error, cause):
+    """Raises ``error`` (_read_error's for ``cause``) when it is the process's limit, with its cause kept."""
+    if is_process_limit(error):
+        if error is cause:
+            raise cause
+        raise error from cause
+
+
 def read_sources(reader, indices, unreadable=None):
     """(sources, crcs) of these samples for the native decoder: zero-copy views and their packed CRC-32 for LMDB,
     file paths (read by the native threads) and no checksums for folders. A record that cannot be read (a damaged
@@ -132,11 +140,7 @@ def read_sources(reader, indices, unreadable=None):
         buffers, crcs = sources(indices.tolist())
         return list(buffers), (None if crcs is None else list(crcs))
     except Exception as e:  # a damaged record or a failed read among them: one by one, so only that sample fails
-        error = _read_error(e, "samples")
-        if is_process_limit(error):
-            if error is e:
-                raise
-            raise error from e
+        _raise_if_process_limit(_read_error(e, "samples"), e)
     buffers, crcs = [], []
     for k, i in enumerate(indices.tolist()):
         try:
@@ -145,10 +149,7 @@ def read_sources(reader, indices, unreadable=None):
             crcs.append(-1 if c is None else c[0])
         except Exception as failure:
             e = _read_error(failure, f"sample {i}")
-            if is_process_limit(e):
-                if e is failure:
-                    raise
-                raise e from failure
+            _raise_if_process_limit(e, failure)
             buffers.append(b"")
             crcs.append(-1)
             if unreadable is not None:
