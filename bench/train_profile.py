@@ -30,7 +30,7 @@ import torch
 
 from bench.cuda_wait import set_cuda_wait
 from fastload import FastLoader, decoders
-from fastload.benchmark import ceiling_rate, open_dataset, training_step
+from fastload.benchmark import TRANSFORMS, ceiling_rate, open_dataset, pipelines, training_step
 from fastload.transforms.planners import RandomResizedCrop
 
 
@@ -139,16 +139,17 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0, warmup_epochs=1):
+            workers=None, reserve=0, warmup_epochs=1, transform=None):
     device = torch.device("cuda")
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
     launch_alone = ceiling_launch(step, batch_size, size, device)
+    shape = {"crop": RandomResizedCrop(size)} if transform is None else {
+        "transform": pipelines(transform, size)[0]}  # a --transform spec, as fastload bench builds it
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
-                        decoder=decoder, crop=RandomResizedCrop(size), threads=threads, workers=workers,
-                        cpus=cpus)
+                        decoder=decoder, threads=threads, workers=workers, cpus=cpus, **shape)
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
@@ -210,7 +211,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         trial = stats["decoder_trial"]
         decoder = f"auto: {trial['chosen'] or 'still measuring'} (" + ", ".join(
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
-    row = {"decoder": decoder, "reserve": reserve, "model": model, "size": size,
+    row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -228,6 +229,8 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=160)
     p.add_argument("--decoder", nargs="+", default=["cpu"])
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--transform", choices=TRANSFORMS, help="a fastload bench --transform spec (default: "
+                   "RandomResizedCrop + flip + normalise, the crop= shorthand)")
     p.add_argument("--epochs", type=int, default=4, help="timed epochs after the warm-up epochs")
     p.add_argument("--warmup-epochs", type=int, default=1,
                    help="untimed epochs first (decoder=auto: enough for its trial, ~150 batches)")
@@ -256,7 +259,8 @@ def main(argv=None):
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs)
+                                 args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
+                                 args.transform)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
@@ -268,7 +272,7 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
+    cols = ("decoder", "transform", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw")
