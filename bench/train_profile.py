@@ -139,7 +139,7 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0, warmup_epochs=1, transform=None):
+            workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None):
     device = torch.device("cuda")
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
@@ -150,6 +150,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         "transform": pipelines(transform, size)[0]}  # a --transform spec, as fastload bench builds it
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
                         decoder=decoder, threads=threads, workers=workers, cpus=cpus, **shape)
+    if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
+        loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
@@ -203,6 +205,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     gpu_ms = [a.elapsed_time(b) for a, b in events]
     stats = loader.stats()
     loader.close()
+    # the ceiling again, after the GPU has trained for the timed epochs: a sustained run may clock lower
+    ceiling_after = ceiling_rate(step, batch_size, size, device)
     for _, p in spies:
         if p is not None:
             p.wait(timeout=60)
@@ -212,7 +216,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         decoder = f"auto: {trial['chosen'] or 'still measuring'} (" + ", ".join(
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
-           "ceiling": ceiling, "images_per_s": rate,
+           "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -242,6 +246,7 @@ def main(argv=None):
     p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
                    help="the CUDA driver's wait policies to compare (bench.cuda_wait), each set in turn in "
                         "this one process")
+    p.add_argument("--side-priority", type=int, help="the loader's side stream priority (default: its own, -1)")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
@@ -260,7 +265,7 @@ def main(argv=None):
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
-                                 args.transform)
+                                 args.transform, args.side_priority)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
@@ -272,7 +277,8 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "transform", "cuda_wait", "reserve", "threads", "workers", "images_per_s", "efficiency",
+    cols = ("decoder", "transform", "cuda_wait", "reserve", "side_priority", "threads", "workers", "ceiling",
+            "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw")
