@@ -9,6 +9,7 @@
 #   example: examples/train_imagenet.py --recipe torchvision_v2 --arch resnet50 for STEPS_LIMIT (20) steps;
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   trainprof: python -m bench.train_profile on 4 links to each JPEG, once per line of TPARGS (its arguments);
+#   contention: python -m bench.host_contention once per line of CONTARGS (the training step beside busy cores);
 #   split: python -m bench.hybrid_split SPLITARGS on the pack --seekable store of LINKS (4) links to each JPEG;
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
@@ -157,6 +158,12 @@ if [[ +$what+ == *+trainprof+* ]]; then  # bench.train_profile on the 8,000-samp
     timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.train_profile $base-x4 $args 2>&1 | tee -a "$OUT/trainprof.log" | \
       grep -E "^\||^cores used"
   done <<< "${TPARGS:---decoder cpu hybrid}"
+fi
+if [[ +$what+ == *+contention+* ]]; then  # the training step alone, beside spinning / memory-streaming processes
+  while IFS= read -r args; do
+    [[ -z $args ]] && continue
+    timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.host_contention $args 2>&1 | tee -a "$OUT/contention.log" | grep "^|"
+  done <<< "${CONTARGS:---model resnet50 --size 176}"
 fi
 if [[ +$what+ == *+split+* ]]; then  # decoder="hybrid" splits, loaders alone (bench/hybrid_split.py)
   links=${LINKS:-4}; data=$base-x$links

@@ -1,0 +1,101 @@
+"""What busy cores cost a training loop that launches its own steps (issue 18; bench/RESULTS.md, "Issue 18").
+
+Inside a FastLoader training loop the training thread takes much longer to launch a step than alone (ResNet-50 at
+176 px on an H100 host: 44.8 against 29.3 ms a step; ResNet-18 at 160 px: 16.4 against 8.1), and the GPU waits for
+it. This times that same step on one fixed batch already on the GPU (nothing of fastload running) while other
+processes keep the host's other cores busy in two ways, to tell which one slows the launches:
+- ``spin``: a tight integer loop per process (the cores busy, little memory traffic: only the clocks and the
+  cores' sharing can slow the training thread);
+- ``stream``: each process copies a 64 MB array over and over (memory bandwidth and the shared cache, as decode
+  threads use them).
+Per setting: images/s of the step (the GPU waiting for the launches shows here), ms per step the training thread
+launches (wall), and its time on a core (Linux schedstat).
+
+    python -m bench.host_contention --model resnet50 --size 176 --busy 0 7 14
+"""
+import argparse
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from fastload.benchmark import training_step
+
+
+def _spin(stop):
+    x = 0
+    while not stop.is_set():
+        for i in range(100000):
+            x = (x * 1103515245 + i) & 0xFFFFFFFF
+
+
+def _stream(stop):
+    a = np.ones(8 << 20)  # 64 MB of float64: far past any last-level cache
+    b = np.empty_like(a)
+    while not stop.is_set():
+        np.copyto(b, a)
+
+
+def _on_core_ns():
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def measure(step, x, y, steps):
+    """(images/s, wall ms a launch, ms on a core a launch) over ``steps`` steps after a few to settle."""
+    for _ in range(5):
+        step(x, y)
+    torch.cuda.synchronize()
+    launches, on_core = [], 0
+    t0, c0 = time.perf_counter(), _on_core_ns()
+    for _ in range(steps):
+        t = time.perf_counter()
+        step(x, y)
+        launches.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    seconds, on_core = time.perf_counter() - t0, _on_core_ns() - c0
+    return steps * len(y) / seconds, float(np.median(launches)) * 1e3, on_core / 1e6 / steps
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--size", type=int, default=176)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--busy", type=int, nargs="+", default=[0, 7, 14], help="processes keeping cores busy")
+    args = p.parse_args(argv)
+    device = torch.device("cuda")
+    step = training_step(args.model, device, args.batch_size)
+    x = torch.randn(args.batch_size, 3, args.size, args.size, device=device).contiguous(
+        memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (args.batch_size,), device=device)
+    ctx = mp.get_context("spawn")
+    rows = []
+    for n in args.busy:
+        for kind in (["none"] if n == 0 else ["spin", "stream"]):
+            stop = ctx.Event()
+            procs = [ctx.Process(target=_spin if kind == "spin" else _stream, args=(stop,), daemon=True)
+                     for _ in range(n)]
+            for q in procs:
+                q.start()
+            time.sleep(1.0 if n else 0)  # spawned interpreters up and busy
+            rate, launch, on_core = measure(step, x, y, args.steps)
+            stop.set()
+            for q in procs:
+                q.join()
+            rows.append((n, kind, rate, launch, on_core))
+            print(f"busy {n} {kind}: {rate:,.0f} img/s, launch {launch:.1f} ms, on a core {on_core:.1f} ms",
+                  flush=True)
+    print(f"| {args.model} at {args.size} px, host {os.cpu_count()} cores | busy processes | img/s | x alone | "
+          "launch ms | on a core ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for n, kind, rate, launch, on_core in rows:
+        print(f"| {kind} | {n} | {rate:,.0f} | {rate / rows[0][2]:.3f} | {launch:.1f} | {on_core:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
