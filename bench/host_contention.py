@@ -8,8 +8,9 @@ processes keep the host's other cores busy in two ways, to tell which one slows 
   cores' sharing can slow the training thread);
 - ``stream``: each process copies a 64 MB array over and over (memory bandwidth and the shared cache, as decode
   threads use them).
-Per setting: images/s of the step (the GPU waiting for the launches shows here), ms per step the training thread
-launches (wall), and its time on a core (Linux schedstat).
+Per setting: images/s of the step running free (the GPU waiting for the launches shows here), and of steps each
+launched on an idle GPU: the launch's wall ms (the training thread and autograd's) and the training thread's ms on
+a core (Linux schedstat).
 
     python -m bench.host_contention --model resnet50 --size 176 --busy 0 7 14
 """
@@ -45,19 +46,25 @@ def _on_core_ns():
 
 
 def measure(step, x, y, steps):
-    """(images/s, wall ms a launch, ms on a core a launch) over ``steps`` steps after a few to settle."""
+    """(images/s of ``steps`` free-running steps, then over as many steps each launched on an idle GPU: median wall
+    ms of the launch, mean ms on a core)."""
     for _ in range(5):
         step(x, y)
     torch.cuda.synchronize()
-    launches, on_core = [], 0
-    t0, c0 = time.perf_counter(), _on_core_ns()
+    t0 = time.perf_counter()
     for _ in range(steps):
-        t = time.perf_counter()
         step(x, y)
-        launches.append(time.perf_counter() - t)
     torch.cuda.synchronize()
-    seconds, on_core = time.perf_counter() - t0, _on_core_ns() - c0
-    return steps * len(y) / seconds, float(np.median(launches)) * 1e3, on_core / 1e6 / steps
+    rate = steps * len(y) / (time.perf_counter() - t0)
+    launches, on_core = [], 0
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t, c = time.perf_counter(), _on_core_ns()
+        step(x, y)  # the GPU idle at the start: nothing here waits for it, only the host's work is timed
+        launches.append(time.perf_counter() - t)
+        on_core += _on_core_ns() - c
+    torch.cuda.synchronize()
+    return rate, float(np.median(launches)) * 1e3, on_core / 1e6 / steps
 
 
 def main(argv=None):
