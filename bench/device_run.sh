@@ -4,7 +4,6 @@
 #   gputests: every cuda-marked test, then the loader's and the pipeline's files; tests: the whole suite;
 #   aug: python -m bench.augment (stage ms per --transform spec, loaders alone per spec against torchvision's
 #   DataLoader with the identical v2 pipeline, at SIZE px, default 176, on LINKS links to each JPEG);
-#   firstbatch: python -m bench.first_batch FBARGS (ms to the first batches from nothing, with and without the relay);
 #   augtrain: fastload bench --model resnet50 --size 176 --transform trivialaugment against torchvision;
 #   augprobe: Nsight Compute on one TrivialAugmentWide stage (TRANSFORM picks another spec): each kernel's time;
 #   example: examples/train_imagenet.py --recipe torchvision_v2 --arch resnet50 for STEPS_LIMIT (20) steps;
@@ -92,8 +91,7 @@ if [[ +$what+ == *+bench+* ]]; then
   python3 -m bench.gpu --data $data --epochs 3 --json "$OUT/gpu$tag.json" 2>&1 | tee "$OUT/gpu$tag.log" | \
     grep -v "^fastload stats"
 fi
-if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* || +$what+ == *+example+* ||
-      +$what+ == *+firstbatch+* ]]; then
+if [[ +$what+ == *+aug+* || +$what+ == *+augtrain+* || +$what+ == *+augprobe+* || +$what+ == *+example+* ]]; then
   links=${LINKS:-4} data=$base
   python3 -c "from bench.corpus import linked_copies; linked_copies('$data', '$data-x$links', $links)"
   data=$data-x$links
@@ -101,10 +99,6 @@ fi
 if [[ +$what+ == *+aug+* ]]; then
   python3 -m bench.augment --data $data --size ${SIZE:-176} --epochs 2 --json "$OUT/augment$tag.json" $AUGARGS 2>&1 | \
     tee "$OUT/augment$tag.log" | grep -v "%|"
-fi
-if [[ +$what+ == *+firstbatch+* ]]; then
-  python3 -m bench.first_batch $data --device cuda --size ${SIZE:-176} $FBARGS 2>&1 | tee "$OUT/first_batch$tag.log" | \
-    tail -4
 fi
 if [[ +$what+ == *+augprobe+* ]]; then  # Nsight Compute on one TrivialAugmentWide stage: each kernel's time
   /usr/local/cuda/bin/ncu --profile-from-start off --section SpeedOfLight --section Occupancy \

@@ -681,10 +681,6 @@ class _Planner:
                 future.set_exception(e)
 
 
-# The first batches' relay (_Producers): off only for bench.first_batch's comparison.
-_RELAY = True
-
-
 class _Producers:
     """What the producer threads share with the consumer. Threads hold this, never the iterator, so dropping
     the iterator (a ``break``, ``del``, an exception) garbage-collects it and its __del__ stops them."""
@@ -715,15 +711,6 @@ class _Producers:
         # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
         # (bench/RESULTS.md, "Loaders alone with a policy").
         self.planners = [_Planner(self.maker, batches, epoch, w, self.cpus, self.device) for w in range(n)]
-        # The relay: each producer's first batch is decoded on all the loader's threads (at most one per core),
-        # one producer after another in batch order (the one of batch start + 1 once start's is made). The first
-        # batch then arrives after a W-th of a batch's decode instead of a whole one, when all W first batches
-        # arrived at once; the cores are as busy either way. From its second batch on a producer decodes on its
-        # own threads. Only where that gives the first batch more threads than its own (on CUDA: 16 for 4; on a
-        # CPU device each producer has every core already, and the relay would only delay the second batch).
-        self.relay = [threading.Event() for _ in range(n)]
-        self.relay_threads = max(1, min(loader._layout[0], n * loader.threads))
-        self.relaying = _RELAY and self.relay_threads > loader.threads
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
@@ -745,13 +732,6 @@ class _Producers:
                 return True
             except queue.Full:
                 pass
-        return False
-
-    def wait(self, event):
-        """Waits for ``event``; False once the producers are stopped."""
-        while not self.stop.is_set():
-            if event.wait(_POLL):
-                return True
         return False
 
     def take(self, q):
@@ -802,15 +782,7 @@ class _Producers:
                     return
                 ahead = self.prepare(w, k + n)
                 slot.wait_reusable()
-                first = self.relaying and k == ks[0]  # the relay runs in batch order: batch `start` first, then start + 1's producer...
-                if first and k != start and not self.wait(self.relay[(w - 1) % n]):
-                    return
-                try:
-                    batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared,
-                                            threads=self.relay_threads if first else None)
-                finally:
-                    if first:  # made or failed: the next producer goes on
-                        self.relay[w].set()
+                batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared)
                 if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
                     item = (*self.stage(batch), batch.counts)
                 else:  # CUDA: queued on the side stream; the slot is reusable once the copy (or kernel) read it
@@ -820,8 +792,6 @@ class _Producers:
                     return
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
-        finally:
-            self.relay[w].set()  # also where this producer had no batch or stopped before its first
 
     def submit(self, batch):
         t = time.perf_counter()

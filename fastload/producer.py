@@ -117,20 +117,14 @@ class BatchMaker:
         # Held by the one producer inside the hardware decoder at a time, and by a fork (_hold_decoders).
         self._hardware_lock = threading.Lock()
         self._parts = {}  # part(): the cores, the engines
-        self._local = threading.local()  # make(threads=): this producer's call only (producers share the maker)
         self.use(decoders.KINDS[decoder] if isinstance(decoder, str) else decoder, threads)
         _makers.add(self)
 
     def use(self, kind, threads):
         """Decodes with ``kind`` (a decoders.Kind) on ``threads`` native threads from the next batch made: at
         construction, and when decoder="auto" switches (no producer is running then)."""
-        self._threads = threads
+        self.threads = threads
         self.decoder = kind.build(self)
-
-    @property
-    def threads(self):
-        """Native decode threads of the calling producer's batch: use()'s, or make(threads=)'s during that call."""
-        return getattr(self._local, "threads", None) or self._threads
 
     def part(self, name, build):
         """The decoder part ``name``, ``build()`` the first time: kinds built on one maker share their parts."""
@@ -167,16 +161,12 @@ class BatchMaker:
         return self.pipeline.sample_params(self.seed, epoch, indices,
                                            pin=self.device is not None and self.device.type == "cuda")
 
-    def make(self, indices, epoch, slot, k=0, prepared=None, threads=None):
+    def make(self, indices, epoch, slot, k=0, prepared=None):
         """Batch k of the epoch (k picks the decoder with decoder="hybrid"); ``prepared``: prepare()'s result for
-        it, when made ahead; ``threads``: native threads for this batch instead of use()'s."""
+        it, when made ahead."""
         if prepared is None:
             prepared = self.prepare(indices, epoch, k)
-        self._local.threads = threads
-        try:
-            batch = self.decoder.make(prepared.indices, epoch, slot, k, plan=prepared.plan)
-        finally:
-            self._local.threads = None
+        batch = self.decoder.make(prepared.indices, epoch, slot, k, plan=prepared.plan)
         # on_error="skip" may have replaced samples: their parameters are drawn for what was decoded
         replaced = batch.indices is not prepared.indices and not np.array_equal(batch.indices, prepared.indices)
         batch.params = self._params(epoch, batch.indices) if replaced else prepared.params

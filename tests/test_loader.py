@@ -163,65 +163,6 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
     assert_no_fastload_threads()
 
-def test_first_batches_relay_on_all_the_threads_in_batch_order(coded_dir, monkeypatch):
-    """A run of producers starts with a relay: each producer's first batch decodes on all the loader's threads
-    (at most one per core), one after another in batch order, so the first batch comes after a W-th of the time
-    W batches decoded side by side took; from the second batch on each producer uses its own threads. Mid-epoch
-    (a resume) the relay starts at the batch the loop takes next. Batches are the same whatever the threads."""
-    from fastload import ops
-    calls, lock = [], threading.Lock()
-    decode = ops.C.decode_batch
-
-    def recorded(*args):
-        start = time.monotonic()
-        try:
-            return decode(*args)
-        finally:
-            with lock:
-                calls.append((start, time.monotonic(), threading.current_thread(), args[3]))
-    monkeypatch.setattr(ops.C, "decode_batch", recorded)
-    ds = fl.FolderDataset(coded_dir)
-    make = lambda: fl.FastLoader(ds, batch_size=4, seed=2, crop=fl.RandomResizedCrop(32), workers=3, threads=1)
-    loader = make()
-    relay = min(loader._layout[0], 3 * loader.threads)
-    if relay == 1:
-        pytest.skip("one core: a batch on all the threads is a batch on one, so there is no relay")
-
-    def run(loader):  # the batches, and the decode calls of this run's producers (not the next epoch's, early)
-        it = iter(loader)
-        threads = set(it.producers.threads)
-        batches = [(x.clone(), y.clone()) for x, y in it]
-        loader.close()
-        return batches, sorted(c for c in calls if c[2] in threads)
-
-    def first_calls(calls):
-        by_producer = {}
-        for call in calls:
-            by_producer.setdefault(call[2], call)
-        return sorted(by_producer.values(), key=lambda c: c[0])
-    got, mine = run(loader)
-    firsts = first_calls(mine)
-    assert [c[2].name for c in firsts] == ["fastload-0", "fastload-1", "fastload-2"]  # batches 0, 1, 2
-    assert [c[3] for c in firsts] == [relay] * 3
-    assert all(b[0] >= a[1] for a, b in zip(firsts, firsts[1:]))  # one after another
-    assert len(mine) == len(got) and [c[3] for c in mine if c not in firsts] == [1] * (len(mine) - 3)
-    # Resume at batch 5 of 10: producer 5 % 3 = 2 has it and goes first, then 0 (batch 6), then 1 (batch 7).
-    state = dict(loader.state_dict(), epoch=0, batches_done=5)
-    calls.clear()
-    resumed = make()
-    resumed.load_state_dict(state)
-    rest, mine = run(resumed)
-    assert [c[2].name for c in first_calls(mine)] == ["fastload-2", "fastload-0", "fastload-1"]
-    assert len(rest) == len(got) - 5
-    for (xa, ya), (xb, yb) in zip(rest, got[5:]):
-        assert torch.equal(ya, yb) and torch.equal(xa, xb)
-    # A CPU device's producers each decode on every core already: a relay would only delay the second batch.
-    plain = fl.FastLoader(ds, batch_size=4, crop=fl.RandomResizedCrop(32))
-    it = iter(plain)
-    assert plain.threads == plain._layout[0] and not it.producers.relaying
-    plain.close()
-
-
 def test_an_error_while_planning_ahead_reaches_the_loop_at_its_batch(coded_dir):
     """The planner threads prepare batches ahead of the decode; an exception there surfaces in the training loop
     when that batch's turn comes (the batches before it arrive, in order), and no thread is left behind."""
