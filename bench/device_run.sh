@@ -21,7 +21,8 @@
 # CORPUS=dense: bench, train, aug, augtrain and example run on the ImageNet-density corpus (bench.corpus
 # imagenet-dense, ~0.6 bytes/pixel, built here from the same photos) instead of data/imagenet-like (~0.23); their
 # output files get a _dense suffix. train takes SIZE (crop size, default 224; files then suffixed _SIZE) and LINKS
-# (default 6: 12,000 samples). E.g. CORPUS=dense SIZE=160 LINKS=4 bash bench/device_run.sh train
+# (default 6: 12,000 samples). E.g. CORPUS=dense SIZE=160 LINKS=4 bash bench/device_run.sh train. CUDA_GRAPH=1: train
+# and augtrain capture the model's step in a CUDA graph (fastload bench --cuda-graph); files get a _graph suffix.
 set -o pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -109,8 +110,9 @@ if [[ +$what+ == *+augprobe+* ]]; then  # Nsight Compute on one TrivialAugmentWi
 fi
 if [[ +$what+ == *+augtrain+* ]]; then
   timeout ${TRAIN_TIMEOUT:-500} python3 -m fastload bench $data --device cuda --model resnet50 --size ${SIZE:-176} \
-    --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q --json "$OUT/augtrain$tag.json" \
-    2>"$OUT/augtrain$tag.err" | tee "$OUT/augtrain$tag.log" | tail -8
+    --transform ${TRANSFORM:-trivialaugment} --baseline torchvision --epochs 1 -q ${CUDA_GRAPH:+--cuda-graph} \
+    --json "$OUT/augtrain$tag${CUDA_GRAPH:+_graph}.json" 2>"$OUT/augtrain$tag.err" | \
+    tee "$OUT/augtrain$tag${CUDA_GRAPH:+_graph}.log" | tail -8
 fi
 if [[ +$what+ == *+example+* ]]; then  # examples/train_imagenet.py --recipe torchvision_v2 with ResNet-50, a few steps
   timeout 300 python3 examples/train_imagenet.py --train $data --recipe torchvision_v2 --arch resnet50 --epochs 1 \
@@ -176,14 +178,14 @@ fi
 if [[ +$what+ == *+train+* ]]; then
   # 12,000 samples (LINKS=6 links to each of the 2,000 real JPEGs, page-cached) so an epoch is ~47 batches of 256:
   # epoch start/end effects stay small for both loaders.
-  links=${LINKS:-6}; data=$base-x$links; suffix=$tag${SIZE:+_$SIZE}
+  links=${LINKS:-6}; data=$base-x$links; suffix=$tag${SIZE:+_$SIZE}${CUDA_GRAPH:+_graph}
   python3 -c "from bench.corpus import linked_copies; linked_copies('$base', '$data', $links)"
   python3 -m fastload pack $data $data.seekable.lmdb --seekable --workers 16 -q --resume 2>&1 | tail -1
   for m in ${MODELS:-resnet18 resnet50}; do
     for d in ${DECODER:-cpu}; do  # the torchvision baseline with the first decoder only
       [[ $d == ${DECODER%% *} || -z $DECODER ]] && baseline="--baseline torchvision" || baseline=""
       timeout ${TRAIN_TIMEOUT:-1200} python3 -m fastload bench $data.seekable.lmdb --device cuda \
-        --decoder $d $baseline --model $m --size ${SIZE:-224} --epochs 2 --json "$OUT/train_${m}_$d$suffix.json" \
+        --decoder $d $baseline --model $m --size ${SIZE:-224} --epochs 2 ${CUDA_GRAPH:+--cuda-graph} --json "$OUT/train_${m}_$d$suffix.json" \
         2>"$OUT/train_${m}_$d$suffix.err" | tee "$OUT/train_${m}_$d$suffix.log" | tail -8
     done
   done

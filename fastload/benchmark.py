@@ -233,24 +233,67 @@ def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device=
     return _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step)
 
 
-def training_step(model_name, device, batch_size, num_classes=1000):
-    """A real training step: torchvision model, SGD, bf16 autocast, channels_last. Returns step(x, y)."""
+def training_step(model_name, device, batch_size, num_classes=1000, cuda_graph=False):
+    """A real training step: torchvision model, SGD, bf16 autocast, channels_last. Returns step(x, y).
+
+    ``cuda_graph=True``: the step (forward, backward, SGD) is captured in a CUDA graph and replayed, as
+    ``torch.compile(mode="reduce-overhead")`` would: the training thread then launches one graph a step instead of
+    hundreds of kernels, so busy host cores no longer slow the step (bench/RESULTS.md, "What busy cores cost the
+    training thread"). A step's first call with a new batch shape trains eagerly once (the optimizer's state and the
+    libraries' workspaces exist before capture) and captures; every call is one SGD update either way.
+    ``step.model`` is the model it trains."""
     import torchvision
     if model_name not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model_name!r}")
+    if cuda_graph and torch.device(device).type != "cuda":
+        raise ValueError(f"cuda_graph=True captures the step on a GPU; device is {device}")
     model = getattr(torchvision.models, model_name)(num_classes=num_classes).to(device,
                                                                                 memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def step(x, y):
+    def eager(x, y):
         x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         y = y.to(device, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        # no autocast cache: inside a graph capture its cached casts would outlive the capture
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not cuda_graph):
             loss = loss_fn(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    if not cuda_graph:
+        eager.model = model
+        return eager
+
+    graphs = {}  # per batch signature (a soft-label batch differs from a class-index one): (graph, x, y)
+
+    def capture(x, y):
+        static_x = torch.empty(x.shape, dtype=x.dtype, device=device).contiguous(memory_format=torch.channels_last)
+        static_y = torch.empty(y.shape, dtype=y.dtype, device=device)
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # the warm-up step: this call's update
+            eager(static_x, static_y)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients in its own pool
+        # thread_local: a loader's producers go on queueing their copies on other threads meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            eager(static_x, static_y)
+        return graph, static_x, static_y
+
+    def step(x, y):
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
+        if key not in graphs:
+            graphs[key] = capture(x, y)
+            return
+        graph, static_x, static_y = graphs[key]
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        graph.replay()
+    step.model = model
     return step
 
 
@@ -282,17 +325,20 @@ def _device_name(device):
 
 
 def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, workers=None, epochs=2, size=224,
-        model=None, progress=True, decoder="cpu", transform=None):
+        model=None, progress=True, decoder="cpu", transform=None, cuda_graph=False):
     """Measures everything asked for; returns {"config": {...}, "rows": [row, ...]}.
 
     A row: pipeline (a readable name), kind ("ceiling", "fastload" or "torchvision"), images_per_s, and where
     they apply efficiency (rate / ceiling, with a model), speedup (rate / the torchvision rate), stats (fastload's
-    loader.stats()). ``data`` is a path (folder or store) or a dataset.
+    loader.stats()). ``data`` is a path (folder or store) or a dataset. ``cuda_graph``: the model's step captured
+    in a CUDA graph (``training_step``), for the ceiling and every loader alike.
     """
     if baseline not in (None, "torchvision"):
         raise ValueError(f"baseline must be None or 'torchvision', got {baseline!r}")
     if model is not None and torch.device(device).type != "cuda":
         raise ValueError("a model's training efficiency is measured on a CUDA device")
+    if cuda_graph and model is None:
+        raise ValueError("cuda_graph captures a model's training step: it needs a model")
     is_path = isinstance(data, (str, os.PathLike))
     dataset = open_dataset(data) if is_path else data
     source = os.path.abspath(os.fspath(data)) if is_path else \
@@ -307,18 +353,19 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
-        "model": model, "baseline": baseline, "decoder": decoder, "transform": transform or "classic",
+        "model": model, "cuda_graph": bool(cuda_graph), "baseline": baseline, "decoder": decoder, "transform": transform or "classic",
         "versions": _versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rows = []
     num_classes = max(1000, len(dataset.classes))  # the model's outputs and MixUp/CutMix's targets cover every label
-    step = training_step(model, device, batch_size, num_classes) if model else None
+    step = training_step(model, device, batch_size, num_classes, cuda_graph) if model else None
     ceiling = None
     fed = f"{model} fed by " if model else ""
     if step is not None:
         ceiling = ceiling_rate(step, batch_size, size, device)
-        rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling)", "kind": "ceiling",
+        graphed = ", CUDA graph" if cuda_graph else ""
+        rows.append({"pipeline": f"{model} on a fixed GPU batch (ceiling{graphed})", "kind": "ceiling",
                      "images_per_s": ceiling})
     rate, stats = fastload_rate(dataset, batch_size=batch_size, threads=threads, epochs=epochs, device=device,
                                 size=size, progress=progress, step=step, decoder=decoder, transform=transform,
@@ -366,6 +413,8 @@ def describe(result):
             f"{c['cpu_cores']} CPU cores, {c['epochs']} timed epoch{'s' if c['epochs'] != 1 else ''}")
     if c.get("transform", "plain") not in ("plain", "classic"):  # classic: crop= against v1's ToTensor/Normalize
         line += f", crop + flip + {c['transform']} + normalise in both loaders"
+    if c.get("cuda_graph"):
+        line += ", the training step in a CUDA graph"
     return line
 
 

@@ -339,6 +339,10 @@ def add_bench(sub):
                         "transforms)")
     p.add_argument("--model", choices=["resnet18", "resnet50"],
                    help="measure training efficiency with this torchvision model (needs CUDA)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="with --model: capture the training step in a CUDA graph (as torch.compile's "
+                        "reduce-overhead mode does), for the ceiling and every loader alike: one launch a step, so "
+                        "a fast model's step does not wait for a busy host")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, the table then "
                    "goes to stderr)")
     p.add_argument("--plot", metavar="FILE.png", help="write a bar chart of the results")
@@ -369,6 +373,9 @@ def cmd_bench(args):
         return EXIT_USAGE
     if args.model and device != "cuda":
         _err(f"--model {args.model} measures training efficiency on the GPU; use it with --device cuda")
+        return EXIT_USAGE
+    if args.cuda_graph and not args.model:
+        _err("--cuda-graph captures a model's training step: it needs --model")
         return EXIT_USAGE
     if args.workers is not None and args.workers < 0:
         _err(f"--workers must be 0 or more, got {args.workers}")
@@ -417,7 +424,7 @@ def cmd_bench(args):
     result = benchmark.run(dataset, baseline=args.baseline, device=device, batch_size=args.batch_size,
                            threads=args.threads, workers=args.workers, epochs=args.epochs, size=args.size,
                            model=args.model, progress=not args.quiet, decoder=args.decoder,
-                           transform=args.transform)
+                           transform=args.transform, cuda_graph=args.cuda_graph)
     title = "fastload bench: " + benchmark.describe(result)
     table = benchmark.format_table(result["rows"], title)
     if args.json == "-":

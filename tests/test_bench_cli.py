@@ -106,12 +106,53 @@ def test_usage_errors(imagenet_dir, tmp_path, capsys, monkeypatch):
     _error(capsys, [str(imagenet_dir), "--epochs", "0"], "must be at least 1")
     _error(capsys, [str(imagenet_dir), "--model", "vgg"], "invalid choice")
     _error(capsys, [str(imagenet_dir), "--device", "cpu", "--workers", "-1"], "--workers must be 0 or more")
+    _error(capsys, [str(imagenet_dir), "--device", "cpu", "--cuda-graph"], "--cuda-graph captures a model's "
+           "training step: it needs --model")
     _error(capsys, [str(imagenet_dir), "--device", "cpu", "--json", str(tmp_path / "no" / "out.json")],
            "does not exist")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _error(capsys, [str(imagenet_dir), "--device", "cuda"], "CUDA is not available")
     _error(capsys, [str(imagenet_dir), "--model", "resnet18"], "CUDA is not available")
     _error(capsys, [str(imagenet_dir), "--model", "resnet50", "--device", "cpu"], "CUDA is not available")
+
+
+def test_cuda_graph_needs_a_model_on_a_gpu():
+    with pytest.raises(ValueError, match="captures the step on a GPU"):
+        benchmark.training_step("resnet18", "cpu", 8, cuda_graph=True)
+    with pytest.raises(ValueError, match="needs a model"):
+        benchmark.run("unused", device="cpu", cuda_graph=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_graphed_step_trains_as_the_eager_one():
+    """--cuda-graph: the step captured in a CUDA graph makes the same SGD updates as the eager step, one per call
+    (the first call of a batch shape trains once and captures), for class indices and for soft targets
+    (MixUp/CutMix batches: a second graph), from pinned host memory or from the GPU."""
+    def params(cuda_graph, steps=6):
+        torch.manual_seed(0)
+        step = benchmark.training_step("resnet18", "cuda", 8, num_classes=10, cuda_graph=cuda_graph)
+        gen = torch.Generator().manual_seed(1)
+        for i in range(steps):
+            x = torch.randn(8, 3, 32, 32, generator=gen).contiguous(memory_format=torch.channels_last)
+            y = torch.randint(0, 10, (8,), generator=gen)
+            if i % 2:
+                y = torch.nn.functional.one_hot(y, 10).float() * 0.8 + 0.02  # soft targets
+                x, y = x.pin_memory(), y.pin_memory()
+            else:
+                x, y = x.cuda(), y.cuda()
+            step(x, y)
+        torch.cuda.synchronize()
+        return [t.detach().clone() for t in (*step.model.parameters(), *step.model.buffers())]
+    torch.backends.cudnn.deterministic = True
+    try:
+        eager, graphed, untrained = params(False), params(True), params(False, steps=0)
+    finally:
+        torch.backends.cudnn.deterministic = False
+    assert len(eager) == len(graphed)
+    assert sum(not torch.equal(a, b) for a, b in zip(eager, untrained)) > len(eager) // 2  # it did train
+    for a, b in zip(eager, graphed):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_argument_checks_before_the_run_and_a_damaged_sample(imagenet_dir, tmp_path, capsys):
