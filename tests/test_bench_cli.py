@@ -123,6 +123,25 @@ def test_cuda_graph_needs_a_model_on_a_gpu():
         benchmark.run("unused", device="cpu", cuda_graph=True)
 
 
+def test_the_ceiling_meets_the_targets_the_loaders_deliver(imagenet_dir, monkeypatch):
+    """With torchvision_v2 (MixUp/CutMix last) both loaders deliver soft targets: the ceiling's fixed batch has
+    them too (the same loss; with --cuda-graph the graph for them is captured before any loader runs)."""
+    seen = []
+    benchmark.ceiling_rate(lambda x, y: seen.append((tuple(y.shape), y.dtype)), 8, 32, "cpu", steps=1,
+                           soft_targets=1000)
+    assert set(seen) == {((8, 1000), torch.float32)}
+    asked = []  # what run() asks of the ceiling, per spec (the step and the loaders stubbed: no GPU needed)
+    monkeypatch.setattr(benchmark, "training_step", lambda *a, **k: lambda x, y: None)
+    monkeypatch.setattr(benchmark, "_device_name", lambda device: "a GPU")
+    monkeypatch.setattr(benchmark, "ceiling_rate", lambda *a, soft_targets=None, **k: asked.append(soft_targets) or 1.0)
+    monkeypatch.setattr(benchmark, "fastload_rate", lambda *a, **k: (1.0, {"threads": 1, "workers": 1,
+                                                                         "decoder": "cpu"}))
+    for spec in ("torchvision_v2", "trivialaugment", None):
+        benchmark.run(str(imagenet_dir), device="cuda", batch_size=8, epochs=1, size=32, progress=False,
+                      transform=spec, model="resnet18")
+    assert asked == [1000, None, None]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_graphed_step_trains_as_the_eager_one():
