@@ -240,8 +240,11 @@ def training_step(model_name, device, batch_size, num_classes=1000, cuda_graph=F
     ``torch.compile(mode="reduce-overhead")`` would: the training thread then launches one graph a step instead of
     hundreds of kernels, so busy host cores no longer slow the step (bench/RESULTS.md, "What busy cores cost the
     training thread"). A step's first call with a new batch shape trains eagerly once (the optimizer's state and the
-    libraries' workspaces exist before capture) and captures; every call is one SGD update either way.
-    ``step.model`` is the model it trains."""
+    libraries' workspaces exist before capture) and captures; every call is one SGD update either way. A graph
+    replays what was captured: the model's train/eval mode and its parameters are fixed at capture.
+    ``step.model`` is the model it trains. Either way a batch in pinned host memory is copied asynchronously: the
+    caller must not rewrite it until the step has run (FastLoader hands over GPU batches; torch's DataLoader a new
+    pinned tensor each batch)."""
     import torchvision
     if model_name not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model_name!r}")
@@ -279,20 +282,23 @@ def training_step(model_name, device, batch_size, num_classes=1000, cuda_graph=F
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients in its own pool
-        # thread_local: a loader's producers go on queueing their copies on other threads meanwhile
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # A stream of the model's device (torch.cuda.graph's default stream belongs to the current device: on
+        # another one the model's kernels would run uncaptured). thread_local: a loader's producers may go on
+        # queueing their copies on other threads meanwhile.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
             eager(static_x, static_y)
         return graph, static_x, static_y
 
     def step(x, y):
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
-        if key not in graphs:
-            graphs[key] = capture(x, y)
-            return
-        graph, static_x, static_y = graphs[key]
-        static_x.copy_(x, non_blocking=True)
-        static_y.copy_(y, non_blocking=True)
-        graph.replay()
+        with torch.cuda.device(device):
+            if key not in graphs:
+                graphs[key] = capture(x, y)
+                return
+            graph, static_x, static_y = graphs[key]
+            static_x.copy_(x, non_blocking=True)
+            static_y.copy_(y, non_blocking=True)
+            graph.replay()
     step.model = model
     return step
 
