@@ -236,9 +236,9 @@ def torchvision_rate(dataset, *, batch_size=256, workers=None, epochs=2, device=
 def training_step(model_name, device, batch_size, num_classes=1000, cuda_graph=False):
     """A real training step: torchvision model, SGD, bf16 autocast, channels_last. Returns step(x, y).
 
-    ``cuda_graph=True``: the step (forward, backward, SGD) is captured in a CUDA graph and replayed, as
-    ``torch.compile(mode="reduce-overhead")`` would: the training thread then launches one graph a step instead of
-    hundreds of kernels, so busy host cores no longer slow the step (bench/RESULTS.md, "What busy cores cost the
+    ``cuda_graph=True``: the step (forward, backward, SGD) is captured in a CUDA graph and replayed (the idea of
+    ``torch.compile(mode="reduce-overhead")``): the training thread then queues two copies and one graph a step
+    instead of hundreds of kernels, so busy host cores no longer slow the step (bench/RESULTS.md, "What busy cores cost the
     training thread"). A step's first call with a new batch shape trains eagerly once (the optimizer's state and the
     libraries' workspaces exist before capture) and captures; every call is one SGD update either way. A graph
     replays what was captured: the model's train/eval mode and its parameters are fixed at capture.
@@ -362,7 +362,8 @@ def run(data, *, baseline=None, device="cpu", batch_size=256, threads=None, work
         "device": str(device),
         "device_name": _device_name(device), "cpu_cores": cores, "batch_size": batch_size, "threads": threads,
         "workers": workers if baseline else None, "epochs": epochs, "warmup_epochs": 1, "size": size,
-        "model": model, "cuda_graph": bool(cuda_graph), "baseline": baseline, "decoder": decoder, "transform": transform or "classic",
+        "model": model, "cuda_graph": bool(cuda_graph), "baseline": baseline, "decoder": decoder,
+        "transform": transform or "classic",
         "versions": _versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
