@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from bench.train_profile import sched
 from fastload.benchmark import training_step
 
 
@@ -41,8 +42,7 @@ def _stream(stop):
 
 
 def _on_core_ns():
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        return int(f.read().split()[0])
+    return sched(threading.get_native_id())[0]  # the training thread's ns on a core (Linux schedstat)
 
 
 def measure(step, x, y, steps):

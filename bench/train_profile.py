@@ -30,8 +30,7 @@ import torch
 
 from bench.cuda_wait import set_cuda_wait
 from fastload import FastLoader, decoders
-from fastload.benchmark import TRANSFORMS, ceiling_rate, open_dataset, pipelines, training_step
-from fastload.transforms.planners import RandomResizedCrop
+from fastload.benchmark import TRANSFORMS, ceiling_rate, loader_shape, open_dataset, training_step
 
 
 class GilProbe(threading.Thread):
@@ -146,10 +145,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
     step = training_step(model, device, batch_size)
     ceiling = ceiling_rate(step, batch_size, size, device)
     launch_alone = ceiling_launch(step, batch_size, size, device)
-    shape = {"crop": RandomResizedCrop(size)} if transform is None else {
-        "transform": pipelines(transform, size)[0]}  # a --transform spec, as fastload bench builds it
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
-                        decoder=decoder, threads=threads, workers=workers, cpus=cpus, **shape)
+                        decoder=decoder, threads=threads, workers=workers, cpus=cpus,
+                        **loader_shape(transform, size))  # as fastload bench builds it
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     if switch_interval is not None:

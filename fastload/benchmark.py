@@ -157,15 +157,22 @@ def _check_batches(n, batch_size):
                            f"use a batch size of {n} or less")
 
 
+def loader_shape(transform, size, num_classes=1000):
+    """FastLoader's keyword for a --transform spec: crop=RandomResizedCrop(size) (+ flip + normalise, the shorthand)
+    for None, else transform= the spec's pipeline (``pipelines``)."""
+    if transform is None:
+        return {"crop": RandomResizedCrop(size)}
+    return {"transform": pipelines(transform, size, num_classes)[0]}
+
+
 def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cpu", size=224, progress=True,
                   step=None, label="fastload", decoder="cpu", transform=None, num_classes=1000):
     """(images/s, loader.stats()) of FastLoader over ``epochs`` timed epochs: RandomResizedCrop(size) + flip +
     normalise (the crop= shorthand), or ``transform`` (a --transform spec, see ``pipelines``)."""
     _check_batches(len(dataset), batch_size)
-    shape = {"crop": RandomResizedCrop(size)} if transform is None else {
-        "transform": pipelines(transform, size, num_classes)[0]}
     loader = FastLoader(dataset, batch_size=batch_size, device=device, threads=threads, drop_last=True,
-                        channels_last=step is not None, decoder=decoder, **shape)
+                        channels_last=step is not None, decoder=decoder,
+                        **loader_shape(transform, size, num_classes))
 
     def run(epoch):
         loader.set_epoch(epoch)
