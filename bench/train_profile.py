@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
-from fastload import FastLoader, decoders
+from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import TRANSFORMS, ceiling_rate, loader_shape, open_dataset, training_step
 
 
@@ -138,11 +138,24 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
-            workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None):
+            workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
+            cuda_graph=False, engine_priority=None, trace=None):
     device = torch.device("cuda")
+    if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
+                           workers, reserve, warmup_epochs, transform, side_priority, "in-side", cuda_graph,
+                           engine_priority, trace)
+    if engine_priority is not None:  # the engines' decode and copy streams at another priority than their -1
+        def handles(self, batch, _priority=engine_priority):
+            if self.handles is None:
+                self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=_priority),
+                                torch.cuda.Stream(device, priority=_priority))
+            return self.handles
+        decoders.Engines._handles = handles
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
-    step = training_step(model, device, batch_size)
+    step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
     ceiling = ceiling_rate(step, batch_size, size, device)
     launch_alone = ceiling_launch(step, batch_size, size, device)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
@@ -169,6 +182,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                          ((os.path.join(spy_dir, f"spy_{run}_all.txt"), False),
                           (os.path.join(spy_dir, f"spy_{run}_gil.txt"), True))]
             start = time.perf_counter()
+            allocs_before = nvjpeg.C.NvjpegDecoder.allocations()
             cpu_before = thread_cpu()
             sched_before = sched(threading.get_native_id())
         it = iter(loader)
@@ -182,7 +196,19 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             if epoch >= warmup_epochs:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
+            if trace and epoch == warmup_epochs and len(waits) == 20:
+                tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA])
+                tracer.__enter__()
             step(x, y)
+            if trace and epoch == warmup_epochs and len(waits) == 30:
+                torch.cuda.synchronize()
+                tracer.__exit__(None, None, None)
+                name = f"{decoder}_{train_stream}_{int(cuda_graph)}_{time.time_ns()}"
+                tracer.export_chrome_trace(os.path.join(trace, f"trace_{name}.json"))
+                with open(os.path.join(trace, f"table_{name}.txt"), "w") as f:
+                    f.write(tracer.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+                    f.write(tracer.key_averages().table(sort_by="cpu_time_total", row_limit=40))
             if epoch >= warmup_epochs:
                 e1.record()
                 events.append((e0, e1))
@@ -191,6 +217,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                 images += len(y)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    allocs = [b - a for a, b in zip(allocs_before, nvjpeg.C.NvjpegDecoder.allocations())]
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
     # the training thread per step: on a core, runnable but queued, and the rest of the step (blocked)
     on_cpu, queued, vol, invol = (b - a for a, b in zip(sched_before, sched(threading.get_native_id())))
@@ -214,7 +241,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         decoder = f"auto: {trial['chosen'] or 'still measuring'} (" + ", ".join(
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
-           "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority, "images_per_s": rate,
+           "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority,
+           "train_stream": train_stream, "cuda_graph": cuda_graph, "engine_priority": engine_priority,
+           "nvjpeg_allocs": "/".join(str(v) for v in allocs), "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -245,25 +274,33 @@ def main(argv=None):
                    help="the CUDA driver's wait policies to compare (bench.cuda_wait), each set in turn in "
                         "this one process")
     p.add_argument("--side-priority", type=int, help="the loader's side stream priority (default: its own, -1)")
+    p.add_argument("--train-stream", nargs="+", choices=("default", "side"), default=["default"],
+                   help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
+    p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
+    p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
+    p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of 10 timed steps per run, here")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
                         "in turn in this one process (default: the library's)")
     args = p.parse_args(argv)
-    if args.py_spy:
-        os.makedirs(args.py_spy, exist_ok=True)
+    for d in (args.py_spy, args.trace):
+        if d:
+            os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h) for w in args.cuda_wait for d in args.decoder for h in (args.hybrid if d == "hybrid" else [None])]
+    runs = [(w, d, h, ts) for w in args.cuda_wait for d in args.decoder
+            for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d, split in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts in (runs if r % 2 == 0 else runs[::-1]):
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
-                                 args.transform, args.side_priority)
+                                 args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
+                                 args.trace)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
@@ -275,7 +312,8 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "transform", "cuda_wait", "reserve", "side_priority", "threads", "workers", "ceiling",
+    cols = ("decoder", "transform", "train_stream", "cuda_graph", "engine_priority", "nvjpeg_allocs", "cuda_wait",
+            "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

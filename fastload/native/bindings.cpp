@@ -894,6 +894,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("decode", &nvjpeg_decode_py, py::arg("buffers"), py::arg("windows"), py::arg("out"), py::arg("stream"))
       .def("close", &NvjpegDecoder::close, py::call_guard<ReleasedGil>())
       .def_property_readonly("device", &NvjpegDecoder::device)
+      .def_static("allocations", &nvjpeg_allocations,
+                  "nvJPEG's allocations so far: device allocs, frees, bytes; pinned allocs, frees, bytes")
       .def_static("load_library", [](const std::string& path) {
              ReleasedGil nogil;
              load_nvjpeg(path);
