@@ -139,13 +139,29 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
-            cuda_graph=False, engine_priority=None, trace=None):
+            cuda_graph=False, engine_priority=None, trace=None, bitstreams="pinned"):
     device = torch.device("cuda")
+    if bitstreams == "pageable":  # the engines' bitstreams as before: files in pageable memory, records in the map
+        pinned_read = decoders.Engines._buffers
+
+        def pageable(self, reader, indices, slot=None):
+            pin, slot.pin = slot.pin, False
+            try:
+                return pinned_read(self, reader, indices, slot)
+            finally:
+                slot.pin = pin
+        decoders.Engines._buffers = pageable
+        try:
+            return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
+                           workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph,
+                           engine_priority, trace, "pageable-done")
+        finally:
+            decoders.Engines._buffers = pinned_read
     if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
         with torch.cuda.stream(torch.cuda.Stream(device)):
             return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
                            workers, reserve, warmup_epochs, transform, side_priority, "in-side", cuda_graph,
-                           engine_priority, trace)
+                           engine_priority, trace, bitstreams)
     if engine_priority is not None:  # the engines' decode and copy streams at another priority than their -1
         def handles(self, batch, _priority=engine_priority):
             if self.handles is None:
@@ -242,7 +258,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority,
-           "train_stream": train_stream, "cuda_graph": cuda_graph, "engine_priority": engine_priority,
+           "train_stream": train_stream, "cuda_graph": cuda_graph, "bitstreams": bitstreams.split("-")[0], "engine_priority": engine_priority,
            "nvjpeg_allocs": "/".join(str(v) for v in allocs), "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -276,6 +292,8 @@ def main(argv=None):
     p.add_argument("--side-priority", type=int, help="the loader's side stream priority (default: its own, -1)")
     p.add_argument("--train-stream", nargs="+", choices=("default", "side"), default=["default"],
                    help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
+    p.add_argument("--bitstreams", nargs="+", choices=("pinned", "pageable"), default=["pinned"],
+                   help="the engines' bitstreams page-locked (the library's) or pageable (before); each in turn")
     p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
     p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
     p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of 10 timed steps per run, here")
@@ -289,18 +307,19 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts) for w in args.cuda_wait for d in args.decoder
-            for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream]
+    runs = [(w, d, h, ts, b) for w in args.cuda_wait for d in args.decoder
+            for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
+            for b in (args.bitstreams if d != "cpu" else ["pinned"])]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d, split, ts in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, b in (runs if r % 2 == 0 else runs[::-1]):
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace)
+                                 args.trace, b)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
@@ -312,7 +331,7 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "transform", "train_stream", "cuda_graph", "engine_priority", "nvjpeg_allocs", "cuda_wait",
+    cols = ("decoder", "transform", "bitstreams", "train_stream", "cuda_graph", "engine_priority", "nvjpeg_allocs", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
