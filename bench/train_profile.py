@@ -294,6 +294,8 @@ def main(argv=None):
                    help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
     p.add_argument("--bitstreams", nargs="+", choices=("pinned", "pageable"), default=["pinned"],
                    help="the engines' bitstreams page-locked (the library's) or pageable (before); each in turn")
+    p.add_argument("--nvjpeg-format", nargs="+", choices=("rgbi", "yuv"), default=["rgbi"],
+                   help="EXPERIMENT: nvJPEG's output (yuv: speed only, the pixels are wrong); each in turn")
     p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
     p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
     p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of 10 timed steps per run, here")
@@ -307,12 +309,16 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, f) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
-            for b in (args.bitstreams if d != "cpu" else ["pinned"])]
+            for b in (args.bitstreams if d != "cpu" else ["pinned"])
+            for f in (args.nvjpeg_format if d != "cpu" else ["rgbi"])]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d, split, ts, b in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, b, f in (runs if r % 2 == 0 else runs[::-1]):
+            os.environ.pop("FASTLOAD_NVJPEG_FORMAT", None)
+            if f == "yuv":
+                os.environ["FASTLOAD_NVJPEG_FORMAT"] = "1"
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
@@ -321,6 +327,7 @@ def main(argv=None):
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, b)
             row["cuda_wait"] = wait
+            row["bitstreams"] += f" {f}"
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
             rows.append(row)

@@ -143,6 +143,12 @@ struct PinnedAllocator {  // nvjpegPinnedAllocator_t
 DeviceAllocator counted_device{device_alloc, device_free};
 PinnedAllocator counted_pinned{pinned_alloc, pinned_free};
 
+// EXPERIMENT (twenty-sixth session): FASTLOAD_NVJPEG_FORMAT=1 asks for YUV planes (speed only: wrong pixels)
+int output_format() {
+  const char* format = std::getenv("FASTLOAD_NVJPEG_FORMAT");
+  return format ? std::atoi(format) : kOutputRgbInterleaved;
+}
+
 }  // namespace
 
 const NvjpegApi& load_nvjpeg(const std::string& path) {
@@ -233,7 +239,7 @@ void NvjpegDecoder::grow(size_t n) {
     NvjpegParams* params = nullptr;
     check(api_.nvjpegDecodeParamsCreate(handle_, &params), "nvjpegDecodeParamsCreate");
     params_.push_back(params);
-    check(api_.nvjpegDecodeParamsSetOutputFormat(params, kOutputRgbInterleaved), "nvjpegDecodeParamsSetOutputFormat");
+    check(api_.nvjpegDecodeParamsSetOutputFormat(params, output_format()), "nvjpegDecodeParamsSetOutputFormat");
   }
 }
 
@@ -276,12 +282,19 @@ void NvjpegDecoder::decode(const std::vector<NvjpegCrop>& crops, void* stream) {
     lengths_[i] = c.size;
     images_[i].channel[0] = c.dst;  // RGBI: one interleaved plane
     images_[i].pitch[0] = static_cast<size_t>(c.width) * 3;
+    if (output_format() == 1) {  // EXPERIMENT: YUV planes, each width x height (room for any subsampling)
+      const size_t plane = static_cast<size_t>(c.width) * c.height;
+      for (int k = 0; k < 3; ++k) {
+        images_[i].channel[k] = c.dst + k * plane;
+        images_[i].pitch[k] = static_cast<size_t>(c.width);
+      }
+    }
     check(api_.nvjpegDecodeParamsSetROI(params_[i], c.left, c.top, c.width, c.height), "nvjpegDecodeParamsSetROI");
   }
   const int batch = static_cast<int>(n);
   if (batch != batch_) {  // nvJPEG's batched state is sized for one batch size
     batch_ = 0;
-    check(api_.nvjpegDecodeBatchedInitialize(handle_, state_, batch, 1, kOutputRgbInterleaved),
+    check(api_.nvjpegDecodeBatchedInitialize(handle_, state_, batch, 1, output_format()),
           "nvjpegDecodeBatchedInitialize");
     batch_ = batch;
   }
