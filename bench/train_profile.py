@@ -11,6 +11,9 @@ Trains for a few epochs and reports, per decoder:
   (cores busy) and blocked (the GIL, a CUDA sync, a lock), with its voluntary / involuntary context switches;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
+``--train-stream default side`` runs the loop on the legacy default stream or a stream of its own; ``--cuda-graph``
+the step in a CUDA graph; ``--engine-priority`` the JPEG engines' streams at another priority; ``--trace DIR`` writes
+a torch.profiler trace of ten timed steps (summarised by bench.trace_summary; that run's rates are not figures).
 ``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
 (bench.cuda_wait), each (policy, decoder) run in turn, the order reversed every round.
 
@@ -139,36 +142,30 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
-            cuda_graph=False, engine_priority=None, trace=None, bitstreams="pinned"):
+            cuda_graph=False, engine_priority=None, trace=None):
     device = torch.device("cuda")
-    if bitstreams == "pageable":  # the engines' bitstreams as before: files in pageable memory, records in the map
-        pinned_read = decoders.Engines._buffers
-
-        def pageable(self, reader, indices, slot=None):
-            pin, slot.pin = slot.pin, False
-            try:
-                return pinned_read(self, reader, indices, slot)
-            finally:
-                slot.pin = pin
-        decoders.Engines._buffers = pageable
-        try:
-            return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
-                           workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph,
-                           engine_priority, trace, "pageable-done")
-        finally:
-            decoders.Engines._buffers = pinned_read
     if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
         with torch.cuda.stream(torch.cuda.Stream(device)):
             return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
                            workers, reserve, warmup_epochs, transform, side_priority, "in-side", cuda_graph,
-                           engine_priority, trace, bitstreams)
+                           engine_priority, trace)
     if engine_priority is not None:  # the engines' decode and copy streams at another priority than their -1
-        def handles(self, batch, _priority=engine_priority):
+        library = decoders.Engines._handles
+
+        def handles(self, batch):
             if self.handles is None:
-                self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=_priority),
-                                torch.cuda.Stream(device, priority=_priority))
+                self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=engine_priority),
+                                torch.cuda.Stream(device, priority=engine_priority))
             return self.handles
         decoders.Engines._handles = handles
+        try:
+            row, spies = profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
+                                 workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph,
+                                 None, trace)
+            row["engine_priority"] = engine_priority
+            return row, spies
+        finally:
+            decoders.Engines._handles = library
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -198,7 +195,6 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                          ((os.path.join(spy_dir, f"spy_{run}_all.txt"), False),
                           (os.path.join(spy_dir, f"spy_{run}_gil.txt"), True))]
             start = time.perf_counter()
-            allocs_before = nvjpeg.C.NvjpegDecoder.allocations()
             cpu_before = thread_cpu()
             sched_before = sched(threading.get_native_id())
         it = iter(loader)
@@ -233,7 +229,6 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                 images += len(y)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    allocs = [b - a for a, b in zip(allocs_before, nvjpeg.C.NvjpegDecoder.allocations())]
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
     # the training thread per step: on a core, runnable but queued, and the rest of the step (blocked)
     on_cpu, queued, vol, invol = (b - a for a, b in zip(sched_before, sched(threading.get_native_id())))
@@ -258,8 +253,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority,
-           "train_stream": train_stream, "cuda_graph": cuda_graph, "bitstreams": bitstreams.split("-")[0], "engine_priority": engine_priority,
-           "nvjpeg_allocs": "/".join(str(v) for v in allocs), "images_per_s": rate,
+           "train_stream": train_stream, "cuda_graph": cuda_graph, "engine_priority": engine_priority,
+           "traced": bool(trace),  # the profiler slows the timed epochs: no rate to compare
+           "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -292,10 +288,6 @@ def main(argv=None):
     p.add_argument("--side-priority", type=int, help="the loader's side stream priority (default: its own, -1)")
     p.add_argument("--train-stream", nargs="+", choices=("default", "side"), default=["default"],
                    help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
-    p.add_argument("--bitstreams", nargs="+", choices=("pinned", "pageable"), default=["pinned"],
-                   help="the engines' bitstreams page-locked (the library's) or pageable (before); each in turn")
-    p.add_argument("--nvjpeg-format", nargs="+", choices=("rgbi", "yuv"), default=["rgbi"],
-                   help="EXPERIMENT: nvJPEG's output (yuv: speed only, the pixels are wrong); each in turn")
     p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
     p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
     p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of 10 timed steps per run, here")
@@ -309,25 +301,19 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, f) for w in args.cuda_wait for d in args.decoder
-            for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
-            for b in (args.bitstreams if d != "cpu" else ["pinned"])
-            for f in (args.nvjpeg_format if d != "cpu" else ["rgbi"])]
+    runs = [(w, d, h, ts) for w in args.cuda_wait for d in args.decoder
+            for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d, split, ts, b, f in (runs if r % 2 == 0 else runs[::-1]):
-            os.environ.pop("FASTLOAD_NVJPEG_FORMAT", None)
-            if f == "yuv":
-                os.environ["FASTLOAD_NVJPEG_FORMAT"] = "1"
+        for wait, d, split, ts in (runs if r % 2 == 0 else runs[::-1]):
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace, b)
+                                 args.trace)
             row["cuda_wait"] = wait
-            row["bitstreams"] += f" {f}"
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
             rows.append(row)
@@ -338,7 +324,7 @@ def main(argv=None):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "transform", "bitstreams", "train_stream", "cuda_graph", "engine_priority", "nvjpeg_allocs", "cuda_wait",
+    cols = ("decoder", "transform", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",

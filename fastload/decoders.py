@@ -580,21 +580,19 @@ class Engines:
         read or fails its packed CRC-32, a file that cannot be read safely (read_file's rules). One native call
         reads every file (GIL released: no Python open/stat/read/close per file, each of which would give the GIL
         up and wait for it back) and checks every CRC. The CPU path then reads the failed ones again and reports
-        what it finds. The files, and the records of a store, land in ``slot``'s page-locked host buffer for
-        bitstreams (kept: no fresh memory to fault in each batch; page-locked, so nvJPEG's copies to the GPU are
-        DMA the submitting thread need not wait for); the engines are done with them before the slot is reused."""
+        what it finds. The files land in ``slot``'s host buffer for bitstreams (kept: no fresh memory to fault in
+        each batch); the engines are done with them before the slot is reused."""
         unreadable = {}
-        pin = slot is not None and slot.pin  # the loader's slots on CUDA (a test's CPU slot: not)
         sources, crcs = read_sources(reader, indices, unreadable)
         data, lengths, _, failed = ops.C.read_batch(
             sources, self.maker.threads, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
-            None if slot is None else slot.bitstreams, pin=pin)
+            None if slot is None else slot.bitstreams)
         if slot is not None:
             slot.bitstreams = data
-        files = memoryview(data.numpy())  # the samples back to back; views of it keep it alive
+        files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
-        return [None if k in unreadable or k in failed else files[end - size:end] if pin or isinstance(source, str)
+        return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
                 else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
 
 

@@ -381,25 +381,6 @@ def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tm
                       1: f"buffer is {size} bytes, over the per-image limit of {size - 1}"}
 
 
-@pytest.mark.cuda
-def test_read_batch_pinned_copies_buffers_too_into_page_locked_memory(batch_inputs):
-    """pin=True (the engines' read on CUDA): a new buffer is page-locked, and buffers (a store's records) are
-    copied in after the files, byte for byte, so that nvJPEG's copies to the GPU are DMA; refusals as without."""
-    sources, _, crcs = batch_inputs
-    plain = ops.C.read_batch(sources, 3, 0, crcs)
-    data, lengths, status, failed = ops.C.read_batch(sources, 3, 0, crcs, pin=True)
-    assert data.is_pinned() and not plain[0].is_pinned()
-    assert torch.equal(status, plain[2]) and failed == plain[3]
-    ends = np.cumsum(lengths.numpy())
-    for i, s in enumerate(sources):
-        if i in failed:
-            assert lengths[i] == 0
-        else:
-            assert bytes(data[ends[i] - lengths[i]:ends[i]].numpy()) == (s if isinstance(s, bytes) else
-                                                                         Path(s).read_bytes())
-    assert any(isinstance(s, bytes) and i not in failed for i, s in enumerate(sources))
-
-
 @pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
 def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store):
     """Engines._buffers (CPU work, no GPU needed): the bytes of each sample, None for one that cannot go to the
@@ -422,17 +403,13 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
     broken = {3}
     engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
     assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
-    for pin in (False, True) if torch.cuda.is_available() else (False,):  # the loader's slots are pinned on CUDA
-        with ds.reader() as reader:
-            slot = Slot(pin=pin)
-            for _ in range(2):  # the second time into the slot's buffer from the first
-                got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
-                assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
-                assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
-            # pinned, a store's records are copied into the slot's page-locked buffer too
-            assert (store and not pin) or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8)
-                                                                        if i not in broken)
-            assert slot.bitstreams.is_pinned() == pin
+    with ds.reader() as reader:
+        slot = Slot(pin=False)
+        for _ in range(2):  # the second time into the slot's buffer from the first
+            got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
+            assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
+            assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
+        assert store or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
 
 
 def test_stats_say_which_decoder_auto_chose(imagenet_dir):

@@ -598,13 +598,11 @@ py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows
 // read by native threads (read_file's rules) straight into one uint8 buffer, back to back: their sizes first (open,
 // fstat), then each file read into its place (a file whose size changed in between is unreadable: the CPU path
 // reads it again). `out` is reused when it holds them all, else a new buffer (25% headroom) is returned. Buffers
-// stay where they are (length 0 here), unless `pin`: then they are copied in too, and a new buffer is page-locked
-// (the engines' copy of pageable memory goes through the driver's staging buffer, blocking the submitting thread
-// behind the GPU's queues). A given CRC-32 is checked for both. Returns (data uint8: the buffer used,
+// stay where they are (length 0 here). A given CRC-32 is checked for both. Returns (data uint8: the buffer used,
 // lengths int64 [B]: file i's room, after the rooms before it (0 for buffers and files refused before reading);
 // status int32 [B]; {i: message} for the samples that failed, whose room holds nothing of use).
 py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_bytes,
-                        const c10::optional<at::Tensor>& crcs, const c10::optional<at::Tensor>& out, bool pin) {
+                        const c10::optional<at::Tensor>& crcs, const c10::optional<at::Tensor>& out) {
   if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
   at::Tensor crc_values;
   const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), "read_batch", &crc_values);
@@ -625,10 +623,9 @@ py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_by
         n, threads,
         [&](int64_t i) {
           char* message = outcomes.message(i);
-          if (!views.is_path(i)) {  // a buffer: its limit and checksum; copied below only if pinned
+          if (!views.is_path(i)) {  // a buffer: its limit and checksum, no copy
             Bytes src;
             st[i] = load_checked(views, i, max_bytes, unused, &src, expected, message);
-            if (pin && st[i] == kOk) len[i] = static_cast<int64_t>(src.size);
             return;
           }
           int fd = -1;
@@ -638,18 +635,12 @@ py::tuple read_batch_py(const py::sequence& buffers, int threads, int64_t max_by
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
     std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
     for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + (st[i] == kOk ? len[i] : (len[i] = 0));
-    data = out.has_value() && out->numel() >= offsets[n]
-               ? *out
-               : at::empty({offsets[n] + offsets[n] / 4}, at::TensorOptions(at::kByte).pinned_memory(pin));
+    data = out.has_value() && out->numel() >= offsets[n] ? *out : at::empty({offsets[n] + offsets[n] / 4}, at::kByte);
     uint8_t* base = data.data_ptr<uint8_t>();
     run_parallel(
         n, threads,
         [&](int64_t i) {
-          if (st[i] != kOk) return;
-          if (!views.is_path(i)) {
-            if (pin) std::memcpy(base + offsets[i], views[i].data, static_cast<size_t>(len[i]));
-            return;
-          }
+          if (!views.is_path(i) || st[i] != kOk) return;
           char* message = outcomes.message(i);
           int fd = -1;
           int64_t now = 0;
@@ -877,7 +868,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
   m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
-        py::arg("crcs") = py::none(), py::arg("out") = py::none(), py::arg("pin") = false);
+        py::arg("crcs") = py::none(), py::arg("out") = py::none());
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,
         py::arg("max_pixels") = 0, py::arg("max_bytes") = 0, py::arg("crcs") = py::none());
   m.def("add_restart_markers", &add_restart_markers_py, py::arg("data"), py::arg("strict") = true,
@@ -903,8 +894,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("decode", &nvjpeg_decode_py, py::arg("buffers"), py::arg("windows"), py::arg("out"), py::arg("stream"))
       .def("close", &NvjpegDecoder::close, py::call_guard<ReleasedGil>())
       .def_property_readonly("device", &NvjpegDecoder::device)
-      .def_static("allocations", &nvjpeg_allocations,
-                  "nvJPEG's allocations so far: device allocs, frees, bytes; pinned allocs, frees, bytes")
       .def_static("load_library", [](const std::string& path) {
              ReleasedGil nogil;
              load_nvjpeg(path);

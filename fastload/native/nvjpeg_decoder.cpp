@@ -11,10 +11,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -82,73 +80,6 @@ class OnDevice {
   c10::DeviceGuard guard_;
 };
 
-// nvJPEG's device and pinned allocations, made through the CUDA driver torch has loaded (what nvJPEG's default
-// cudaMalloc / cudaHostAlloc do) and counted: a cudaFree or cudaFreeHost waits for the whole device, so one
-// inside a training loop stalls the model's stream; the counts say whether nvJPEG makes any after its first
-// batches. Where libcuda cannot be found the decoder keeps nvJPEG's own allocators (and counts nothing).
-struct DriverMemory {
-  int (*mem_alloc)(unsigned long long*, size_t) = nullptr;    // cuMemAlloc_v2
-  int (*mem_free)(unsigned long long) = nullptr;              // cuMemFree_v2
-  int (*host_alloc)(void**, size_t, unsigned int) = nullptr;  // cuMemHostAlloc (cudaHostAlloc's flag values)
-  int (*host_free)(void*) = nullptr;                          // cuMemFreeHost
-  bool usable() const { return mem_alloc && mem_free && host_alloc && host_free; }
-};
-
-const DriverMemory& driver_memory() {
-  static const DriverMemory memory = [] {
-    DriverMemory m;
-    void* cuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // only the one already loaded
-    if (cuda == nullptr) return m;
-    m.mem_alloc = reinterpret_cast<decltype(m.mem_alloc)>(::dlsym(cuda, "cuMemAlloc_v2"));
-    m.mem_free = reinterpret_cast<decltype(m.mem_free)>(::dlsym(cuda, "cuMemFree_v2"));
-    m.host_alloc = reinterpret_cast<decltype(m.host_alloc)>(::dlsym(cuda, "cuMemHostAlloc"));
-    m.host_free = reinterpret_cast<decltype(m.host_free)>(::dlsym(cuda, "cuMemFreeHost"));
-    return m;
-  }();
-  return memory;
-}
-
-std::atomic<long long> counts[6];  // device allocs, frees, bytes; pinned allocs, frees, bytes
-
-int device_alloc(void** p, size_t size) {
-  unsigned long long address = 0;
-  const int status = driver_memory().mem_alloc(&address, size);
-  *p = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
-  counts[0]++;
-  counts[2] += static_cast<long long>(size);
-  return status;
-}
-int device_free(void* p) {
-  counts[1]++;
-  return driver_memory().mem_free(static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
-}
-int pinned_alloc(void** p, size_t size, unsigned int flags) {
-  counts[3]++;
-  counts[5] += static_cast<long long>(size);
-  return driver_memory().host_alloc(p, size, flags);
-}
-int pinned_free(void* p) {
-  counts[4]++;
-  return driver_memory().host_free(p);
-}
-
-struct DeviceAllocator {  // nvjpegDevAllocator_t
-  int (*dev_malloc)(void**, size_t);
-  int (*dev_free)(void*);
-};
-struct PinnedAllocator {  // nvjpegPinnedAllocator_t
-  int (*pinned_malloc)(void**, size_t, unsigned int);
-  int (*pinned_free)(void*);
-};
-DeviceAllocator counted_device{device_alloc, device_free};
-PinnedAllocator counted_pinned{pinned_alloc, pinned_free};
-
-// EXPERIMENT (twenty-sixth session): FASTLOAD_NVJPEG_FORMAT=1 asks for YUV planes (speed only: wrong pixels)
-int output_format() {
-  const char* format = std::getenv("FASTLOAD_NVJPEG_FORMAT");
-  return format ? std::atoi(format) : kOutputRgbInterleaved;
-}
-
 }  // namespace
 
 const NvjpegApi& load_nvjpeg(const std::string& path) {
@@ -192,22 +123,9 @@ NvjpegDecoder::NvjpegDecoder(const std::string& library, int max_batch) : api_(l
   OnDevice on(device_);
   try {
     NvjpegHandle* handle = nullptr;
-    // EXPERIMENT (twenty-sixth session): counted allocators and nvJPEG's memory padding, by environment only
-    const bool counted = std::getenv("FASTLOAD_NVJPEG_COUNT") != nullptr && driver_memory().usable();
-    check(api_.nvjpegCreateEx(kBackendHardware, counted ? &counted_device : nullptr,
-                              counted ? &counted_pinned : nullptr, 0, &handle),
+    check(api_.nvjpegCreateEx(kBackendHardware, nullptr, nullptr, 0, &handle),
           "the hardware decoder is not available (nvjpegCreateEx)");
     handle_ = handle;
-    if (const char* padding = std::getenv("FASTLOAD_NVJPEG_PADDING")) {
-      void* lib = ::dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-      using SetPadding = NvjpegStatus (*)(size_t, NvjpegHandle*);
-      auto device_padding = reinterpret_cast<SetPadding>(::dlsym(lib, "nvjpegSetDeviceMemoryPadding"));
-      auto pinned_padding = reinterpret_cast<SetPadding>(::dlsym(lib, "nvjpegSetPinnedMemoryPadding"));
-      const size_t bytes = std::strtoull(padding, nullptr, 10);
-      if (device_padding == nullptr || pinned_padding == nullptr) throw NvjpegError("no nvjpegSet*MemoryPadding");
-      check(device_padding(bytes, handle_), "nvjpegSetDeviceMemoryPadding");
-      check(pinned_padding(bytes, handle_), "nvjpegSetPinnedMemoryPadding");
-    }
     NvjpegState* state = nullptr;
     check(api_.nvjpegJpegStateCreate(handle_, &state), "nvjpegJpegStateCreate");
     state_ = state;
@@ -216,12 +134,6 @@ NvjpegDecoder::NvjpegDecoder(const std::string& library, int max_batch) : api_(l
     release();  // no destructor runs for a constructor that throws
     throw;
   }
-}
-
-std::vector<long long> nvjpeg_allocations() {
-  std::vector<long long> out;
-  for (auto& c : counts) out.push_back(c.load());
-  return out;
 }
 
 NvjpegDecoder::~NvjpegDecoder() {
@@ -239,7 +151,7 @@ void NvjpegDecoder::grow(size_t n) {
     NvjpegParams* params = nullptr;
     check(api_.nvjpegDecodeParamsCreate(handle_, &params), "nvjpegDecodeParamsCreate");
     params_.push_back(params);
-    check(api_.nvjpegDecodeParamsSetOutputFormat(params, output_format()), "nvjpegDecodeParamsSetOutputFormat");
+    check(api_.nvjpegDecodeParamsSetOutputFormat(params, kOutputRgbInterleaved), "nvjpegDecodeParamsSetOutputFormat");
   }
 }
 
@@ -282,19 +194,12 @@ void NvjpegDecoder::decode(const std::vector<NvjpegCrop>& crops, void* stream) {
     lengths_[i] = c.size;
     images_[i].channel[0] = c.dst;  // RGBI: one interleaved plane
     images_[i].pitch[0] = static_cast<size_t>(c.width) * 3;
-    if (output_format() == 1) {  // EXPERIMENT: YUV planes, each width x height (room for any subsampling)
-      const size_t plane = static_cast<size_t>(c.width) * c.height;
-      for (int k = 0; k < 3; ++k) {
-        images_[i].channel[k] = c.dst + k * plane;
-        images_[i].pitch[k] = static_cast<size_t>(c.width);
-      }
-    }
     check(api_.nvjpegDecodeParamsSetROI(params_[i], c.left, c.top, c.width, c.height), "nvjpegDecodeParamsSetROI");
   }
   const int batch = static_cast<int>(n);
   if (batch != batch_) {  // nvJPEG's batched state is sized for one batch size
     batch_ = 0;
-    check(api_.nvjpegDecodeBatchedInitialize(handle_, state_, batch, 1, output_format()),
+    check(api_.nvjpegDecodeBatchedInitialize(handle_, state_, batch, 1, kOutputRgbInterleaved),
           "nvjpegDecodeBatchedInitialize");
     batch_ = batch;
   }

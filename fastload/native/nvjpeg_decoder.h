@@ -24,10 +24,6 @@ struct NvjpegError : std::runtime_error {
 // the path, or the missing symbol.
 const NvjpegApi& load_nvjpeg(const std::string& path);
 
-// nvJPEG's allocations so far, every decoder of the process: device allocs, frees, bytes; pinned allocs, frees,
-// bytes (all zero where the driver's allocators could not be found and nvJPEG used its own).
-std::vector<long long> nvjpeg_allocations();
-
 // One crop of one JPEG: the bitstream (host memory), the window in image pixels, and where its pixels go (device
 // memory, interleaved RGB rows of width * 3 bytes, back to back).
 struct NvjpegCrop {
