@@ -270,7 +270,12 @@ class JpegCrops:
         index counts as unreadable (SizeChecks)."""
         unreadable = {}
         sources, crcs = read_sources(reader, indices, unreadable)
-        wrong = self.sizes.mismatches(indices, sources, self.maker.threads, self.maker.max_pixels)
+        m = self.maker
+        for k in np.flatnonzero(m.oversized[indices]).tolist():  # planned a 1x1 window (BatchMaker.plan)
+            i = int(indices[k])
+            unreadable.setdefault(k, f"the dataset's heights/widths say {m.heights[i]}x{m.widths[i]} (height x "
+                                     f"width), over the pixel limit ({m.max_pixels}): not decoded")
+        wrong = self.sizes.mismatches(indices, sources, m.threads, m.max_pixels)
         unreadable.update({k: text for k, text in wrong.items() if k not in unreadable})
         return sources, crcs, unreadable
 

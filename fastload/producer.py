@@ -23,6 +23,9 @@ from .decoders import FORMAT_JPEG as _FORMAT_JPEG
 from .decoders import read_file as _read_file  # noqa: F401
 
 
+_NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])  # BatchMaker.plan's window for a sample it will not decode
+
+
 class Slot:
     """A reusable decode buffer; grows (by 25% headroom) when a batch needs more, never shrinks."""
 
@@ -111,6 +114,10 @@ class BatchMaker:
         self.stats = stats
         self.heights = np.asarray(dataset.heights, dtype=np.int64)
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
+        # Samples whose index claims more than max_pixels: never decoded (JpegCrops.read refuses them, Pillow's path
+        # finds the image over the limit or not what the index says), so never planned a window from that size:
+        # the buffers are sized from the plan before any header is read.
+        self.oversized = self.heights * self.widths > max_pixels
         self.labels = targets(dataset.labels)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
         self.device = device
@@ -146,6 +153,9 @@ class BatchMaker:
             mask = torch.from_numpy(other)
             windows = torch.where(mask[:, None], full_w, windows)
             matrices = torch.where(mask[:, None, None], full_m, matrices)
+        big = self.oversized[indices]
+        if big.any():  # a 1x1 window at (0, 0) in their place (see __init__)
+            windows = torch.where(torch.from_numpy(big)[:, None], _NO_WINDOW.to(windows.dtype), windows)
         return windows, matrices, other
 
     def prepare(self, indices, epoch, k=0):

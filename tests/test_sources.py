@@ -204,6 +204,33 @@ def test_an_index_that_does_not_describe_its_files_is_the_samples_error(folder):
         assert loader.stats()["skipped"] == 1 and torch.equal(x[keep], ref_x[keep])
 
 
+def test_an_index_over_the_pixel_limit_is_the_samples_error_and_allocates_nothing(folder, tmp_path):
+    """Buffers are sized from the plan, and the plan from the index, before any header is read: an index claiming
+    10^7 x 10^7 pixels tried to allocate terabytes (a RuntimeError from the allocator, not the sample's error). A
+    sample whose index is over max_pixels is now never planned from that size: the sample's error, named, and
+    skipped with on_error="skip", for a JPEG (the crop decoder) and a PNG (Pillow's path) alike."""
+    from PIL import Image
+    png = tmp_path / "0.png"
+    Image.open(folder.paths[0]).convert("RGB").save(png)
+    read = lambda i: png.read_bytes() if i == 0 else Path(folder.paths[i]).read_bytes()  # noqa: E731
+    engines = ((fl.RandomResizedCrop(48), dict(device="cuda", decoder="nvjpeg")),) \
+        if fl.nvjpeg.available()[0] else ()  # the engines' path too, where the GPU has them
+    for k in (0, 4):  # the PNG, a JPEG
+        huge = protocol_dataset(folder, "huge", read)
+        huge.formats = folder.formats.copy()
+        huge.formats[0] = 1
+        huge.heights, huge.widths = folder.heights.copy(), folder.widths.copy()
+        huge.heights[k], huge.widths[k] = 10**7, 10**7
+        reason = (r"its image is \d+x\d+ \(height x width\) but the dataset's heights/widths say 10000000x10000000"
+                  if k == 0 else r"the dataset's heights/widths say 10000000x10000000 \(height x width\), over the "
+                                 rf"pixel limit \({fl.ops.MAX_PIXELS}\): not decoded")
+        for crop, gpu in ((fl.CenterCrop(48), {}), (fl.RandomResizedCrop(48), {})) + engines:
+            with pytest.raises(DecodeError, match=rf"huge\[{k}\]: {reason}"):
+                list(fl.FastLoader(huge, batch_size=8, shuffle=False, crop=crop, threads=2, **gpu))
+            loader = fl.FastLoader(huge, batch_size=8, shuffle=False, crop=crop, threads=2, on_error="skip", **gpu)
+            assert sum(len(y) for _, y in loader) == len(folder) and loader.stats()["skipped"] == 1
+
+
 def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
     """Fields named like those of fastload's Subset view (base, indices) are the user's: not read as sample keys."""
     ds = protocol_dataset(folder, "mine", lambda i: Path(folder.paths[i]).read_bytes())
