@@ -354,6 +354,9 @@ class FastLoader:
         choice = state.get("decoder") if self._trial is not None else None  # decoder="auto"'s earlier choice
         if choice is not None:
             self._trial.check(choice)
+        # Another world size or sampler setting first: it also changes how many batches an epoch has, which the
+        # check after it would otherwise name as the reason.
+        self.sampler._check_state(state["sampler"])
         epoch, done = int(state["epoch"]), int(state["batches_done"])
         if not 0 <= done <= len(self):
             raise ValueError(f"state has batches_done={done}; an epoch of this loader has {len(self)} batches")

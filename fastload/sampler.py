@@ -223,11 +223,15 @@ class ShardedSampler(torch.utils.data.Sampler):
         self._refuse_if_owned("load_state_dict")
         self._load_state_dict(state)
 
-    def _load_state_dict(self, state):
+    def _check_state(self, state):
+        """ValueError naming the first setting ``state`` was saved with that this sampler does not have."""
         for key in ("num_samples", "world_size", "shuffle", "drop_last", "pad", "repeats"):
             saved = state.get(key, 1 if key == "repeats" else getattr(self, key))  # states before repeats: 1
             if saved != getattr(self, key):
                 raise ValueError(f"cannot resume: {key} was {saved} when saved, is {getattr(self, key)} now")
+
+    def _load_state_dict(self, state):
+        self._check_state(state)
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         consumed = int(state["consumed"])

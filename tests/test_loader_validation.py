@@ -101,6 +101,21 @@ def test_load_state_dict_names_what_is_missing(ds):
         loader.load_state_dict(state)
 
 
+def test_a_state_from_another_world_size_says_so(ds):
+    """A state saved with world_size=1 late in its epoch, loaded by a rank of two (whose epoch has half the
+    batches): the reason is the world size, not batches_done beyond this loader's epoch."""
+    one = fl.FastLoader(ds, batch_size=2, shuffle=False, crop=fl.CenterCrop(16))
+    it = iter(one)
+    for _ in range(len(one) - 1):
+        next(it)
+    state = one.state_dict()
+    two = fl.FastLoader(ds, batch_size=2, shuffle=False, crop=fl.CenterCrop(16), rank=0, world_size=2)
+    assert state["batches_done"] > len(two)
+    with pytest.raises(ValueError, match="cannot resume: world_size was 1 when saved, is 2 now"):
+        two.load_state_dict(state)
+    one.close()
+
+
 def test_crop_sizes_as_torchvision_takes_them():
     heights, widths, idx = np.array([375, 500]), np.array([500, 333]), np.array([3, 4])
     reference = fl.RandomResizedCrop(224).plan(heights, widths, 0, 0, idx)
