@@ -114,9 +114,9 @@ _MAX_WARMUP_BATCHES = 400
 
 def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, ready=None, settle=None):
     """Runs warm-up epochs (one, and more while ``ready()`` is False) and `epochs` timed ones; returns images/s over
-    the timed ones. ``settle()`` runs between them: FastLoader's close(), since it starts the next epoch's producers
-    as an epoch ends, and batches made before the clock starts would count as made in no time (a DataLoader starts
-    making batches at iter(), inside the timing)."""
+    the timed ones. ``settle()`` runs between them: FastLoader's producers stopped (it starts the next epoch's as an
+    epoch ends, and batches made before the clock starts would count as made in no time; a DataLoader starts making
+    batches at iter(), inside the timing)."""
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     # a bar in a terminal, a line every few seconds in a log (no carriage-return frames piling up there)
@@ -181,7 +181,7 @@ def fastload_rate(dataset, *, batch_size=256, threads=None, epochs=2, device="cp
         trial = loader.stats().get("decoder_trial")
         return trial is None or trial["chosen"] is not None
     rate = _timed_epochs(run, epochs, len(loader) * batch_size, label, progress, device, step, ready,
-                         settle=loader.close)
+                         settle=loader._stop)  # its pool of outputs kept, as between a training loop's epochs
     loader.close()  # no producer thread left (the next epoch's start early) when the baseline forks its workers
     return rate, dict(loader.stats(), threads=loader.threads, workers=loader.workers)
 

@@ -399,6 +399,12 @@ class FastLoader:
         fork, or to free the buffers at once (its own, and the process's pool of CPU batch outputs that no batch
         holds, up to 1 GiB kept for reuse, oldest first out); dropping the loader frees its own when the garbage
         collector gets to it."""
+        self._stop()
+        ops.C.release_cpu_outputs()  # the host pool of CPU batch outputs (warp_cpu.cpp): blocks no batch holds
+
+    def _stop(self):
+        """close() without freeing the pool of CPU batch outputs: the benchmarks' clock starts from nothing made
+        ahead, as a training loop's epochs do not start from an empty pool."""
         current = self._iterator() if self._iterator is not None else None
         already_paused = current is not None and current.paused and self._paused is not None \
             and self._paused() is current
@@ -416,7 +422,6 @@ class FastLoader:
         if self._ahead is not None:
             self._ahead.close()
         self._ahead = None
-        ops.C.release_cpu_outputs()  # the host pool of CPU batch outputs (warp_cpu.cpp): blocks no batch holds
 
     def __reduce__(self):
         raise TypeError("a FastLoader cannot be pickled (it runs threads and holds native buffers): build it in the "

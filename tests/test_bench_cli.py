@@ -224,8 +224,11 @@ def test_warm_up_lasts_until_ready_and_only_the_epochs_after_it_are_timed(monkey
 def test_the_clock_starts_with_nothing_made_ahead(imagenet_dir, monkeypatch):
     """FastLoader starts the next epoch's producers as one ends: batches they made before the clock started would
     count as made in no time (a review measured 2,603 img/s where the loader made ~500, on 3 batches an epoch).
-    fastload_rate closes the loader between the warm-up and the timed epochs, so no producer runs at the start."""
+    fastload_rate stops the loader's producers between the warm-up and the timed epochs, so no producer runs at the
+    start; it keeps the pool of CPU batch outputs (close() frees it), as between a training loop's epochs."""
     import threading
+
+    from fastload import ops
 
     def producers():
         return [t for t in threading.enumerate() if t.name.startswith("fastload") and t.is_alive()]
@@ -237,11 +240,14 @@ def test_the_clock_starts_with_nothing_made_ahead(imagenet_dir, monkeypatch):
         at_start.append(len(set(producers()) - before))  # this loader's (other tests' loaders may linger)
         sync(device)
 
+    released = []
+    release = ops.C.release_cpu_outputs
     monkeypatch.setattr(benchmark, "_sync", synced)
+    monkeypatch.setattr(ops.C, "release_cpu_outputs", lambda: released.append(len(at_start)) or release())
     ds = benchmark.open_dataset(imagenet_dir)
     before = set(producers())
     benchmark.fastload_rate(ds, batch_size=8, threads=1, epochs=1, size=32, progress=False)
-    assert at_start[0] == 0
+    assert at_start[0] == 0 and released == [len(at_start)]  # freed once, by the close() after the timing
     events = []
     benchmark._timed_epochs(lambda e: events.append(e) or [(None, torch.zeros(4))], 1, 4, "x", False, "cpu",
                             settle=lambda: events.append("settle"))
