@@ -1,7 +1,10 @@
 """Summarises torch.profiler chrome traces (bench.train_profile --trace DIR): per CUDA stream, the GPU time of its
 kernels and copies and their top names; how long the GPU kept each kind of work waiting after its launch call
 returned (queue delay, by the first words of its name); and the CUDA runtime / driver calls by name (count, total
-ms), which shows allocations and synchronisations made by libraries such as nvJPEG.
+ms), which shows allocations and synchronisations made by libraries such as nvJPEG. A queue delay counts from the
+launch call: for a kernel queued behind other work of its own stream it includes that work (nvJPEG's conversion
+kernel follows its image's hardware decode, which CUPTI does not show), and every kernel of a CUDA graph counts
+from the graph's launch. The copies are bucketed by kind, whoever made them.
 
     python -m bench.trace_summary DIR/trace_*.json
 """

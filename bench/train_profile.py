@@ -13,7 +13,7 @@ Trains for a few epochs and reports, per decoder:
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
 ``--train-stream default side`` runs the loop on the legacy default stream or a stream of its own; ``--cuda-graph``
 the step in a CUDA graph; ``--engine-priority`` the JPEG engines' streams at another priority; ``--trace DIR`` writes
-a torch.profiler trace of ten timed steps (summarised by bench.trace_summary; that run's rates are not figures).
+a torch.profiler trace of timed steps 20-29 (summarised by bench.trace_summary; that run's rates are not figures).
 ``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
 (bench.cuda_wait), each (policy, decoder) run in turn, the order reversed every round.
 
@@ -140,14 +140,31 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
     return float(np.median(times)) * 1e3
 
 
+_TRACE_FROM, _TRACE_STEPS = 20, 10  # --trace: the timed steps it covers
+
+
+def _write_trace(tracer, directory, name):
+    """Stops ``tracer`` and writes its chrome trace and two tables into ``directory``; returns the trace's path."""
+    torch.cuda.synchronize()
+    tracer.__exit__(None, None, None)
+    name = f"{name}_{time.time_ns()}"
+    path = os.path.join(directory, f"trace_{name}.json")
+    tracer.export_chrome_trace(path)
+    with open(os.path.join(directory, f"table_{name}.txt"), "w") as f:
+        f.write(tracer.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+        f.write(tracer.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+    return path
+
+
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None):
     device = torch.device("cuda")
     if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
+        # (the inner call sees "on-side": made current here; its row says "side")
         with torch.cuda.stream(torch.cuda.Stream(device)):
             return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
-                           workers, reserve, warmup_epochs, transform, side_priority, "in-side", cuda_graph,
+                           workers, reserve, warmup_epochs, transform, side_priority, "on-side", cuda_graph,
                            engine_priority, trace)
     if engine_priority is not None:  # the engines' decode and copy streams at another priority than their -1
         library = decoders.Engines._handles
@@ -162,7 +179,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             row, spies = profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
                                  workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph,
                                  None, trace)
-            row["engine_priority"] = engine_priority
+            row["engine_priority"] = engine_priority if decoder != "cpu" else None
             return row, spies
         finally:
             decoders.Engines._handles = library
@@ -180,6 +197,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         sys.setswitchinterval(switch_interval)
     probe = GilProbe()
     waits, launches, gpu_ms = [], [], []
+    tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []
     spies = []
     images, start = 0, None
@@ -208,19 +226,13 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             if epoch >= warmup_epochs:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
-            if trace and epoch == warmup_epochs and len(waits) == 20:
+            if trace and epoch >= warmup_epochs and len(waits) == _TRACE_FROM and tracer is None:
                 tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                             torch.profiler.ProfilerActivity.CUDA])
                 tracer.__enter__()
             step(x, y)
-            if trace and epoch == warmup_epochs and len(waits) == 30:
-                torch.cuda.synchronize()
-                tracer.__exit__(None, None, None)
-                name = f"{decoder}_{train_stream}_{int(cuda_graph)}_{time.time_ns()}"
-                tracer.export_chrome_trace(os.path.join(trace, f"trace_{name}.json"))
-                with open(os.path.join(trace, f"table_{name}.txt"), "w") as f:
-                    f.write(tracer.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
-                    f.write(tracer.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+            if tracer is not None and traced is None and len(waits) == _TRACE_FROM + _TRACE_STEPS - 1:
+                traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
             if epoch >= warmup_epochs:
                 e1.record()
                 events.append((e0, e1))
@@ -229,6 +241,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                 images += len(y)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
+        traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
     # the training thread per step: on a core, runnable but queued, and the rest of the step (blocked)
     on_cpu, queued, vol, invol = (b - a for a, b in zip(sched_before, sched(threading.get_native_id())))
@@ -253,8 +267,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority,
-           "train_stream": train_stream, "cuda_graph": cuda_graph, "engine_priority": engine_priority,
-           "traced": bool(trace),  # the profiler slows the timed epochs: no rate to compare
+           "train_stream": "side" if train_stream == "on-side" else train_stream, "cuda_graph": cuda_graph,
+           "engine_priority": engine_priority if decoder != "cpu" else None,
+           "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -290,7 +305,7 @@ def main(argv=None):
                    help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
     p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
     p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
-    p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of 10 timed steps per run, here")
+    p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of timed steps 20-29 of each run, here")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",

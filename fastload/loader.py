@@ -159,7 +159,8 @@ class FastLoader:
             max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
         self._trial = decoders.trial(decoder, kind, self.device)  # decoder="auto" with engines: measured choice
-        for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
+        for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers),
+                            ("max_pixels", max_pixels)):
             if value is not None or name != "workers":
                 _check_positive_int(name, value)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

@@ -274,9 +274,10 @@ def test_auto_trial_times_each_decoder_in_the_loop_and_keeps_the_fastest():
         decoders.Trial(["cpu", "nvjpeg"]).adopt("gpu")
 
 
-@pytest.mark.parametrize("name", ["batch_size", "prefetch", "workers"])
+@pytest.mark.parametrize("name", ["batch_size", "prefetch", "workers", "max_pixels"])
 def test_loader_sizes_must_be_positive_ints(imagenet_dir, name):
-    """batch_size and prefetch have no None default to fall back on (workers=None: the decoder's default)."""
+    """batch_size, prefetch and max_pixels have no None default to fall back on (workers=None: the decoder's
+    default); max_pixels=0 would refuse every image (it was the native ops' "default", unsaid)."""
     ds = fl.FolderDataset(imagenet_dir)
     for bad in ([None, 0] if name != "workers" else [0]):
         with pytest.raises(ValueError, match=name):

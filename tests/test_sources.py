@@ -215,7 +215,8 @@ def test_an_index_over_the_pixel_limit_is_the_samples_error_and_allocates_nothin
     read = lambda i: png.read_bytes() if i == 0 else Path(folder.paths[i]).read_bytes()  # noqa: E731
     engines = ((fl.RandomResizedCrop(48), dict(device="cuda", decoder="nvjpeg")),) \
         if fl.nvjpeg.available()[0] else ()  # the engines' path too, where the GPU has them
-    for k in (0, 4):  # the PNG, a JPEG
+    assert len(folder) > 20
+    for k in (0, 4, 20):  # the PNG, a JPEG beside it, a JPEG in a batch of JPEGs only
         huge = protocol_dataset(folder, "huge", read)
         huge.formats = folder.formats.copy()
         huge.formats[0] = 1
