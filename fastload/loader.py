@@ -99,8 +99,9 @@ class FastLoader:
         strict: True (default) refuses a JPEG whose libjpeg warnings mean the pixels may be wrong (DecodeError,
             or skipped with on_error="skip"); False lets every warning through (fastload.ops.decode_crop explains
             which warnings are which).
-        max_pixels: the largest image (width x height) decoded; a header claiming more is that sample's
-            DecodeError, so that no file makes the loader allocate without bound (default: Pillow's limit).
+        max_pixels: the largest image (width x height) decoded, a positive int; a header, or the dataset's
+            heights/widths, claiming more is that sample's DecodeError, so that no file or index makes the loader
+            allocate without bound (default: Pillow's limit).
         decoder: "cpu" (default): libjpeg-turbo decodes only the crop, DCT-downscaled, on ``threads`` cores: the
             same pixels on every device. "nvjpeg" (CUDA): the GPU's hardware JPEG decoder (A100, A30, H100,
             H200) decodes the batch's baseline YCbCr JPEGs, crops at full resolution (the kernel does all the
