@@ -327,6 +327,9 @@ class PillowImages:
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 
 
+NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])  # the window of a sample that will not be decoded: room for one pixel
+
+
 # ---- batch decoders -----------------------------------------------------------------------------------------
 
 class Cores:
@@ -345,24 +348,26 @@ class Cores:
         m = self.maker
         t0 = time.perf_counter()
         windows, matrices, other = plan if plan is not None else m.plan(indices, epoch)
-        nbytes = decoded_nbytes(windows)
-        used = int(nbytes.sum())
-        buffer = slot.reserve(used)
         n = len(indices)
         fallback = int(other.sum())
+        jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
         with m.ds.reader() as reader:
+            sources, crcs, unreadable = self.crops.read(reader, indices[jpeg] if fallback else indices)
+            t1 = time.perf_counter()
+            if unreadable:  # not decoded: no room for a window planned from an index their header contradicts
+                gone = torch.zeros(n, dtype=torch.bool)
+                gone[torch.from_numpy(jpeg[list(unreadable)])] = True
+                windows = torch.where(gone[:, None], NO_WINDOW.to(windows.dtype), windows)
+            nbytes = decoded_nbytes(windows)
+            used = int(nbytes.sum())
+            buffer = slot.reserve(used)
             if not fallback:  # the usual batch: all JPEGs, laid out by the native call as the batch is
-                sources, crcs, unreadable = self.crops.read(reader, indices)
-                t1 = time.perf_counter()
                 d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
                 offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
             else:
-                jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
                 offsets = torch.zeros(n, dtype=torch.int64)
                 shapes = torch.zeros(n, 3, dtype=torch.int64)
                 status = torch.full((n,), ops.NOT_DECODED, dtype=torch.int32)
-                sources, crcs, unreadable = self.crops.read(reader, indices[jpeg])
-                t1 = time.perf_counter()
                 messages = {}
                 if len(jpeg):  # the JPEGs first, laid out by the native decoder
                     j = torch.from_numpy(jpeg)

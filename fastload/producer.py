@@ -23,9 +23,6 @@ from .decoders import FORMAT_JPEG as _FORMAT_JPEG
 from .decoders import read_file as _read_file  # noqa: F401
 
 
-_NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])  # BatchMaker.plan's window for a sample it will not decode
-
-
 class Slot:
     """A reusable decode buffer; grows (by 25% headroom) when a batch needs more, never shrinks."""
 
@@ -155,7 +152,7 @@ class BatchMaker:
             matrices = torch.where(mask[:, None, None], full_m, matrices)
         big = self.oversized[indices]
         if big.any():  # a 1x1 window at (0, 0) in their place (see __init__)
-            windows = torch.where(torch.from_numpy(big)[:, None], _NO_WINDOW.to(windows.dtype), windows)
+            windows = torch.where(torch.from_numpy(big)[:, None], decoders.NO_WINDOW.to(windows.dtype), windows)
         return windows, matrices, other
 
     def prepare(self, indices, epoch, k=0):

@@ -232,6 +232,26 @@ def test_an_index_over_the_pixel_limit_is_the_samples_error_and_allocates_nothin
             assert sum(len(y) for _, y in loader) == len(folder) and loader.stats()["skipped"] == 1
 
 
+def test_a_wrong_index_under_the_limit_sizes_no_buffer_from_it(folder):
+    """A JPEG whose index is wrong but under max_pixels (12000 x 12000 for a photo of ~500 x 375): its header is read
+    before the batch's buffer is sized, so the buffer holds the replacements' crops, not 8 windows of up to 432 MB
+    each at full resolution."""
+    from fastload.loader import LoaderStats
+    from fastload.producer import BatchMaker, Slot
+    from fastload.transforms.pipeline import Pipeline
+    wrong = protocol_dataset(folder, "wrong", lambda i: Path(folder.paths[i]).read_bytes())
+    wrong.heights, wrong.widths = folder.heights.copy(), folder.widths.copy()
+    wrong.heights[:8], wrong.widths[:8] = 12000, 12000
+    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48, dct_downscale=False), None, None, 1.0 / 255, torch.float32)
+    pipeline.set_epoch_size(0, (48, 48))
+    maker = BatchMaker(wrong, pipeline, 0, 2, "skip", True, fl.ops.MAX_PIXELS, LoaderStats())
+    slot = Slot(pin=False)
+    batch = maker.make(np.arange(8), 0, slot)
+    assert batch.counts["skipped"] == 8 and not set(batch.indices.tolist()) & set(range(8))
+    largest = int((folder.heights * folder.widths).max()) * 3
+    assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole photos at most
+
+
 def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
     """Fields named like those of fastload's Subset view (base, indices) are the user's: not read as sample keys."""
     ds = protocol_dataset(folder, "mine", lambda i: Path(folder.paths[i]).read_bytes())
