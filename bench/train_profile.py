@@ -21,6 +21,7 @@ a torch.profiler trace of timed steps 20-29 (summarised by bench.trace_summary; 
 """
 import argparse
 import collections
+import contextlib
 import os
 import shutil
 import subprocess
@@ -156,33 +157,39 @@ def _write_trace(tracer, directory, name):
     return path
 
 
+@contextlib.contextmanager
+def _engine_streams(device, priority):
+    """The JPEG engines' decode and copy streams made at ``priority`` instead of the library's -1, for the block."""
+    library = decoders.Engines._handles
+
+    def handles(self, batch):
+        if self.handles is None:
+            self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=priority),
+                            torch.cuda.Stream(device, priority=priority))
+        return self.handles
+    decoders.Engines._handles = handles
+    try:
+        yield
+    finally:
+        decoders.Engines._handles = library
+
+
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None):
     device = torch.device("cuda")
-    if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
-        # (the inner call sees "on-side": made current here; its row says "side")
-        with torch.cuda.stream(torch.cuda.Stream(device)):
-            return profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
-                           workers, reserve, warmup_epochs, transform, side_priority, "on-side", cuda_graph,
-                           engine_priority, trace)
-    if engine_priority is not None:  # the engines' decode and copy streams at another priority than their -1
-        library = decoders.Engines._handles
+    with contextlib.ExitStack() as stack:
+        if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
+            stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
+        if engine_priority is not None:
+            stack.enter_context(_engine_streams(device, engine_priority))
+        return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers,
+                        reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
+                        trace, device)
 
-        def handles(self, batch):
-            if self.handles is None:
-                self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=engine_priority),
-                                torch.cuda.Stream(device, priority=engine_priority))
-            return self.handles
-        decoders.Engines._handles = handles
-        try:
-            row, spies = profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads,
-                                 workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph,
-                                 None, trace)
-            row["engine_priority"] = engine_priority if decoder != "cpu" else None
-            return row, spies
-        finally:
-            decoders.Engines._handles = library
+
+def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers, reserve,
+             warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, device):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -267,7 +274,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             f"{name} {rate:,.0f}" for name, rate in trial["rates"].items()) + " img/s)"
     row = {"decoder": decoder, "transform": transform or "plain", "reserve": reserve, "model": model, "size": size,
            "ceiling": ceiling, "ceiling_after": ceiling_after, "side_priority": side_priority,
-           "train_stream": "side" if train_stream == "on-side" else train_stream, "cuda_graph": cuda_graph,
+           "train_stream": train_stream, "cuda_graph": cuda_graph,
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "images_per_s": rate,

@@ -327,7 +327,13 @@ class PillowImages:
             return ops.CORRUPT, f"Pillow could not decode it: {e}"
 
 
-NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])  # the window of a sample that will not be decoded: room for one pixel
+_NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])
+
+
+def without_windows(windows, mask):
+    """``windows`` [B, 5] with the rows where ``mask`` (bool numpy [B]) is set replaced by a 1-pixel window at (0, 0):
+    samples that will not be decoded, so that no buffer is sized from a window planned from a size they do not have."""
+    return torch.where(torch.from_numpy(mask)[:, None], _NO_WINDOW.to(windows.dtype), windows)
 
 
 # ---- batch decoders -----------------------------------------------------------------------------------------
@@ -354,10 +360,10 @@ class Cores:
         with m.ds.reader() as reader:
             sources, crcs, unreadable = self.crops.read(reader, indices[jpeg] if fallback else indices)
             t1 = time.perf_counter()
-            if unreadable:  # not decoded: no room for a window planned from an index their header contradicts
-                gone = torch.zeros(n, dtype=torch.bool)
-                gone[torch.from_numpy(jpeg[list(unreadable)])] = True
-                windows = torch.where(gone[:, None], NO_WINDOW.to(windows.dtype), windows)
+            if unreadable:  # not decoded (their header contradicts the index, say): no room for their windows
+                gone = np.zeros(n, dtype=bool)
+                gone[jpeg[list(unreadable)]] = True
+                windows = without_windows(windows, gone)
             nbytes = decoded_nbytes(windows)
             used = int(nbytes.sum())
             buffer = slot.reserve(used)

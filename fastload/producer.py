@@ -113,7 +113,7 @@ class BatchMaker:
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
         # Samples whose index claims more than max_pixels: never decoded (JpegCrops.read refuses them, Pillow's path
         # finds the image over the limit or not what the index says), so never planned a window from that size:
-        # the buffers are sized from the plan before any header is read.
+        # Pillow's rooms and the engines' device buffer are sized from the plan before the file is opened.
         self.oversized = self.heights * self.widths > max_pixels
         self.labels = targets(dataset.labels)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
@@ -151,8 +151,8 @@ class BatchMaker:
             windows = torch.where(mask[:, None], full_w, windows)
             matrices = torch.where(mask[:, None, None], full_m, matrices)
         big = self.oversized[indices]
-        if big.any():  # a 1x1 window at (0, 0) in their place (see __init__)
-            windows = torch.where(torch.from_numpy(big)[:, None], decoders.NO_WINDOW.to(windows.dtype), windows)
+        if big.any():  # see __init__
+            windows = decoders.without_windows(windows, big)
         return windows, matrices, other
 
     def prepare(self, indices, epoch, k=0):
