@@ -10,6 +10,8 @@
 #   bench: python -m bench.gpu (on LINKS links to each JPEG, default 4);
 #   trainprof: python -m bench.train_profile on 4 links to each JPEG, once per line of TPARGS (its arguments);
 #   contention: python -m bench.host_contention once per line of CONTARGS (the training step beside busy cores);
+#   engines: python -m bench.engine_contention ENGARGS (the JPEG engines beside compute, memory, copies, a model;
+#   NVJPEG_VARIANT: a sed expression for nvjpeg_decoder.cpp, rebuilt and run again with VARIANT_ENGARGS added);
 #   split: python -m bench.hybrid_split SPLITARGS on the pack --seekable store of LINKS (4) links to each JPEG;
 #   train: fastload bench --model resnet18/50 against torchvision (DECODER=cpu|nvjpeg
 #   picks FastLoader's decoders, e.g. "cpu nvjpeg", the baseline runs with the first; MODELS the models, default
@@ -166,6 +168,20 @@ if [[ +$what+ == *+contention+* ]]; then  # the training step alone, beside spin
     [[ -z $args ]] && continue
     timeout ${TRAIN_TIMEOUT:-300} python3 -m bench.host_contention $args 2>&1 | tee -a "$OUT/contention.log" | grep "^|"
   done <<< "${CONTARGS:---model resnet50 --size 176}"
+fi
+if [[ +$what+ == *+engines+* ]]; then  # bench.engine_contention: the JPEG engines beside one kind of GPU work at a time
+  python3 -m bench.engine_contention --data $base $ENGARGS 2>&1 | tee "$OUT/engines.log" | grep -E "^\||^round|batch"
+  if [[ -n $NVJPEG_VARIANT ]]; then  # a sed expression for nvjpeg_decoder.cpp: rebuilt, run again, restored
+    cp fastload/native/nvjpeg_decoder.cpp /tmp/nvjpeg_decoder.cpp.orig
+    sed -i "$NVJPEG_VARIANT" fastload/native/nvjpeg_decoder.cpp
+    cmp -s /tmp/nvjpeg_decoder.cpp.orig fastload/native/nvjpeg_decoder.cpp && echo "variant changed nothing"
+    t=$(date +%s)
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build_variant.log" 2>&1 || tail -5 "$OUT/build_variant.log"
+    echo "variant ($NVJPEG_VARIANT), build $(( $(date +%s) - t )) s"
+    python3 -m bench.engine_contention --data $base $ENGARGS ${VARIANT_ENGARGS} 2>&1 | tee "$OUT/engines_variant.log" | \
+      grep -E "^\||^round|batch"
+    cp /tmp/nvjpeg_decoder.cpp.orig fastload/native/nvjpeg_decoder.cpp
+  fi
 fi
 if [[ +$what+ == *+split+* ]]; then  # decoder="hybrid" splits, loaders alone (bench/hybrid_split.py)
   links=${LINKS:-4}; data=$base-x$links

@@ -4,7 +4,11 @@
     loader = fl.FastLoader(fl.LMDBDataset("train.lmdb"), batch_size=256, device="cuda")
     for x, y in loader: ...
 """
-from . import ops, recipes, transforms
+from . import cuda_queues
+
+cuda_queues.ask()  # before anything creates the CUDA context: 32 hardware queues, not 8 (cuda_queues says why)
+
+from . import ops, recipes, transforms  # noqa: E402
 from .errors import DecodeError
 from .datasets import FolderDataset, LMDBDataset
 from .loader import FastLoader

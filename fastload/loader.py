@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 import torch
 
-from . import decoders, ops
+from . import cuda_queues, decoders, ops
 from .datasets.source import SubsetSource, as_source
 from .producer import BatchMaker, Slot
 from .sampler import ShardedSampler
@@ -160,6 +160,8 @@ class FastLoader:
             max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
         self._trial = decoders.trial(decoder, kind, self.device)  # decoder="auto" with engines: measured choice
+        if kind.name != "cpu" or self._trial is not None:
+            cuda_queues.warn_if_few()  # the engines would queue behind the model's kernels
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers),
                             ("max_pixels", max_pixels)):
             if value is not None or name != "workers":
