@@ -37,6 +37,7 @@ def test_a_users_own_value_is_kept():
 
 
 def test_queues_reads_the_environment(monkeypatch):
+    monkeypatch.setattr(cuda_queues, "_started_with", None)
     monkeypatch.setenv(VAR, "16")
     assert cuda_queues.queues() == 16
     monkeypatch.delenv(VAR)
@@ -45,8 +46,31 @@ def test_queues_reads_the_environment(monkeypatch):
     assert cuda_queues.queues() == cuda_queues.DRIVER_DEFAULT  # the driver ignores what is not a number
 
 
+def test_too_late_once_the_driver_is_initialised(monkeypatch):
+    # The driver reads the variable at cuInit (torch.cuda.is_available() does it): set later, it changes nothing,
+    # so ask() leaves it alone and remembers what the driver got.
+    monkeypatch.setattr(cuda_queues, "_started_with", None)
+    monkeypatch.setattr(cuda_queues, "_driver_started", lambda: True)
+    monkeypatch.delenv(VAR, raising=False)
+    cuda_queues.ask()
+    assert VAR not in os.environ and cuda_queues.queues() == 8
+    monkeypatch.setenv(VAR, "32")  # set after the driver started: still 8
+    assert cuda_queues.queues() == 8
+    monkeypatch.setattr(cuda_queues, "_warned", False)
+    with pytest.warns(UserWarning, match="8 hardware queues .*when CUDA was initialised, before fastload was imp"):
+        cuda_queues.warn_if_few()
+
+
+def test_no_driver_loaded_is_not_started():
+    # This process has imported torch and fastload; without a GPU nothing has initialised the driver.
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU: test_on_a_gpu_the_driver_initialised_first_is_detected")
+    assert not cuda_queues._driver_started()
+
+
 def test_few_queues_warn_once_with_the_fix(monkeypatch):
     monkeypatch.setattr(cuda_queues, "_warned", False)
+    monkeypatch.setattr(cuda_queues, "_started_with", None)
     monkeypatch.setenv(VAR, "32")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -65,6 +89,7 @@ def test_few_queues_warn_once_with_the_fix(monkeypatch):
 
 def test_the_cpu_decoder_does_not_warn(imagenet_dir, monkeypatch):
     monkeypatch.setattr(cuda_queues, "_warned", False)
+    monkeypatch.setattr(cuda_queues, "_started_with", None)
     monkeypatch.setenv(VAR, "8")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -80,6 +105,7 @@ engines = pytest.mark.skipif(not (torch.cuda.is_available() and nvjpeg.available
 @pytest.mark.parametrize("decoder", ["nvjpeg", "hybrid", "auto"])
 def test_a_loader_on_the_engines_warns_where_the_process_has_8_queues(imagenet_dir, monkeypatch, decoder):
     monkeypatch.setattr(cuda_queues, "_warned", False)
+    monkeypatch.setattr(cuda_queues, "_started_with", None)
     monkeypatch.setenv(VAR, "8")
     with pytest.warns(UserWarning, match="8 hardware queues") as caught:
         fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, device="cuda", decoder=decoder).close()
@@ -87,7 +113,8 @@ def test_a_loader_on_the_engines_warns_where_the_process_has_8_queues(imagenet_d
 
 
 @pytest.mark.cuda
-def test_too_late_once_cuda_is_initialised():
-    # CUDA started before fastload's import: the context has its queues, so the variable is left unset (the loader
-    # warns instead, above).
-    assert _python(f"import os, torch; torch.cuda.init(); import fastload; print(os.environ.get('{VAR}'))") == "None"
+def test_on_a_gpu_the_driver_initialised_first_is_detected():
+    code = (f"import os, torch; torch.cuda.is_available(); import fastload; "
+            f"print(os.environ.get('{VAR}'), fastload.cuda_queues.queues())")
+    assert _python(code) == "None 8"
+    assert _python(f"import os, fastload; print(os.environ.get('{VAR}'), fastload.cuda_queues.queues())") == "32 32"
