@@ -1,8 +1,10 @@
-"""What the JPEG engines share with a training step (issue 18; bench/RESULTS.md, "Why the engines slow down inside
-training").
+"""What the JPEG engines share with a training step (issue 18; bench/RESULTS.md, "Why the engines slowed down inside
+training": CUDA's 8 hardware queues, which fastload now raises to 32).
 
-Alone the engines decode ~24,900 crops/s at 160 px; beside ResNet-18's step, even with the step in a CUDA graph and
-the host idle, about half, and the time goes inside nvJPEG's batched decode call. This runs that call in a loop (its
+Alone the engines decode ~24,900 crops/s at 160 px; with the driver's default 8 queues, beside ResNet-18's step
+(even with the step in a CUDA graph and the host idle) about half, and the time went inside nvJPEG's batched decode
+call. Run it with CUDA_DEVICE_MAX_CONNECTIONS set in its environment to compare queue counts (fastload sets 32 at
+import where it is unset). This runs that call in a loop (its
 own thread and stream, crop windows of RandomResizedCrop(SIZE) as the loader plans them) while the GPU does one kind
 of other work on another stream, one kind at a time, so that the resource the two share shows itself:
 

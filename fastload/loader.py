@@ -110,9 +110,9 @@ class FastLoader:
             on damaged data, so a JPEG reaches them only after a strict CPU entropy check (once per sample for the
             loader's life; the first epoch pays it on the cores): one that fails is decoded by the cores, and
             ``strict``/``on_error`` hold exactly as with "cpu" (same DecodeError, same skipped samples). A
-            batch where nvJPEG itself fails is decoded whole by the cores. On an H200 it delivers more batches per second
-            alone than the 16 cores, but inside a training loop less (bench/RESULTS.md, "The JPEG engines"): measure
-            before using it.
+            batch where nvJPEG itself fails is decoded whole by the cores. Alone it delivers more batches per second than 16
+            cores; inside a training loop about as many (it needs the 32 hardware queues fastload asks CUDA for at
+            import, and warns without: fastload/cuda_queues.py): measure before using it.
             "hybrid" (CUDA): both at once on different batches: the cores decode every fifth batch of an epoch
             (batch k with k % 5 == 4, as decoder="cpu" would) and the hardware decoder the others (as
             decoder="nvjpeg" would); which decoder made a batch depends on its index alone, never on timing.
