@@ -1,10 +1,10 @@
 """What the JPEG engines share with a training step (issue 18; bench/RESULTS.md, "Why the engines slowed down inside
 training": CUDA's 8 hardware queues, which fastload now raises to 32).
 
-Alone the engines decode ~24,900 crops/s at 160 px; with the driver's default 8 queues, beside ResNet-18's step
+Alone the engines decode ~27,000 crops/s at 160 px (this script); with the driver's default 8 queues, beside ResNet-18's step
 (even with the step in a CUDA graph and the host idle) about half, and the time went inside nvJPEG's batched decode
-call. Run it with CUDA_DEVICE_MAX_CONNECTIONS set in its environment to compare queue counts (fastload sets 32 at
-import where it is unset). This runs that call in a loop (its
+call. Run it with CUDA_DEVICE_MAX_CONNECTIONS=8 or 32 in its environment to compare queue counts (fastload's import
+sets 32 where it is unset). This runs that call in a loop (its
 own thread and stream, crop windows of RandomResizedCrop(SIZE) as the loader plans them) while the GPU does one kind
 of other work on another stream, one kind at a time, so that the resource the two share shows itself:
 
@@ -161,8 +161,9 @@ def main(argv=None):
             print(f"round {r} {name:<9} {rate:>9,.0f} img/s", flush=True)
 
     print(f"\n{torch.cuda.get_device_name()} | batch {a.batch} | {a.size} px crops (full-resolution windows) | "
-          f"{a.seconds:g} s per load and round | CUDA_DEVICE_MAX_CONNECTIONS="
-          f"{os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', '(unset: 8)')}")
+          f"{a.seconds:g} s per load and round | {fl.cuda_queues.queues()} hardware queues "
+          f"({fl.cuda_queues.VARIABLE}={os.environ.get(fl.cuda_queues.VARIABLE)}"
+          f"{', set by fastload' if fl.cuda_queues.set_by_fastload else ''})")
     print(f"| round | load | engines img/s | decode call p50 / p90 ms | batch to its end p50 ms | load's rate beside / "
           f"alone |")
     print("|---|---|---:|---|---:|---|")

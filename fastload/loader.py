@@ -160,8 +160,6 @@ class FastLoader:
             max(1, usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         kind = decoders.resolve(decoder, self.device, cores)  # its worker and thread defaults: decoders.KINDS
         self._trial = decoders.trial(decoder, kind, self.device)  # decoder="auto" with engines: measured choice
-        if kind.name != "cpu" or self._trial is not None:
-            cuda_queues.warn_if_few()  # the engines would queue behind the model's kernels
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers),
                             ("max_pixels", max_pixels)):
             if value is not None or name != "workers":
@@ -212,6 +210,8 @@ class FastLoader:
         self._size = self.pipeline.out_size  # set_size's: the size of the epochs started from now on
         self._size_set = False  # whether set_size (or a state made after one) chose it
         self._size_for(0)  # a schedule that cannot give a size fails here, not in the training loop
+        if kind.name != "cpu" or self._trial is not None:  # once the arguments are known good
+            cuda_queues.warn_if_few()  # the engines would queue behind the model's kernels
         self._running = (None, None)  # (epoch, size) of the latest epoch iterated
         self._resume_size = None  # the size of the epoch load_state_dict resumes mid-way
         self._epoch = 0
