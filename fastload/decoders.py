@@ -294,37 +294,56 @@ class JpegCrops:
 
 
 class PillowImages:
-    """Non-JPEG samples, decoded whole by Pillow and cropped (windows at downscale 1: BatchMaker.plan sees to it)."""
+    """Non-JPEG samples, decoded whole by Pillow and cropped (windows at downscale 1: BatchMaker.plan sees to it).
+    ``read`` checks a sample's header against the index before any room is sized from the index; ``fill`` decodes
+    what it read."""
 
     def __init__(self, dataset, max_pixels):
         self.ds, self.max_pixels = dataset, max_pixels
 
-    def fill(self, index, window, room):
-        """Decodes sample ``index`` and writes its window, HWC, at the start of ``room`` (a uint8 view that must
-        hold it: nothing is written past it). Returns (status, message)."""
+    def read(self, reader, index):
+        """(bytes, "") of sample ``index``, or (None, why) where it cannot be decoded as indexed: it cannot be read,
+        Pillow cannot identify it, its header is over max_pixels or of another size than the index says (crops
+        planned from that size would be silently wrong, and a larger index would size its room)."""
+        try:
+            data = bytes(_get(reader, index))
+            with Image.open(io.BytesIO(data)) as im:  # the header only
+                size = (im.height, im.width)
+            if size[0] * size[1] > self.max_pixels:
+                raise ValueError(f"{size[1]}x{size[0]} is over the pixel limit ({self.max_pixels})")
+            said = (int(self.ds.heights[index]), int(self.ds.widths[index]))
+            if size != said:
+                return None, index_mismatch("image", size, said)
+            return data, ""
+        except Exception as e:
+            return None, self._why(e)
+
+    def fill(self, data, window, room):
+        """Decodes ``data`` (read's bytes) and writes its window, HWC, at the start of ``room`` (a uint8 view that
+        must hold it: nothing is written past it). Returns (status, message)."""
         top, left, h, w, _ = (int(v) for v in window)
         try:
             if h * w * 3 > room.numel():
                 raise ValueError(f"its {w}x{h} window needs {h * w * 3} bytes, the batch gave it {room.numel()}")
-            with self.ds.reader() as reader:
-                data = bytes(_get(reader, index))
             with Image.open(io.BytesIO(data)) as im:
-                if im.width * im.height > self.max_pixels:
-                    raise ValueError(f"{im.width}x{im.height} is over the pixel limit ({self.max_pixels})")
                 rgb = np.array(im.convert("RGB"))  # writable: torch wants it so
-            said = (int(self.ds.heights[index]), int(self.ds.widths[index]))
-            if rgb.shape[:2] != said:  # crops planned from another size would be silently wrong (SizeChecks)
-                return ops.CORRUPT, index_mismatch("image", rgb.shape[:2], said)
+            if rgb.shape[0] < top + h or rgb.shape[1] < left + w:  # read() compared the header with the index
+                raise ValueError(f"it decoded to {rgb.shape[1]}x{rgb.shape[0]}, its header said otherwise")
             room[:h * w * 3].view(h, w, 3).copy_(torch.from_numpy(rgb[top:top + h, left:left + w]))
             return ops.OK, ""
-        except DecodeError as e:  # the store's CRC-32 check: the bytes changed since packing (named by the caller)
-            return ops.CORRUPT, e.detail()
-        except Exception as e:  # any Pillow failure is this sample's decode error
-            if is_process_limit(e):
-                raise  # the process's limits, not this sample's: never a skipped sample
-            if isinstance(e, UnidentifiedImageError):  # its message names the BytesIO object, not the file
-                return ops.CORRUPT, "Pillow could not decode it: not an image format Pillow can identify"
-            return ops.CORRUPT, f"Pillow could not decode it: {e}"
+        except Exception as e:
+            return ops.CORRUPT, self._why(e)
+
+    @staticmethod
+    def _why(e):
+        """A failure's message for the sample's DecodeError; the process's limits are raised, never a sample's."""
+        if isinstance(e, DecodeError):  # a read error, or the store's CRC-32: the bytes changed since packing
+            return e.detail()
+        if is_process_limit(e):
+            raise e
+        if isinstance(e, UnidentifiedImageError):  # its message names the BytesIO object, not the file
+            return "Pillow could not decode it: not an image format Pillow can identify"
+        return f"Pillow could not decode it: {e}"
 
 
 _NO_WINDOW = torch.tensor([0, 0, 1, 1, 1])
@@ -359,10 +378,13 @@ class Cores:
         jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
         with m.ds.reader() as reader:
             sources, crcs, unreadable = self.crops.read(reader, indices[jpeg] if fallback else indices)
+            read = {p: self.pillow.read(reader, int(indices[p])) for p in others.tolist()}
             t1 = time.perf_counter()
-            if unreadable:  # not decoded (their header contradicts the index, say): no room for their windows
+            bad_other = [p for p, (data, _) in read.items() if data is None]
+            if unreadable or bad_other:  # not decoded (a header contradicts the index, say): no room for them
                 gone = np.zeros(n, dtype=bool)
                 gone[jpeg[list(unreadable)]] = True
+                gone[bad_other] = True
                 windows = without_windows(windows, gone)
             nbytes = decoded_nbytes(windows)
             used = int(nbytes.sum())
@@ -385,7 +407,11 @@ class Cores:
             for p in others.tolist():
                 room = int(nbytes[p])
                 offsets[p], shapes[p] = start, torch.tensor([int(windows[p, 2]), int(windows[p, 3]), 3])
-                status[p], text = self.pillow.fill(int(indices[p]), windows[p], buffer[start:start + room])
+                data, text = read[p]
+                if data is None:
+                    status[p] = ops.CORRUPT
+                else:
+                    status[p], text = self.pillow.fill(data, windows[p], buffer[start:start + room])
                 if text:
                     messages[p] = text
                 start += room
@@ -425,13 +451,19 @@ class Cores:
             for u in picks:
                 pick = np.array([min(int(u * n), n - 1)], dtype=np.int64)
                 w, mat, other = m.plan(pick, epoch)
+                data = None
+                if bool(other[0]):  # its header checked before its room is sized from the index
+                    with m.ds.reader() as reader:
+                        data, _ = self.pillow.read(reader, int(pick[0]))
+                    if data is None:
+                        continue  # a replacement that fails too is tried again
                 need = int(decoded_nbytes(w).sum())
                 if used + need > buffer.numel():
                     grown = torch.empty(int((used + need) * 1.25), dtype=torch.uint8, pin_memory=slot.pin)
                     grown[:used].copy_(buffer[:used])
                     slot.buffer = buffer = grown
                 if bool(other[0]):
-                    st, _ = self.pillow.fill(int(pick[0]), w[0], buffer[used:used + need])
+                    st, _ = self.pillow.fill(data, w[0], buffer[used:used + need])
                     off, shp = 0, torch.tensor([int(w[0, 2]), int(w[0, 3]), 3])
                 else:
                     with m.ds.reader() as reader:

@@ -252,6 +252,35 @@ def test_a_wrong_index_under_the_limit_sizes_no_buffer_from_it(folder):
     assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole photos at most
 
 
+def test_a_wrong_index_of_other_formats_sizes_no_buffer_from_it(folder, tmp_path):
+    """The same for Pillow's path: 8 PNGs indexed 12000 x 12000 (under max_pixels) are read and their headers compared
+    before the buffer is sized, so it holds the replacements' crops, not 8 windows of up to 432 MB each."""
+    from PIL import Image
+    from fastload.loader import LoaderStats
+    from fastload.producer import BatchMaker, Slot
+    from fastload.transforms.pipeline import Pipeline
+    files = []
+    for i in range(len(folder)):
+        files.append(tmp_path / f"{i}.png")
+        Image.open(folder.paths[i]).convert("RGB").save(files[-1])
+    wrong = protocol_dataset(folder, "wrong", lambda i: files[i].read_bytes())
+    wrong.heights, wrong.widths = folder.heights.copy(), folder.widths.copy()
+    wrong.formats = np.ones(len(folder), dtype=np.uint8)  # every sample Pillow's
+    wrong.heights[:8], wrong.widths[:8] = 12000, 12000
+    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48), None, None, 1.0 / 255, torch.float32)
+    pipeline.set_epoch_size(0, (48, 48))
+    maker = BatchMaker(wrong, pipeline, 0, 2, "skip", True, fl.ops.MAX_PIXELS, LoaderStats())
+    slot = Slot(pin=False)
+    batch = maker.make(np.arange(8), 0, slot)
+    assert batch.counts["skipped"] == 8 and not set(batch.indices.tolist()) & set(range(8))
+    largest = int((folder.heights * folder.widths).max()) * 3
+    assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole images at most
+    raising = BatchMaker(wrong, pipeline, 0, 2, "raise", True, fl.ops.MAX_PIXELS, LoaderStats())
+    with pytest.raises(DecodeError, match=r"wrong\[0\]: its image is \d+x\d+ \(height x width\) but the dataset's "
+                                          r"heights/widths say 12000x12000"):
+        raising.make(np.arange(8), 0, Slot(pin=False))
+
+
 def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
     """Fields named like those of fastload's Subset view (base, indices) are the user's: not read as sample keys."""
     ds = protocol_dataset(folder, "mine", lambda i: Path(folder.paths[i]).read_bytes())
