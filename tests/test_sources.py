@@ -232,53 +232,53 @@ def test_an_index_over_the_pixel_limit_is_the_samples_error_and_allocates_nothin
             assert sum(len(y) for _, y in loader) == len(folder) and loader.stats()["skipped"] == 1
 
 
+def _first_8_indexed_12000(folder, get, formats):
+    """``folder``'s index over ``get``'s bytes, its first 8 samples indexed 12000 x 12000 (under max_pixels, wrong)."""
+    wrong = protocol_dataset(folder, "wrong", get)
+    wrong.heights, wrong.widths, wrong.formats = folder.heights.copy(), folder.widths.copy(), formats
+    wrong.heights[:8], wrong.widths[:8] = 12000, 12000
+    return wrong
+
+
+def _make_first_8(dataset, on_error):
+    """(batch, slot) of BatchMaker making samples 0-7 at 48 px, crops at full resolution."""
+    from fastload.loader import LoaderStats
+    from fastload.producer import BatchMaker, Slot
+    from fastload.transforms.pipeline import Pipeline
+    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48, dct_downscale=False), None, None, 1.0 / 255, torch.float32)
+    pipeline.set_epoch_size(0, (48, 48))
+    slot = Slot(pin=False)
+    return BatchMaker(dataset, pipeline, 0, 2, on_error, True, fl.ops.MAX_PIXELS, LoaderStats()).make(
+        np.arange(8), 0, slot), slot
+
+
+def _assert_replaced_in_a_small_buffer(folder, batch, slot):
+    assert batch.counts["skipped"] == 8 and not set(batch.indices.tolist()) & set(range(8))
+    largest = int((folder.heights * folder.widths).max()) * 3
+    assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole images at most
+
+
 def test_a_wrong_index_under_the_limit_sizes_no_buffer_from_it(folder):
     """A JPEG whose index is wrong but under max_pixels (12000 x 12000 for a photo of ~500 x 375): its header is read
     before the batch's buffer is sized, so the buffer holds the replacements' crops, not 8 windows of up to 432 MB
     each at full resolution."""
-    from fastload.loader import LoaderStats
-    from fastload.producer import BatchMaker, Slot
-    from fastload.transforms.pipeline import Pipeline
-    wrong = protocol_dataset(folder, "wrong", lambda i: Path(folder.paths[i]).read_bytes())
-    wrong.heights, wrong.widths = folder.heights.copy(), folder.widths.copy()
-    wrong.heights[:8], wrong.widths[:8] = 12000, 12000
-    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48, dct_downscale=False), None, None, 1.0 / 255, torch.float32)
-    pipeline.set_epoch_size(0, (48, 48))
-    maker = BatchMaker(wrong, pipeline, 0, 2, "skip", True, fl.ops.MAX_PIXELS, LoaderStats())
-    slot = Slot(pin=False)
-    batch = maker.make(np.arange(8), 0, slot)
-    assert batch.counts["skipped"] == 8 and not set(batch.indices.tolist()) & set(range(8))
-    largest = int((folder.heights * folder.widths).max()) * 3
-    assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole photos at most
+    wrong = _first_8_indexed_12000(folder, lambda i: Path(folder.paths[i]).read_bytes(), folder.formats)
+    _assert_replaced_in_a_small_buffer(folder, *_make_first_8(wrong, "skip"))
 
 
 def test_a_wrong_index_of_other_formats_sizes_no_buffer_from_it(folder, tmp_path):
-    """The same for Pillow's path: 8 PNGs indexed 12000 x 12000 (under max_pixels) are read and their headers compared
-    before the buffer is sized, so it holds the replacements' crops, not 8 windows of up to 432 MB each."""
+    """The same for Pillow's path: 8 PNGs indexed 12000 x 12000 are read and their headers compared before the
+    buffer is sized (and before a replacement's room is)."""
     from PIL import Image
-    from fastload.loader import LoaderStats
-    from fastload.producer import BatchMaker, Slot
-    from fastload.transforms.pipeline import Pipeline
     files = []
     for i in range(len(folder)):
         files.append(tmp_path / f"{i}.png")
         Image.open(folder.paths[i]).convert("RGB").save(files[-1])
-    wrong = protocol_dataset(folder, "wrong", lambda i: files[i].read_bytes())
-    wrong.heights, wrong.widths = folder.heights.copy(), folder.widths.copy()
-    wrong.formats = np.ones(len(folder), dtype=np.uint8)  # every sample Pillow's
-    wrong.heights[:8], wrong.widths[:8] = 12000, 12000
-    pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48), None, None, 1.0 / 255, torch.float32)
-    pipeline.set_epoch_size(0, (48, 48))
-    maker = BatchMaker(wrong, pipeline, 0, 2, "skip", True, fl.ops.MAX_PIXELS, LoaderStats())
-    slot = Slot(pin=False)
-    batch = maker.make(np.arange(8), 0, slot)
-    assert batch.counts["skipped"] == 8 and not set(batch.indices.tolist()) & set(range(8))
-    largest = int((folder.heights * folder.widths).max()) * 3
-    assert slot.buffer.numel() < 8 * largest * 1.25 + 100  # the replacements' windows: whole images at most
-    raising = BatchMaker(wrong, pipeline, 0, 2, "raise", True, fl.ops.MAX_PIXELS, LoaderStats())
+    wrong = _first_8_indexed_12000(folder, lambda i: files[i].read_bytes(), np.ones(len(folder), dtype=np.uint8))
+    _assert_replaced_in_a_small_buffer(folder, *_make_first_8(wrong, "skip"))
     with pytest.raises(DecodeError, match=r"wrong\[0\]: its image is \d+x\d+ \(height x width\) but the dataset's "
                                           r"heights/widths say 12000x12000"):
-        raising.make(np.arange(8), 0, Slot(pin=False))
+        _make_first_8(wrong, "raise")
 
 
 def test_a_datasets_own_base_and_indices_fields_are_its_own(folder):
