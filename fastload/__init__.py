@@ -6,7 +6,7 @@
 """
 from . import cuda_queues
 
-cuda_queues.ask()  # before anything creates the CUDA context: 32 hardware queues, not 8 (cuda_queues says why)
+cuda_queues.ask()  # before anything initialises the CUDA driver: 32 hardware queues, not 8 (cuda_queues says why)
 
 from . import ops, recipes, transforms  # noqa: E402
 from .errors import DecodeError
