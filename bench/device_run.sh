@@ -180,7 +180,8 @@ if [[ +$what+ == *+engines+* ]]; then  # bench.engine_contention: the JPEG engin
     echo "variant ($NVJPEG_VARIANT), build $(( $(date +%s) - t )) s"
     python3 -m bench.engine_contention --data $base $ENGARGS ${VARIANT_ENGARGS} 2>&1 | tee "$OUT/engines_variant.log" | \
       grep -E "^\||^round|batch"
-    cp /tmp/nvjpeg_decoder.cpp.orig fastload/native/nvjpeg_decoder.cpp
+    cp /tmp/nvjpeg_decoder.cpp.orig fastload/native/nvjpeg_decoder.cpp  # and rebuilt: later steps run the tree's code
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || tail -5 "$OUT/build.log"
   fi
 fi
 if [[ +$what+ == *+split+* ]]; then  # decoder="hybrid" splits, loaders alone (bench/hybrid_split.py)

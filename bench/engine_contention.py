@@ -23,6 +23,7 @@ its last kernel), the batch's p50 ms to its end on the GPU, and the load's own r
     python -m bench.engine_contention --data data/imagenet-like [--loads none compute memory ...] [--rounds 2]
 """
 import argparse
+import contextlib
 import os
 import threading
 import time
@@ -76,7 +77,7 @@ def make_load(name, size, batch):
     raise ValueError(f"load must be one of {', '.join(LOADS)}, got {name!r}")
 
 
-def load_rate(work, stream, stop, counts):
+def _queue(work, stream, stop, counts):
     """Queues ``work`` on ``stream`` until ``stop``, at most three units ahead of the GPU; counts finished units."""
     events = []
     with torch.cuda.stream(stream):
@@ -89,6 +90,24 @@ def load_rate(work, stream, stop, counts):
                 events.pop(0).synchronize()
                 counts["units"] += 1
     stream.synchronize()
+
+
+@contextlib.contextmanager
+def running(load, stream, fill=0.0):
+    """``load`` (make_load's, or None) queued on ``stream`` by a thread of its own for the block, ``fill`` seconds
+    ahead of it; yields {"units": finished units}, final once the block is left."""
+    counts, stop = {"units": 0}, threading.Event()
+    thread = None
+    if load is not None:
+        thread = threading.Thread(target=_queue, args=(load[0], stream, stop, counts))
+        thread.start()
+        time.sleep(fill)
+    try:
+        yield counts
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
 
 
 def engines(hw, batches, out, seconds, stream):
@@ -123,7 +142,7 @@ def main(argv=None):
         idx = np.random.default_rng(epoch).choice(len(ds), a.batch, replace=False)
         files = [open(ds.paths[i], "rb").read() for i in idx]
         batches.append((files, rrc.plan(ds.heights[idx], ds.widths[idx], 0, epoch, idx).windows))
-    room = max(int((torch.as_tensor(w)[:, 2] * torch.as_tensor(w)[:, 3] * 3).sum()) for _, w in batches)
+    room = max(int((w[:, 2] * w[:, 3] * 3).sum()) for _, w in batches)
     out = torch.empty(room, dtype=torch.uint8, device="cuda")
     hw = nvjpeg.HardwareDecoder(a.batch)
     engine_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
@@ -133,27 +152,15 @@ def main(argv=None):
     alone = {}
     for name, load in loads.items():  # each load's own rate, the engines idle
         if load is not None:
-            counts, stop = {"units": 0}, threading.Event()
-            th = threading.Thread(target=load_rate, args=(load[0], load_stream, stop, counts))
-            th.start()
-            time.sleep(a.seconds / 2)
-            stop.set()
-            th.join()
+            with running(load, load_stream) as counts:
+                time.sleep(a.seconds / 2)
             alone[name] = counts["units"] / (a.seconds / 2)
 
     rows = []
     for r in range(a.rounds):
         for name, load in loads.items():
-            counts, stop = {"units": 0}, threading.Event()
-            th = None
-            if load is not None:
-                th = threading.Thread(target=load_rate, args=(load[0], load_stream, stop, counts))
-                th.start()
-                time.sleep(0.2)  # the load's queue filled
-            rate, calls, ends = engines(hw, batches, out, a.seconds, engine_stream)
-            stop.set()
-            if th is not None:
-                th.join()
+            with running(load, load_stream, fill=0.2) as counts:  # 0.2 s: the load's queue filled
+                rate, calls, ends = engines(hw, batches, out, a.seconds, engine_stream)
             ms = lambda v, q: float(np.percentile(v, q)) * 1e3
             rows.append((r, name, rate, ms(calls, 50), ms(calls, 90), ms(ends, 50),
                          counts["units"] / (a.seconds + 0.2) if load else None, alone.get(name),

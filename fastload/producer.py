@@ -111,9 +111,9 @@ class BatchMaker:
         self.stats = stats
         self.heights = np.asarray(dataset.heights, dtype=np.int64)
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
-        # Samples whose index claims more than max_pixels: never decoded (JpegCrops.read refuses them, Pillow's path
+        # Samples whose index claims more than max_pixels: never decoded (JpegCrops.read refuses them, Pillow's read
         # finds the image over the limit or not what the index says), so never planned a window from that size:
-        # Pillow's rooms and the engines' device buffer are sized from the plan before the file is opened.
+        # the engines' device buffer is sized from the plan before any file is opened.
         self.oversized = self.heights * self.widths > max_pixels
         self.labels = targets(dataset.labels)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
