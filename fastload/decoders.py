@@ -573,7 +573,6 @@ class Engines:
             if not len(chosen):
                 return None
             planned_w, planned_m, other = plan if plan is not None else m.plan(indices, epoch)
-            full_bytes = int((planned_w[:, 2] * planned_w[:, 3] * 3).sum())  # the whole batch at full resolution
             hw = torch.from_numpy(chosen)
             windows, matrices = full_resolution(planned_w[hw], planned_m[hw])  # the hardware has no DCT downscale
             hw_bytes = int(decoded_nbytes(windows).sum())
@@ -583,6 +582,13 @@ class Engines:
             cpu = torch.from_numpy(rest)
             part = self.cores.make(indices[rest], epoch, slot, plan=(planned_w[cpu], planned_m[cpu], other[rest])) \
                 if len(rest) else None  # raises or repairs
+            # The whole batch at full resolution, but for the samples the cores replaced (on_error="skip"): a wrong
+            # index is one reason, and a window planned from it must size nothing (a CUDA out-of-memory error
+            # instead of the sample's own). The engines' samples had their headers checked against the index.
+            trusted = np.ones(n, dtype=bool)
+            if part is not None:
+                trusted[rest] = part.indices == indices[rest]
+            full_bytes = int((planned_w[:, 2] * planned_w[:, 3] * 3)[torch.from_numpy(trusted)].sum())
             with m._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
                 decoder, stream, copy_stream = self._handles(n)
                 with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the

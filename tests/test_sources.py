@@ -240,15 +240,16 @@ def _first_8_indexed_12000(folder, get, formats):
     return wrong
 
 
-def _make_first_8(dataset, on_error):
-    """(batch, slot) of BatchMaker making samples 0-7 at 48 px, crops at full resolution."""
+def _make_first_8(dataset, on_error, **decoder):
+    """(batch, slot) of BatchMaker making samples 0-7 at 48 px, crops at full resolution (``decoder``: BatchMaker's
+    device= and decoder=)."""
     from fastload.loader import LoaderStats
     from fastload.producer import BatchMaker, Slot
     from fastload.transforms.pipeline import Pipeline
     pipeline = Pipeline.shorthand(fl.RandomResizedCrop(48, dct_downscale=False), None, None, 1.0 / 255, torch.float32)
     pipeline.set_epoch_size(0, (48, 48))
-    slot = Slot(pin=False)
-    return BatchMaker(dataset, pipeline, 0, 2, on_error, True, fl.ops.MAX_PIXELS, LoaderStats()).make(
+    slot = Slot(pin=bool(decoder))
+    return BatchMaker(dataset, pipeline, 0, 2, on_error, True, fl.ops.MAX_PIXELS, LoaderStats(), **decoder).make(
         np.arange(8), 0, slot), slot
 
 
@@ -264,6 +265,25 @@ def test_a_wrong_index_under_the_limit_sizes_no_buffer_from_it(folder):
     each at full resolution."""
     wrong = _first_8_indexed_12000(folder, lambda i: Path(folder.paths[i]).read_bytes(), folder.formats)
     _assert_replaced_in_a_small_buffer(folder, *_make_first_8(wrong, "skip"))
+
+
+@pytest.mark.cuda
+def test_a_wrong_index_sizes_no_device_buffer_from_it_on_the_engines(folder):
+    """The JPEG engines size their device buffer for the whole batch at full resolution; a wrong index (12000 x 12000
+    under max_pixels) on 4 of the 8 samples, which the cores then replace, sizes none of it (it asked for hundreds
+    of megabytes: a CUDA out-of-memory error instead of the samples' own on a big batch)."""
+    if not fl.nvjpeg.available()[0]:
+        pytest.skip("needs a GPU with a hardware JPEG decoder")
+    wrong = _first_8_indexed_12000(folder, lambda i: Path(folder.paths[i]).read_bytes(), folder.formats)
+    wrong.heights[4:8], wrong.widths[4:8] = folder.heights[4:8], folder.widths[4:8]  # right: for the engines
+    cuda = dict(device=torch.device("cuda"), decoder="nvjpeg")
+    batch, slot = _make_first_8(wrong, "skip", **cuda)
+    assert batch.counts["skipped"] == 4 and batch.counts["gpu_decoded"] >= 1
+    largest = int((folder.heights * folder.widths).max()) * 3  # whole images at most, in a power of two
+    assert slot.device_buffer.numel() <= 1 << max(20, int(8 * largest * 1.25).bit_length())
+    with pytest.raises(DecodeError, match=r"wrong\[0\]: its image is \d+x\d+ \(height x width\) but the dataset's "
+                                          r"heights/widths say 12000x12000"):
+        _make_first_8(wrong, "raise", **cuda)
 
 
 def test_a_wrong_index_of_other_formats_sizes_no_buffer_from_it(folder, tmp_path):
