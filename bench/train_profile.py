@@ -12,8 +12,11 @@ Trains for a few epochs and reports, per decoder:
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
   thread holding the GIL: ``--gil``), summarised as samples per thread and the top self-time frames.
 ``--train-stream default side`` runs the loop on the legacy default stream or a stream of its own; ``--cuda-graph``
-the step in a CUDA graph; ``--engine-priority`` the JPEG engines' streams at another priority; ``--trace DIR`` writes
+the step in a CUDA graph; ``--loader-only`` takes the batches without the step (the loader alone, efficiency then
+against the ceiling all the same); ``--engine-priority`` the JPEG engines' streams at another priority; ``--trace DIR`` writes
 a torch.profiler trace of timed steps 20-29 (summarised by bench.trace_summary; that run's rates are not figures).
+``--producer-times``: each producer thread's time per batch by phase (waiting for a slot, its plan, the GPU, the
+engines' lock; reading, submitting, syncing, queueing) and how busy the JPEG engines were (bench/producer_timeline.py).
 ``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
 (bench.cuda_wait), each (policy, decoder) run in turn, the order reversed every round.
 
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
+from bench.producer_timeline import Timeline
 from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import TRANSFORMS, ceiling_rate, loader_shape, open_dataset, training_step
 
@@ -176,7 +180,7 @@ def _engine_streams(device, priority):
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
-            cuda_graph=False, engine_priority=None, trace=None):
+            cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
@@ -185,11 +189,12 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers,
                         reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
-                        trace, device)
+                        trace, producer_times, loader_only, device)
 
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers, reserve,
-             warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, device):
+             warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
+             loader_only, device):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -208,6 +213,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
     events = []
     spies = []
     images, start = 0, None
+    timeline = contextlib.ExitStack()  # --producer-times: the producers' phases over the timed epochs
     for epoch in range(epochs + warmup_epochs):
         loader.set_epoch(epoch)
         if epoch == warmup_epochs:
@@ -222,6 +228,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
             start = time.perf_counter()
             cpu_before = thread_cpu()
             sched_before = sched(threading.get_native_id())
+            if producer_times:
+                phases = timeline.enter_context(Timeline().installed(loader._maker))
         it = iter(loader)
         while True:
             t0 = time.perf_counter()
@@ -237,7 +245,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
                 tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                             torch.profiler.ProfilerActivity.CUDA])
                 tracer.__enter__()
-            step(x, y)
+            if not loader_only:
+                step(x, y)
             if tracer is not None and traced is None and len(waits) == _TRACE_FROM + _TRACE_STEPS - 1:
                 traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
             if epoch >= warmup_epochs:
@@ -248,6 +257,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
                 images += len(y)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    timeline.close()
     if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
         traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
@@ -277,13 +287,15 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
            "train_stream": train_stream, "cuda_graph": cuda_graph,
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
-           "images_per_s": rate,
+           "loader_only": loader_only, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
            "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary(),
            **train, "cpu_by_thread": cores}
+    if producer_times:
+        row["producer_ms_per_batch"] = phases.summary()
     return row, [(p, _summarise_spy(p)) for p, _ in spies]
 
 
@@ -315,6 +327,10 @@ def main(argv=None):
     p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of timed steps 20-29 of each run, here")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
+    p.add_argument("--loader-only", action="store_true",
+                   help="take the batches without training on them: the loader alone, in the same harness")
+    p.add_argument("--producer-times", action="store_true",
+                   help="each producer's time per batch by phase over the timed epochs (bench/producer_timeline.py)")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
                         "in turn in this one process (default: the library's)")
@@ -334,7 +350,7 @@ def main(argv=None):
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace)
+                                 args.trace, args.producer_times, args.loader_only)
             row["cuda_wait"] = wait
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"

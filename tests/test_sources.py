@@ -281,7 +281,7 @@ def test_a_wrong_index_sizes_no_device_buffer_from_it_on_the_engines(folder):
     assert batch.counts["skipped"] == 4 and batch.counts["gpu_decoded"] >= 1
     largest = int((folder.heights * folder.widths).max()) * 3  # whole images at most, in a power of two
     assert slot.device_buffer.numel() <= 1 << max(20, int(8 * largest * 1.25).bit_length())
-    with pytest.raises(DecodeError, match=r"wrong\[0\]: its image is \d+x\d+ \(height x width\) but the dataset's "
+    with pytest.raises(DecodeError, match=r"wrong\[0\]: its JPEG is \d+x\d+ \(height x width\) but the dataset's "
                                           r"heights/widths say 12000x12000"):
         _make_first_8(wrong, "raise", **cuda)
 

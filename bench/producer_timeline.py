@@ -1,0 +1,121 @@
+"""Where FastLoader's producer threads spend a batch inside a training loop (issue 18): each producer thread's wall
+time per batch split by phase, and how busy the JPEG engines were, so that a loop waiting for its loader says
+whether the engines (or the cores) are saturated or starved.
+
+Phases (ms per batch, per producer thread, mean over the batches it made while installed):
+- ``slot``: waiting for a free slot (all its batches queued: the loader is ahead);
+- ``plan``: waiting for its planner's result (the crop plan and parameters of the batch);
+- ``reusable``: waiting for the GPU to be done with the slot's buffers (the stage of the slot's last batch);
+- ``read``: the engines' read of the batch's files (``Engines._buffers``); ``verify``: ``engine_ready``;
+- ``lock``: waiting for the JPEG engines (another producer holds them); ``submit``: nvJPEG's batched decode call;
+  ``sync``: waiting for the engines' streams to finish the batch;
+- ``cores``: ``Cores.make`` (the crop decoders; inside the engines' path, the samples they cannot take);
+- ``stage``: queueing the copy and the stage on the side stream; ``put``: waiting for room in its queue.
+``engines busy``: the share of the installed wall time some producer held the engines.
+
+Used by ``bench.train_profile --producer-times``; works on a loader that is not iterating yet.
+"""
+import collections
+import contextlib
+import threading
+import time
+
+from fastload import decoders, loader as loader_mod, nvjpeg, producer
+
+PHASES = ("slot", "plan", "reusable", "read", "verify", "lock", "submit", "sync", "cores", "stage", "put")
+
+
+class _TimedLock:
+    """The maker's hardware lock, timing how long acquiring it waits and how long it is held."""
+
+    def __init__(self, lock, timeline):
+        self.lock, self.timeline = lock, timeline
+
+    def __enter__(self):
+        t = time.perf_counter()
+        self.lock.acquire()
+        self.held_since = time.perf_counter()
+        self.timeline.add("lock", self.held_since - t)
+
+    def __exit__(self, *exc):
+        self.timeline.held += time.perf_counter() - self.held_since
+        self.lock.release()
+
+    def acquire(self, *a, **k):
+        return self.lock.acquire(*a, **k)
+
+    def release(self):
+        return self.lock.release()
+
+
+class Timeline:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.times = collections.defaultdict(lambda: collections.defaultdict(float))  # thread -> phase -> s
+        self.batches = collections.defaultdict(int)
+        self.held = 0.0
+        self.depth = threading.local()  # nested timed calls (wait_for inside a timed call) count once
+
+    def add(self, phase, seconds):
+        with self.lock:
+            self.times[threading.current_thread().name][phase] += seconds
+
+    def timed(self, phase, fn):
+        def wrapper(*a, **k):
+            outer = getattr(self.depth, "phase", None)
+            if outer is not None:  # inside another timed phase: that one has it
+                return fn(*a, **k)
+            self.depth.phase = phase
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.depth.phase = None
+                self.add(phase, time.perf_counter() - t)
+        return wrapper
+
+    @contextlib.contextmanager
+    def installed(self, maker):
+        """The phases above timed for the block (module and class attributes patched, then restored)."""
+        P = loader_mod._Producers
+        patches = [(producer.Slot, "wait_reusable", "reusable"), (decoders.Engines, "_buffers", "read"),
+                   (decoders, "engine_ready", "verify"), (nvjpeg.HardwareDecoder, "decode", "submit"),
+                   (decoders, "wait_for", "sync"), (decoders.Cores, "make", "cores"), (P, "submit", "stage"),
+                   (P, "result", "plan")]
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+        take, put, make = P.take, P.put, producer.BatchMaker.make
+        timeline = self
+
+        def take_slot(self_, q):  # free slots only: the consumer's own takes are not the producers'
+            return timeline.timed("slot", take)(self_, q) if q in self_.free else take(self_, q)
+
+        def counted(self_, *a, **k):
+            with timeline.lock:
+                timeline.batches[threading.current_thread().name] += 1
+            return make(self_, *a, **k)
+        for owner, name, phase in patches:
+            setattr(owner, name, self.timed(phase, getattr(owner, name)))
+        P.take, P.put, producer.BatchMaker.make = take_slot, self.timed("put", put), counted
+        lock = maker._hardware_lock
+        maker._hardware_lock = _TimedLock(lock, self)
+        self.t0 = time.perf_counter()
+        try:
+            yield self
+        finally:
+            self.wall = time.perf_counter() - self.t0
+            maker._hardware_lock = lock
+            for owner, name, fn in saved:
+                setattr(owner, name, fn)
+            P.take, P.put, producer.BatchMaker.make = take, put, make
+
+    def summary(self):
+        """{producer thread: {phase: ms per batch, "wall": the installed wall time per batch it made},
+        "engines_busy": the share of the wall time}."""
+        out = {}
+        for thread, phases in sorted(self.times.items()):
+            n = max(1, self.batches.get(thread, 0))
+            if thread.startswith("fastload-"):
+                out[thread] = {"batches": self.batches.get(thread, 0), "wall": round(self.wall * 1e3 / n, 2),
+                               **{p: round(phases.get(p, 0.0) * 1e3 / n, 2) for p in PHASES}}
+        out["engines_busy"] = round(self.held / self.wall, 3) if getattr(self, "wall", 0) else None
+        return out
