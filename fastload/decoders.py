@@ -548,6 +548,9 @@ class Engines:
         # stream would strand the allocator's cached blocks.
         self.handles = None
 
+    # The files in page-locked memory, from the slot's second batch on (the first read sizes it)
+    pinned_bitstreams = False
+
     def make(self, indices, epoch, slot, k=0, plan=None):
         return self._make(indices, epoch, slot, plan) or self.cores.make(indices, epoch, slot, plan=plan)
 
@@ -642,8 +645,9 @@ class Engines:
             sources, self.maker.threads, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
             None if slot is None else slot.bitstreams)
-        if slot is not None:
-            slot.bitstreams = data
+        if slot is not None and data is not slot.bitstreams:  # read_batch grew it (its own memory: pageable)
+            slot.bitstreams = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True) \
+                if self.pinned_bitstreams else data  # the next batches read into it
         files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
         return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
