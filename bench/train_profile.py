@@ -312,7 +312,7 @@ def main(argv=None):
     p.add_argument("--warmup-epochs", type=int, default=1,
                    help="untimed epochs first (decoder=auto: enough for its trial, ~150 batches)")
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
-    p.add_argument("--threads", type=int, help="FastLoader(threads=)")
+    p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--reserve", type=int, default=0,
                    help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
@@ -343,16 +343,16 @@ def main(argv=None):
     rows = []
     runs = [(w, d, h, ts, b) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
-            for b in (args.bitstreams if d != "cpu" else [None])]
+            for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     for r in range(args.rounds):
-        for wait, d, split, ts, bits in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, bits, threads in (runs if r % 2 == 0 else runs[::-1]):
             decoders.Engines.pinned_bitstreams = bits == "pinned"
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 args.switch_interval, args.threads, args.workers, args.reserve, args.warmup_epochs,
+                                 args.switch_interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only)
             row["cuda_wait"] = wait

@@ -548,8 +548,11 @@ class Engines:
         # stream would strand the allocator's cached blocks.
         self.handles = None
 
-    # The files in page-locked memory, from the slot's second batch on (the first read sizes it)
-    pinned_bitstreams = False
+    # The files in page-locked memory, from the slot's second batch on (the first read sizes it): nvJPEG's
+    # batched call, which blocks its thread for the batch's host-side work and holds the engines meanwhile, then
+    # takes 9.5-11 ms a batch of 256 instead of 12-14.6 from pageable memory (bench/RESULTS.md, "The JPEG engines
+    # inside training").
+    pinned_bitstreams = True
 
     def make(self, indices, epoch, slot, k=0, plan=None):
         return self._make(indices, epoch, slot, plan) or self.cores.make(indices, epoch, slot, plan=plan)
