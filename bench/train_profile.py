@@ -329,8 +329,9 @@ def main(argv=None):
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
     p.add_argument("--loader-only", action="store_true",
                    help="take the batches without training on them: the loader alone, in the same harness")
-    p.add_argument("--bitstreams", nargs="+", choices=("pageable", "pinned"), default=["pageable"],
-                   help="the JPEG engines' files in pageable or page-locked host memory (decoders.Engines)")
+    p.add_argument("--bitstreams", nargs="+", choices=("pageable", "pinned"), default=[None],
+                   help="the JPEG engines' files in pageable or page-locked host memory, each in turn (default: the "
+                        "library's, decoders.Engines.pinned_bitstreams)")
     p.add_argument("--producer-times", action="store_true",
                    help="each producer's time per batch by phase over the timed epochs (bench/producer_timeline.py)")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
@@ -341,13 +342,15 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
+    library_pinned = decoders.Engines.pinned_bitstreams
     for r in range(args.rounds):
         for wait, d, split, ts, bits, threads in (runs if r % 2 == 0 else runs[::-1]):
-            decoders.Engines.pinned_bitstreams = bits == "pinned"
+            pinned = library_pinned if bits is None else bits == "pinned"
+            decoders.Engines.pinned_bitstreams = pinned
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
@@ -356,7 +359,7 @@ def main(argv=None):
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only)
             row["cuda_wait"] = wait
-            row["bitstreams"] = bits
+            row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
                 row["decoder"] = f"hybrid {engines}/{period}"
             rows.append(row)
@@ -364,6 +367,7 @@ def main(argv=None):
                                          for k, v in row.items()), flush=True)
             for path, text in spies:
                 print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
+    decoders.Engines.pinned_bitstreams = library_pinned
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))

@@ -51,3 +51,32 @@ def test_on_the_engines_the_lock_is_held_and_timed(imagenet_dir):
     _check(summary, loader.workers, "submit")
     assert 0 < summary["engines_busy"] <= 1
     assert np.mean([t["sync"] for k, t in summary.items() if k.startswith("fastload-")]) > 0
+
+
+def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch, capsys):
+    """bench.train_profile's runs: every (decoder, bitstreams, threads) in turn, the order reversed each round, the
+    engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
+    from bench import train_profile
+    calls = []
+
+    def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest):
+        calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
+        row = {c: 0.0 for c in ("ceiling", "ceiling_after", "images_per_s", "efficiency", "wall_per_step_ms",
+                                "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
+                                "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
+                                "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw")}
+        row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
+                   traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={})
+        return row, []
+    monkeypatch.setattr(train_profile, "profile", fake_profile)
+    monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
+    library = decoders.Engines.pinned_bitstreams
+    train_profile.main(["data", "--decoder", "nvjpeg", "cpu", "--bitstreams", "pageable", "pinned",
+                        "--threads", "16", "4", "--rounds", "2"])
+    first = [("nvjpeg", False, 16), ("nvjpeg", False, 4), ("nvjpeg", True, 16), ("nvjpeg", True, 4),
+             ("cpu", library, 16), ("cpu", library, 4)]
+    assert calls == first + first[::-1]
+    assert decoders.Engines.pinned_bitstreams == library
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| nvjpeg")]
+    assert [line.split(" | ")[1] for line in table] == ["pageable", "pageable", "pinned", "pinned", "pinned", "pinned", "pageable",
+                                                      "pageable"]
