@@ -548,7 +548,8 @@ class Engines:
         # stream would strand the allocator's cached blocks.
         self.handles = None
 
-    # The files in page-locked memory, from the slot's second batch on (the first read sizes it): nvJPEG's
+    # The files in page-locked memory (in a slot that pins), from the slot's second batch on (the first read sizes
+    # it): nvJPEG's
     # batched call, which blocks its thread for the batch's host-side work and holds the engines meanwhile, then
     # takes 9.5-11 ms a batch of 256 instead of 12-14.6 from pageable memory (bench/RESULTS.md, "The JPEG engines
     # inside training").
@@ -650,7 +651,7 @@ class Engines:
             None if slot is None else slot.bitstreams)
         if slot is not None and data is not slot.bitstreams:  # read_batch grew it (its own memory: pageable)
             slot.bitstreams = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True) \
-                if self.pinned_bitstreams else data  # the next batches read into it
+                if self.pinned_bitstreams and slot.pin else data  # the next batches read into it
         files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
         return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)

@@ -383,9 +383,12 @@ def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tm
 
 
 @pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
-def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store):
+@pytest.mark.parametrize("pin", [False, pytest.param(True, marks=pytest.mark.cuda)], ids=["pageable", "pinned"])
+def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store, pin):
     """Engines._buffers (CPU work, no GPU needed): the bytes of each sample, None for one that cannot go to the
-    engines (a file gone, a record whose bytes changed since packing), for the cores to report."""
+    engines (a file gone, a record whose bytes changed since packing), for the cores to report. From the second
+    read on the files land in the slot's buffer, page-locked where the slot pins (on CUDA: nvJPEG's batched call
+    then spends less time on them, bench/RESULTS.md)."""
     root = tmp_path / "ds"
     (root / "a").mkdir(parents=True)
     for i, f in enumerate(sorted(Path(imagenet_dir).rglob("*.jpg"))[:8]):
@@ -405,12 +408,13 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
     engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
     assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
     with ds.reader() as reader:
-        slot = Slot(pin=False)
+        slot = Slot(pin=pin)
         for _ in range(2):  # the second time into the slot's buffer from the first
             got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
             assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
             assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
         assert store or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
+        assert store or slot.bitstreams.is_pinned() == pin
 
 
 def test_stats_say_which_decoder_auto_chose(imagenet_dir):
