@@ -2,7 +2,8 @@
 time per batch split by phase, and how busy the JPEG engines were, so that a loop waiting for its loader says
 whether the engines (or the cores) are saturated or starved.
 
-Phases (ms per batch, per producer thread, mean over the batches it made while installed):
+Phases (ms per batch, per producer thread (each epoch's are new threads), mean over the batches it made while
+installed):
 - ``slot``: waiting for a free slot (all its batches queued: the loader is ahead);
 - ``plan``: waiting for its planner's result (the crop plan and parameters of the batch);
 - ``reusable``: waiting for the GPU to be done with the slot's buffers (the stage of the slot's last batch);
@@ -48,17 +49,29 @@ class _TimedLock:
         return self.lock.release()
 
 
+def _thread():
+    """The calling thread's row: its name and id (each epoch's producers are new threads of the same names, and the
+    next epoch's start while the current one's end)."""
+    t = threading.current_thread()
+    return f"{t.name}#{t.native_id}"
+
+
 class Timeline:
     def __init__(self):
         self.lock = threading.Lock()
         self.times = collections.defaultdict(lambda: collections.defaultdict(float))  # thread -> phase -> s
         self.batches = collections.defaultdict(int)
+        self.spans = {}  # thread -> [first timed start, last timed end]: its wall time while installed
         self.held = 0.0
         self.depth = threading.local()  # nested timed calls (wait_for inside a timed call) count once
 
-    def add(self, phase, seconds):
+    def add(self, phase, seconds, end=None):
+        end = time.perf_counter() if end is None else end
         with self.lock:
-            self.times[threading.current_thread().name][phase] += seconds
+            row = _thread()
+            self.times[row][phase] += seconds
+            span = self.spans.setdefault(row, [end - seconds, end])
+            span[0], span[1] = min(span[0], end - seconds), max(span[1], end)
 
     def timed(self, phase, fn):
         def wrapper(*a, **k):
@@ -71,7 +84,8 @@ class Timeline:
                 return fn(*a, **k)
             finally:
                 self.depth.phase = None
-                self.add(phase, time.perf_counter() - t)
+                end = time.perf_counter()
+                self.add(phase, end - t, end)
         return wrapper
 
     @contextlib.contextmanager
@@ -91,15 +105,15 @@ class Timeline:
 
         def counted(self_, *a, **k):
             with timeline.lock:
-                timeline.batches[threading.current_thread().name] += 1
+                timeline.batches[_thread()] += 1
             return make(self_, *a, **k)
-        for owner, name, phase in patches:
-            setattr(owner, name, self.timed(phase, getattr(owner, name)))
-        P.take, P.put, producer.BatchMaker.make = take_slot, self.timed("put", put), counted
         lock = maker._hardware_lock
-        maker._hardware_lock = _TimedLock(lock, self)
         self.t0 = time.perf_counter()
         try:
+            for owner, name, phase in patches:
+                setattr(owner, name, self.timed(phase, getattr(owner, name)))
+            P.take, P.put, producer.BatchMaker.make = take_slot, self.timed("put", put), counted
+            maker._hardware_lock = _TimedLock(lock, self)
             yield self
         finally:
             self.wall = time.perf_counter() - self.t0
@@ -109,13 +123,14 @@ class Timeline:
             P.take, P.put, producer.BatchMaker.make = take, put, make
 
     def summary(self):
-        """{producer thread: {phase: ms per batch, "wall": the installed wall time per batch it made},
-        "engines_busy": the share of the wall time}."""
+        """{"NAME#ID" of a producer thread: {phase: ms per batch, "wall": the time from its first timed call to its
+        last per batch it made}, "engines_busy": the share of the installed wall time the engines were held}."""
         out = {}
         for thread, phases in sorted(self.times.items()):
             n = max(1, self.batches.get(thread, 0))
             if thread.startswith("fastload-"):
-                out[thread] = {"batches": self.batches.get(thread, 0), "wall": round(self.wall * 1e3 / n, 2),
+                first, last = self.spans[thread]
+                out[thread] = {"batches": self.batches.get(thread, 0), "wall": round((last - first) * 1e3 / n, 2),
                                **{p: round(phases.get(p, 0.0) * 1e3 / n, 2) for p in PHASES}}
         out["engines_busy"] = round(self.held / self.wall, 3) if getattr(self, "wall", 0) else None
         return out

@@ -213,51 +213,50 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
     events = []
     spies = []
     images, start = 0, None
-    timeline = contextlib.ExitStack()  # --producer-times: the producers' phases over the timed epochs
-    for epoch in range(epochs + warmup_epochs):
-        loader.set_epoch(epoch)
-        if epoch == warmup_epochs:
-            torch.cuda.synchronize()
-            probe.start()
-            if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
-                seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
-                run = f"{decoder}_{decoders.HYBRID_ENGINE_BATCHES}of{decoders.HYBRID_PERIOD}_{time.time_ns()}"
-                spies = [(p, _spy(os.getpid(), seconds, p, gil)) for p, gil in
-                         ((os.path.join(spy_dir, f"spy_{run}_all.txt"), False),
-                          (os.path.join(spy_dir, f"spy_{run}_gil.txt"), True))]
-            start = time.perf_counter()
-            cpu_before = thread_cpu()
-            sched_before = sched(threading.get_native_id())
-            if producer_times:
-                phases = timeline.enter_context(Timeline().installed(loader._maker))
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            if epoch >= warmup_epochs:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-            if trace and epoch >= warmup_epochs and len(waits) == _TRACE_FROM and tracer is None:
-                tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                            torch.profiler.ProfilerActivity.CUDA])
-                tracer.__enter__()
-            if not loader_only:
-                step(x, y)
-            if tracer is not None and traced is None and len(waits) == _TRACE_FROM + _TRACE_STEPS - 1:
-                traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
-            if epoch >= warmup_epochs:
-                e1.record()
-                events.append((e0, e1))
-                waits.append(t1 - t0)
-                launches.append(time.perf_counter() - t1)
-                images += len(y)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    timeline.close()
+    with contextlib.ExitStack() as timeline:  # --producer-times: the producers' phases over the timed epochs
+        for epoch in range(epochs + warmup_epochs):
+            loader.set_epoch(epoch)
+            if epoch == warmup_epochs:
+                torch.cuda.synchronize()
+                probe.start()
+                if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
+                    seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
+                    run = f"{decoder}_{decoders.HYBRID_ENGINE_BATCHES}of{decoders.HYBRID_PERIOD}_{time.time_ns()}"
+                    spies = [(p, _spy(os.getpid(), seconds, p, gil)) for p, gil in
+                             ((os.path.join(spy_dir, f"spy_{run}_all.txt"), False),
+                              (os.path.join(spy_dir, f"spy_{run}_gil.txt"), True))]
+                start = time.perf_counter()
+                cpu_before = thread_cpu()
+                sched_before = sched(threading.get_native_id())
+                if producer_times:
+                    phases = timeline.enter_context(Timeline().installed(loader._maker))
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                if epoch >= warmup_epochs:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                if trace and epoch >= warmup_epochs and len(waits) == _TRACE_FROM and tracer is None:
+                    tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                                torch.profiler.ProfilerActivity.CUDA])
+                    tracer.__enter__()
+                if not loader_only:
+                    step(x, y)
+                if tracer is not None and traced is None and len(waits) == _TRACE_FROM + _TRACE_STEPS - 1:
+                    traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
+                if epoch >= warmup_epochs:
+                    e1.record()
+                    events.append((e0, e1))
+                    waits.append(t1 - t0)
+                    launches.append(time.perf_counter() - t1)
+                    images += len(y)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
     if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
         traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
@@ -347,6 +346,15 @@ def main(argv=None):
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
+    try:
+        _run_all(args, runs, rows, default_split, library_pinned)
+    finally:  # the library's settings back, whatever happened
+        decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = default_split
+        decoders.Engines.pinned_bitstreams = library_pinned
+    _print(rows)
+
+
+def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
         for wait, d, split, ts, bits, threads in (runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
@@ -367,7 +375,9 @@ def main(argv=None):
                                          for k, v in row.items()), flush=True)
             for path, text in spies:
                 print(f"py-spy {os.path.basename(path)}:\n{text}", flush=True)
-    decoders.Engines.pinned_bitstreams = library_pinned
+
+
+def _print(rows):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))

@@ -547,12 +547,14 @@ class Engines:
         # (H200: 18.6k img/s with one, 14.5k with four), and producer threads are new every epoch, where a new
         # stream would strand the allocator's cached blocks.
         self.handles = None
+        self.largest_read = 0  # bytes: the largest batch of files read into a slot so far
 
-    # The files in page-locked memory (in a slot that pins), from the slot's second batch on (the first read sizes
-    # it): nvJPEG's
-    # batched call, which blocks its thread for the batch's host-side work and holds the engines meanwhile, then
-    # takes 9.5-11 ms a batch of 256 instead of 12-14.6 from pageable memory (bench/RESULTS.md, "The JPEG engines
-    # inside training").
+    # Files read from a folder land in page-locked memory (in a slot that pins: on CUDA). nvJPEG's batched call
+    # blocks its thread and holds the engines for the batch's host-side work, and with the loader alone it took
+    # 9.5-11.4 ms a batch of 256 so against 11.7-14.6 from pageable memory (one H100 host; inside training the
+    # gain was within run-to-run spread: bench/RESULTS.md, "The engines inside training"). Each slot's buffer is
+    # a power of two over the largest batch of files read so far, so torch's caching host allocator hands the
+    # same blocks to the next epoch's slots. A store's records are LMDB views, never copied: nothing is pinned.
     pinned_bitstreams = True
 
     def make(self, indices, epoch, slot, k=0, plan=None):
@@ -606,12 +608,14 @@ class Engines:
                         out[hw_bytes:hw_bytes + part.nbytes].copy_(part.data[:part.nbytes], non_blocking=True)
                 try:
                     hw_offsets, hw_shapes = decoder.decode(buffers, windows, out, stream)
-                    # The bitstreams are host memory the reader context owns: done with them before it ends.
-                    wait_for(stream)
                 except nvjpeg.NvjpegError:
                     return None
                 finally:
-                    wait_for(copy_stream)  # the pinned slot may be refilled after this
+                    # The bitstreams are host memory the reader context owns, and nvJPEG copies page-locked ones
+                    # asynchronously: done with them, failed decode included, before the context ends or the slot
+                    # is refilled; and the copy engine done with the slot's pinned buffer.
+                    wait_for(stream)
+                    wait_for(copy_stream)
         offsets = torch.empty(n, dtype=torch.int64)
         shapes = torch.empty(n, 3, dtype=torch.int64)
         all_matrices = torch.empty(n, *matrices.shape[1:], dtype=torch.float32)
@@ -645,17 +649,28 @@ class Engines:
         each batch); the engines are done with them before the slot is reused."""
         unreadable = {}
         sources, crcs = read_sources(reader, indices, unreadable)
+        pin = slot is not None and slot.pin and self.pinned_bitstreams
+        if pin and slot.bitstreams is None and self.largest_read:  # a new slot: page-locked from its first batch
+            slot.bitstreams = _page_locked(self.largest_read)
         data, lengths, _, failed = ops.C.read_batch(
             sources, self.maker.threads, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
             None if slot is None else slot.bitstreams)
         if slot is not None and data is not slot.bitstreams:  # read_batch grew it (its own memory: pageable)
-            slot.bitstreams = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True) \
-                if self.pinned_bitstreams and slot.pin else data  # the next batches read into it
+            slot.bitstreams = data
+            if pin and any(isinstance(source, str) for source in sources):  # files, not views: the next batches
+                self.largest_read = max(self.largest_read, data.numel())
+                slot.bitstreams = _page_locked(self.largest_read)
         files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
         return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
                 else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
+
+
+def _page_locked(nbytes):
+    """A page-locked uint8 buffer of at least ``nbytes``, a power of two: the few sizes torch's caching host allocator
+    then sees are reused by every epoch's slots."""
+    return torch.empty(1 << max(20, (int(nbytes) - 1).bit_length()), dtype=torch.uint8, pin_memory=True)
 
 
 class Alternating:

@@ -408,13 +408,21 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
     engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
     assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
     with ds.reader() as reader:
-        slot = Slot(pin=pin)
-        for _ in range(2):  # the second time into the slot's buffer from the first
-            got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
-            assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
-            assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
-        assert store or slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
-        assert store or slot.bitstreams.is_pinned() == pin
+        kept = []
+        for slot in (Slot(pin=pin), Slot(pin=pin)):  # the second slot new, as the next epoch's are
+            for _ in range(2):  # the second time into the slot's buffer from the first
+                got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
+                assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
+                assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
+                kept.append(slot.bitstreams)
+            if not store:
+                assert slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
+                assert slot.bitstreams.is_pinned() == pin
+        if not store:  # each slot keeps its buffer; a new slot is page-locked before its first read where it pins
+            assert kept[1] is kept[0] and kept[3] is kept[2] and (kept[2].is_pinned() == pin)
+            assert 0 < engines.largest_read <= kept[0].numel() if pin else engines.largest_read == 0
+        else:  # a store's records are views of the store: nothing pinned for them
+            assert engines.largest_read == 0
 
 
 def test_stats_say_which_decoder_auto_chose(imagenet_dir):

@@ -7,6 +7,7 @@ import torch
 import fastload as fl
 from bench.producer_timeline import PHASES, Timeline
 from fastload import decoders, producer
+from fastload import loader as loader_mod
 from fastload.datasets import FolderDataset
 
 
@@ -29,16 +30,36 @@ def _check(summary, workers, busy_phase):
         assert t[busy_phase] > 0 and sum(t[p] for p in PHASES) <= t["wall"] * 1.01
 
 
+_PATCHED = ((producer.Slot, "wait_reusable"), (decoders.Engines, "_buffers"), (decoders, "engine_ready"),
+            (fl.nvjpeg.HardwareDecoder, "decode"), (decoders, "wait_for"), (decoders.Cores, "make"),
+            (loader_mod._Producers, "submit"), (loader_mod._Producers, "result"), (loader_mod._Producers, "take"),
+            (loader_mod._Producers, "put"), (producer.BatchMaker, "make"))
+
+
+def _originals():
+    return [getattr(owner, name) for owner, name in _PATCHED]
+
+
 def test_the_cores_phase_is_the_decode_and_the_patches_are_undone(imagenet_dir):
-    originals = (producer.Slot.wait_reusable, decoders.Cores.make, decoders.wait_for, producer.BatchMaker.make)
+    originals = _originals()
     loader = fl.FastLoader(FolderDataset(imagenet_dir), batch_size=4, crop=fl.RandomResizedCrop(64), threads=1,
                            workers=2)
     lock = loader._maker._hardware_lock
     summary = _timed(loader, 6)
     _check(summary, 2, "cores")
     assert summary["engines_busy"] == 0.0
-    assert (producer.Slot.wait_reusable, decoders.Cores.make, decoders.wait_for, producer.BatchMaker.make) == originals
-    assert loader._maker._hardware_lock is lock
+    assert _originals() == originals and loader._maker._hardware_lock is lock
+
+
+def test_the_patches_are_undone_when_the_block_raises(imagenet_dir):
+    originals = _originals()
+    loader = fl.FastLoader(FolderDataset(imagenet_dir), batch_size=4, crop=fl.RandomResizedCrop(64), threads=1)
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        with Timeline().installed(loader._maker):
+            assert _originals() != originals  # installed
+            raise RuntimeError("the loop failed")
+    assert _originals() == originals
+    loader.close()
 
 
 @pytest.mark.cuda
@@ -70,6 +91,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
+    monkeypatch.setattr(decoders.Engines, "pinned_bitstreams", decoders.Engines.pinned_bitstreams)  # undone after
     library = decoders.Engines.pinned_bitstreams
     train_profile.main(["data", "--decoder", "nvjpeg", "cpu", "--bitstreams", "pageable", "pinned",
                         "--threads", "16", "4", "--rounds", "2"])
