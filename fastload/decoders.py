@@ -551,7 +551,7 @@ class Engines:
 
     # Files read from a folder land in page-locked memory (in a slot that pins: on CUDA). nvJPEG's batched call
     # blocks its thread and holds the engines for the batch's host-side work, and with the loader alone it took
-    # 9.5-11.4 ms a batch of 256 so against 11.7-14.6 from pageable memory (one H100 host; inside training the
+    # 9.5-11.4 ms a batch of 256 against 11.7-14.6 from pageable memory (one H100 host; inside training the
     # gain was within run-to-run spread: bench/RESULTS.md, "The engines inside training"). Each slot's buffer is
     # a power of two over the largest batch of files read so far, so torch's caching host allocator hands the
     # same blocks to the next epoch's slots. A store's records are LMDB views, never copied: nothing is pinned.
