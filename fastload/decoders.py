@@ -651,7 +651,7 @@ class Engines:
         sources, crcs = read_sources(reader, indices, unreadable)
         pin = slot is not None and slot.pin and self.pinned_bitstreams
         if pin and slot.bitstreams is None and self.largest_read:  # a new slot: page-locked from its first batch
-            slot.bitstreams = _page_locked(self.largest_read)
+            slot.pin_bitstreams(self.largest_read)
         data, lengths, _, failed = ops.C.read_batch(
             sources, self.maker.threads, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
@@ -660,17 +660,11 @@ class Engines:
             slot.bitstreams = data
             if pin and any(isinstance(source, str) for source in sources):  # files, not views: the next batches
                 self.largest_read = max(self.largest_read, data.numel())
-                slot.bitstreams = _page_locked(self.largest_read)
+                slot.pin_bitstreams(self.largest_read)
         files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
         return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
                 else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
-
-
-def _page_locked(nbytes):
-    """A page-locked uint8 buffer of at least ``nbytes``, a power of two: the few sizes torch's caching host allocator
-    then sees are reused by every epoch's slots."""
-    return torch.empty(1 << max(20, (int(nbytes) - 1).bit_length()), dtype=torch.uint8, pin_memory=True)
 
 
 class Alternating:

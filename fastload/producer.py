@@ -23,6 +23,12 @@ from .decoders import FORMAT_JPEG as _FORMAT_JPEG
 from .decoders import read_file as _read_file  # noqa: F401
 
 
+def _rounded(nbytes):
+    """A power of two (1 MiB at least) over ``nbytes``: the few sizes the caching allocators (device and host) then
+    see are reused epoch after epoch, by the slots of every epoch."""
+    return 1 << max(20, (int(nbytes) - 1).bit_length())
+
+
 class Slot:
     """A reusable decode buffer; grows (by 25% headroom) when a batch needs more, never shrinks."""
 
@@ -41,10 +47,13 @@ class Slot:
     def reserve_device(self, nbytes, device):
         if self.device_buffer is None or self.device_buffer.numel() < nbytes:
             self.device_buffer = None  # free first: the kernel that read it is done (wait_reusable)
-            # Powers of two: the few sizes the caching allocator then sees are reused epoch after epoch.
-            self.device_buffer = torch.empty(1 << max(20, (int(nbytes) - 1).bit_length()), dtype=torch.uint8,
-                                             device=device)
+            self.device_buffer = torch.empty(_rounded(nbytes), dtype=torch.uint8, device=device)
         return self.device_buffer
+
+    def pin_bitstreams(self, nbytes):
+        """A page-locked buffer of at least ``nbytes`` for the files the engines read (decoders.Engines._buffers)."""
+        self.bitstreams = torch.empty(_rounded(nbytes), dtype=torch.uint8, pin_memory=True)
+        return self.bitstreams
 
     def wait_reusable(self):
         if self.copied is not None:
