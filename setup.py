@@ -17,8 +17,9 @@ from torch.utils import cpp_extension  # noqa: E402
 
 def extension():
     rel = os.path.relpath(NATIVE_DIR, os.path.dirname(os.path.abspath(__file__)))
-    names = ("bindings.cpp", "jpeg_decoder.cpp", "jpeg_regions.cpp", "jpeg_transcode.cpp", "warp_cpu.cpp",
-             "augment_cpu.cpp", "batch_ops_cpu.cpp", "affine_nearest_cpu.cpp", "nvjpeg_decoder.cpp")  # nvJPEG: dlopen'd, in every build
+    names = ("bindings.cpp", "crc32.cpp", "jpeg_decoder.cpp", "jpeg_regions.cpp", "jpeg_transcode.cpp",
+             "warp_cpu.cpp", "augment_cpu.cpp", "batch_ops_cpu.cpp", "affine_nearest_cpu.cpp",
+             "nvjpeg_decoder.cpp")  # nvJPEG: dlopen'd, in every build
     cpp = [os.path.join(rel, f) for f in names]
     macros = [("FASTLOAD_SOURCE_HASH", f'"{source_hash()}"')]
     cxx, link = ["-O3"], []

@@ -13,6 +13,8 @@ On each corpus (ImageNet-like, 1080p), single-threaded, files already in memory,
       a reused output buffer as the loader's pinned slot is.
   (e) (d) on the same files re-encoded losslessly with restart markers (`fastload pack --seekable`): the same
       pixels, but only the segments around each window are entropy-decoded.
+  (f) the CRC-32 check every read of a store makes of (e)'s bytes (``_C.crc32s``, one call for the files, as the
+      batch read runs it), and (g) the same with zlib.crc32, what it ran before: the check's share of a read.
 """
 import argparse
 import io
@@ -20,6 +22,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -34,6 +37,8 @@ METHODS = {
     "c": "fastload decode_crop (DCT-scaled)",
     "d": "fastload decode_crops batch, 1 thread",
     "e": "(d) on pack --seekable bytes",
+    "f": "CRC-32 check of (e)'s bytes, fastload",
+    "g": "CRC-32 check of (e)'s bytes, zlib.crc32",
 }
 DEFAULT_TURBOJPEG = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
 
@@ -95,7 +100,7 @@ def best_of(fns, passes, warmup=True):
 
 
 def measure(name, files, seed, tj, passes, warmup=True, size=SIZE):
-    """One corpus: rows for (a)-(e) plus a summary dict."""
+    """One corpus: rows for (a)-(g) plus a summary dict."""
     from torchvision.transforms import v2
     windows = plan(files, seed, size)
     rrc = v2.RandomResizedCrop(size, antialias=True)
@@ -127,7 +132,16 @@ def measure(name, files, seed, tj, passes, warmup=True, size=SIZE):
     def batch_seekable():
         ops.decode_crops(seekable, windows, slot, threads=1)
 
-    runs = {"a": pillow, "b": turbo, "c": crop, "d": batch, "e": batch_seekable}
+    from fastload.native import C
+
+    def crc():
+        C.crc32s(seekable, 1)
+
+    def crc_zlib():
+        for data in seekable:
+            zlib.crc32(data)
+
+    runs = {"a": pillow, "b": turbo, "c": crop, "d": batch, "e": batch_seekable, "f": crc, "g": crc_zlib}
     seconds = best_of({k: fn for k, fn in runs.items() if k != "b" or tj is not None}, passes, warmup)
     rows = [{"corpus": name, "method": k, "label": METHODS[k], "images": len(files), "seconds": s,
              "img_per_s": len(files) / s, "speedup": seconds["a"] / s} for k, s in seconds.items()]
@@ -172,10 +186,10 @@ def format_table(rows, summaries=()):
     lines.append(f"{'corpus':<14} {'method':<42} {'img/s/core':>10} {'ms/img':>8} {'vs (a)':>7}")
     for r in rows:
         lines.append(f"{r['corpus']:<14} ({r['method']}) {r['label']:<38} {r['img_per_s']:>10.0f} "
-                     f"{1e3 / r['img_per_s']:>8.2f} {r['speedup']:>6.2f}x")
+                     f"{1e3 / r['img_per_s']:>8.3f} {r['speedup']:>6.2f}x")
     lines.append("single thread, files in memory, best of the timed passes. (a) ends with a 224x224 PIL image (no "
                  "tensor conversion); (b) is a full-size decode; (c)-(e) end with the uint8 crop at 1/d, before the "
-                 "final resize.")
+                 "final resize; (f) and (g) only check bytes.")
     return "\n".join(lines)
 
 

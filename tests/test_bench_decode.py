@@ -11,7 +11,7 @@ from bench import decode as bench_decode
 def test_prints_the_table(imagenet_dir, hd_dir):
     out = io.StringIO()
     rows = bench_decode.run(imagenet_dir, hd_dir, imagenet_count=4, hd_count=2, passes=1, warmup=False, out=out)
-    assert [(r["corpus"], r["method"]) for r in rows] == [(c, m) for c in ("imagenet-like", "1080p") for m in "abcde"]
+    assert [(r["corpus"], r["method"]) for r in rows] == [(c, m) for c in ("imagenet-like", "1080p") for m in "abcdefg"]
     assert all(r["img_per_s"] > 0 and r["images"] == (4 if r["corpus"] == "imagenet-like" else 2) for r in rows)
     assert [r["speedup"] for r in rows if r["method"] == "a"] == [1.0, 1.0]
     text = out.getvalue()

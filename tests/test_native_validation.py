@@ -74,6 +74,20 @@ def test_contiguous_views_read_their_own_bytes(jpegs):
     assert torch.equal(ops.decode_crop(padded, 0, 0, info.height, info.width), torch.from_numpy(pillow(jpegs[0])))
 
 
+def test_crc32_is_zlibs_for_every_length_and_alignment(jpegs):
+    """The stores' CRC-32 check (carry-less multiplies where the CPU has them, zlib for the rest: native/crc32.cpp)
+    gives zlib's value for every length around the fold's 16- and 64-byte steps, at every alignment, on real JPEGs
+    and on bytes that stress the reduction (all zeros, all ones)."""
+    import zlib
+    rng = np.random.default_rng(0)
+    data = b"".join(jpegs) + rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    whole = np.frombuffer(data, dtype=np.uint8)
+    lengths = list(range(0, 700)) + [1023, 1024, 1025, 4096 + 17, 65_536, 65_536 + 63, 299_999]
+    views = [whole[start:start + n] for n in lengths for start in (0, 1, 7, 15, 33)]
+    views += [np.zeros(5000, np.uint8), np.full(5000, 255, np.uint8), np.frombuffer(jpegs[0], np.uint8)]
+    assert C.crc32s(views, 2).tolist() == [zlib.crc32(v.tobytes()) for v in views]
+
+
 @pytest.fixture
 def jpeg_path(imagenet_dir):
     return str(sorted(Path(imagenet_dir).rglob("*.jpg"))[0])
