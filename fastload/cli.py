@@ -95,8 +95,8 @@ def add_pack(sub):
                    help="re-encode JPEGs losslessly with restart markers (same DCT coefficients, so every decoder "
                    "gives exactly the same pixels; optimised Huffman tables; APPn/COM markers kept), so that the "
                    "loader entropy-decodes only the part of the file around each crop instead of everything above "
-                   "and beside it. RandomResizedCrop decoding gets ~1.2x faster on ImageNet-sized photos and "
-                   "~1.8x on 1080p; the store is about as large (+-3%%); packing costs ~2 ms more per "
+                   "and beside it. RandomResizedCrop decoding gets 1.1-1.35x faster on ImageNet-sized photos "
+                   "(by machine) and ~1.75x on 1080p; the store is about as large (+-3%%); packing costs ~2 ms more per "
                    "ImageNet-sized file per core (~30 ms per 1080p file). Files in other colour spaces (CMYK, RGB) keep their bytes")
     p.add_argument("--max-side", type=_positive, metavar="S",
                    help="re-encode JPEGs whose longer side exceeds S pixels, resized to S (libjpeg-turbo via "

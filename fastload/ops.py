@@ -140,7 +140,7 @@ def add_restart_markers(data, *, strict=True, max_pixels=MAX_PIXELS, sample=None
 
     The DCT coefficients are copied untouched (like ``jpegtran``): every decoder gives exactly the pixels of the
     original. The decoder then entropy-decodes only the segments around a crop window instead of every MCU
-    above and beside it (1080p RandomResizedCrop: ~1.8x faster). Returns the new bytes (Huffman tables
+    above and beside it (1080p RandomResizedCrop: ~1.75x faster). Returns the new bytes (Huffman tables
     optimised, APPn/COM markers kept; usually within a few percent of the original size), or None for files it
     leaves alone (colour spaces other than YCbCr and grayscale). Raises DecodeError for a broken JPEG.
     """
