@@ -355,7 +355,7 @@ Window window_at(const int64_t* wp, int64_t i) {
 // The CRC-32 check of decode_crops and verify_jpegs: false (and a kCorrupt message) on a mismatch.
 bool crc_matches(const Bytes& src, const int64_t* expected, int64_t i, char* message) {
   if (!expected || expected[i] < 0) return true;
-  const uint32_t crc = fastload::crc32(src.data, src.size);
+  const uint32_t crc = fastload::crc32_ieee(src.data, src.size);
   if (crc == static_cast<uint32_t>(expected[i])) return true;
   std::snprintf(message, kMessageSize,
                 "checksum mismatch: CRC-32 %08x, the store recorded %08x (bytes changed since packing)", crc,
@@ -702,7 +702,8 @@ at::Tensor crc32s_py(const py::sequence& buffers, int threads) {
   {
     ReleasedGil nogil;
     run_parallel(
-        n, threads, [&](int64_t i) { o[i] = static_cast<int64_t>(fastload::crc32(views[i].data, views[i].size)); },
+        n, threads,
+        [&](int64_t i) { o[i] = static_cast<int64_t>(fastload::crc32_ieee(views[i].data, views[i].size)); },
         [&](int64_t i, const char*) { o[i] = -1; });  // crc32 allocates nothing: cannot happen
   }
   return out;

@@ -67,7 +67,7 @@ uint32_t zlib_crc32(uint32_t crc, const uint8_t* p, size_t n) {
 
 }  // namespace
 
-uint32_t crc32(const uint8_t* data, size_t size) {
+uint32_t crc32_ieee(const uint8_t* data, size_t size) {
 #if FL_CRC_PCLMUL
   if (size >= 256 && has_pclmul()) {  // below, the fold's fixed cost is not worth it
     const size_t folded = size & ~size_t(15);

@@ -7,7 +7,8 @@
 
 namespace fastload {
 
-// zlib's crc32_z(0, data, size), with carry-less multiplies where the CPU has them.
-uint32_t crc32(const uint8_t* data, size_t size);
+// zlib's crc32_z(0, data, size), with carry-less multiplies where the CPU has them (named apart from zlib's crc32,
+// which a zlib built with Z_PREFIX turns into a macro).
+uint32_t crc32_ieee(const uint8_t* data, size_t size);
 
 }  // namespace fastload
