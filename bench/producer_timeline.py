@@ -63,7 +63,7 @@ class Timeline:
         self.batches = collections.defaultdict(int)
         self.spans = {}  # thread -> [first timed start, last timed end]: its wall time while installed
         self.held = 0.0
-        self.depth = threading.local()  # nested timed calls (wait_for inside a timed call) count once
+        self.current = threading.local()  # .phase: the timed call a thread is in (a nested one counts once)
 
     def add(self, phase, seconds, end=None):
         end = time.perf_counter() if end is None else end
@@ -75,15 +75,14 @@ class Timeline:
 
     def timed(self, phase, fn):
         def wrapper(*a, **k):
-            outer = getattr(self.depth, "phase", None)
-            if outer is not None:  # inside another timed phase: that one has it
+            if getattr(self.current, "phase", None) is not None:  # inside another timed phase: that one has it
                 return fn(*a, **k)
-            self.depth.phase = phase
+            self.current.phase = phase
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                self.depth.phase = None
+                self.current.phase = None
                 end = time.perf_counter()
                 self.add(phase, end - t, end)
         return wrapper

@@ -704,7 +704,7 @@ at::Tensor crc32s_py(const py::sequence& buffers, int threads) {
     run_parallel(
         n, threads,
         [&](int64_t i) { o[i] = static_cast<int64_t>(fastload::crc32_ieee(views[i].data, views[i].size)); },
-        [&](int64_t i, const char*) { o[i] = -1; });  // crc32 allocates nothing: cannot happen
+        [&](int64_t i, const char*) { o[i] = -1; });  // crc32_ieee allocates nothing: cannot happen
   }
   return out;
 }
