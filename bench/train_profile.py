@@ -180,7 +180,8 @@ def _engine_streams(device, priority):
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
-            cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False):
+            cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
+            planning="live"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
@@ -189,12 +190,25 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers,
                         reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
-                        trace, producer_times, loader_only, device)
+                        trace, producer_times, loader_only, planning, device)
+
+
+def _plan_ahead(loader, epochs):
+    """--planning ahead: every batch of ``epochs`` prepared now (BatchMaker.prepare, its pure function of seed,
+    epoch, indices and k), so that the planner threads only look them up while timed: what the loop would gain
+    if planning cost the process no GIL at all."""
+    maker, live = loader._maker, loader._maker.prepare
+    ready = {(e, k): live(b, e, k) for e in epochs for k, b in enumerate(loader._epoch_batches(e))}
+
+    def prepare(indices, epoch, k=0):
+        found = ready.pop((epoch, k), None)
+        return found if found is not None else live(indices, epoch, k)
+    maker.prepare = prepare
 
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, device):
+             loader_only, planning, device):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -217,6 +231,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
         for epoch in range(epochs + warmup_epochs):
             loader.set_epoch(epoch)
             if epoch == warmup_epochs:
+                if planning == "ahead":
+                    _plan_ahead(loader, range(warmup_epochs, warmup_epochs + epochs))
                 torch.cuda.synchronize()
                 probe.start()
                 if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
@@ -286,7 +302,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
            "train_stream": train_stream, "cuda_graph": cuda_graph,
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
-           "loader_only": loader_only, "images_per_s": rate,
+           "loader_only": loader_only, "planning": planning, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -333,6 +349,10 @@ def main(argv=None):
                         "library's, decoders.Engines.pinned_bitstreams)")
     p.add_argument("--producer-times", action="store_true",
                    help="each producer's time per batch by phase over the timed epochs (bench/producer_timeline.py)")
+    p.add_argument("--planning", nargs="+", choices=("live", "ahead"), default=["live"],
+                   help="live: the planner threads prepare each batch while the loop runs (the library); ahead: "
+                        "every timed batch prepared before the timed epochs (what planning's GIL time costs), "
+                        "each in turn")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
                         "in turn in this one process (default: the library's)")
@@ -341,9 +361,9 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
-            for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads]
+            for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -356,7 +376,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, bits, threads, planning in (runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
@@ -365,7 +385,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace, args.producer_times, args.loader_only)
+                                 args.trace, args.producer_times, args.loader_only, planning)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -381,7 +401,7 @@ def _print(rows):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "bitstreams", "transform", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+    cols = ("decoder", "bitstreams", "transform", "planning", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
