@@ -37,6 +37,7 @@ import torch
 
 from bench.cuda_wait import set_cuda_wait
 from bench.producer_timeline import Timeline
+import fastload.loader
 from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import TRANSFORMS, ceiling_rate, loader_shape, open_dataset, training_step
 
@@ -181,9 +182,12 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live"):
+            planning="live", plan_batches=None):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
+        if plan_batches is not None:  # batches a planner prepares in one pass (the library's: loader.PLAN_BATCHES)
+            stack.callback(setattr, fastload.loader, "PLAN_BATCHES", fastload.loader.PLAN_BATCHES)
+            fastload.loader.PLAN_BATCHES = plan_batches
         if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
             stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
         if engine_priority is not None:
@@ -302,7 +306,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
            "train_stream": train_stream, "cuda_graph": cuda_graph,
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
-           "loader_only": loader_only, "planning": planning, "images_per_s": rate,
+           "loader_only": loader_only, "planning": planning,
+           "plan_batches": plan_batches or fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
@@ -353,6 +358,9 @@ def main(argv=None):
                    help="live: the planner threads prepare each batch while the loop runs (the library); ahead: "
                         "every timed batch prepared before the timed epochs (what planning's GIL time costs), "
                         "each in turn")
+    p.add_argument("--plan-batches", type=int, nargs="+", default=[None],
+                   help="batches a planner prepares in one pass (default: the library's loader.PLAN_BATCHES), each "
+                        "in turn")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
                         "in turn in this one process (default: the library's)")
@@ -363,7 +371,8 @@ def main(argv=None):
     rows = []
     runs = [(w, d, h, ts, b, th, pl) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
-            for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning]
+            for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
+            for pb in args.plan_batches]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -376,7 +385,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, bits, threads, planning, plan_batches in (runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
@@ -385,7 +394,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  args.switch_interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace, args.producer_times, args.loader_only, planning)
+                                 args.trace, args.producer_times, args.loader_only, planning, plan_batches)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -401,7 +410,7 @@ def _print(rows):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "bitstreams", "transform", "planning", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+    cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",

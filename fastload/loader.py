@@ -662,16 +662,23 @@ def _enter_thread(cpus, device):
         torch.cuda.set_device(device)
 
 
+# Batches a planner prepares in one pass (BatchMaker.prepare_many): its producer's next ones. Planning four
+# TrivialAugmentWide batches together costs a third of the Python (and GIL) time per batch of planning each alone,
+# and the training thread waits for that GIL (bench/RESULTS.md, "Planning several batches at once").
+PLAN_BATCHES = 4
+
+
 class _Planner:
-    """One producer's planner: a thread that runs BatchMaker.prepare for the batches its producer asks for, one
-    request ahead. Its thread holds the maker and the batch list, never the _Producers (a live thread holding that
+    """One producer's planner: a thread that prepares the batches its producer asks for (every ``stride``-th: k,
+    k + stride, ...), one request ahead, PLAN_BATCHES of them at a time. Its thread holds the maker and the batch list, never the _Producers (a live thread holding that
     would keep every slot's buffers alive), and stop() only puts on a SimpleQueue, which is safe from a __del__
     that the garbage collector runs on any thread (a ThreadPoolExecutor's shutdown takes a lock that its own
     submit() holds while starting the thread: a collection there deadlocked)."""
 
-    def __init__(self, maker, batches, epoch, w, cpus, device):
+    def __init__(self, maker, batches, epoch, w, stride, cpus, device):
         self.requests = queue.SimpleQueue()
-        self.thread = threading.Thread(target=_Planner._run, args=(self.requests, maker, batches, epoch, cpus, device),
+        self.thread = threading.Thread(target=_Planner._run,
+                                       args=(self.requests, maker, batches, epoch, stride, cpus, device),
                                        daemon=True, name=f"fastload.planner-{w}")
 
     def submit(self, k):
@@ -683,12 +690,16 @@ class _Planner:
         self.requests.put(None)
 
     @staticmethod
-    def _run(requests, maker, batches, epoch, cpus, device):
+    def _run(requests, maker, batches, epoch, stride, cpus, device):
         _enter_thread(cpus, device)
+        ready = {}  # k -> Prepared, made with an earlier request's
         while (request := requests.get()) is not None:
             k, future = request
             try:
-                future.set_result(maker.prepare(batches[k], epoch, k))
+                if k not in ready:
+                    ks = range(k, min(len(batches), k + stride * PLAN_BATCHES), stride)
+                    ready = dict(zip(ks, maker.prepare_many([batches[j] for j in ks], epoch, ks)))
+                future.set_result(ready.pop(k))
             except BaseException as e:  # raised in the producer that asked, and from there in the training loop
                 future.set_exception(e)
 
@@ -722,7 +733,7 @@ class _Producers:
         # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
         # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
         # (bench/RESULTS.md, "Loaders alone with a policy").
-        self.planners = [_Planner(self.maker, batches, epoch, w, self.cpus, self.device) for w in range(n)]
+        self.planners = [_Planner(self.maker, batches, epoch, w, n, self.cpus, self.device) for w in range(n)]
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts

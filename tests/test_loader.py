@@ -164,20 +164,22 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     assert_no_fastload_threads()
 
 def test_an_error_while_planning_ahead_reaches_the_loop_at_its_batch(coded_dir):
-    """The planner threads prepare batches ahead of the decode; an exception there surfaces in the training loop
-    when that batch's turn comes (the batches before it arrive, in order), and no thread is left behind."""
+    """The planner threads prepare batches ahead of the decode, several in one pass; an exception planning one
+    surfaces in the training loop when that batch's turn comes (the batches before it arrive, in order, including
+    those planned in a pass with it), and no thread is left behind."""
     ds = fl.FolderDataset(coded_dir)
     loader = fl.FastLoader(ds, batch_size=5, seed=4, crop=fl.RandomResizedCrop(32), workers=2)
     expected = collect(loader)
     assert len(expected) >= 4
     maker = loader._maker
-    real = maker.prepare
+    real = maker.plan
+    bad = set(loader._epoch_batches(0)[3])
 
-    def prepare(indices, epoch, k=0):
-        if k == 3:
+    def plan(indices, epoch):
+        if bad & set(indices.tolist()):
             raise RuntimeError("planning failed for batch 3")
-        return real(indices, epoch, k)
-    maker.prepare = prepare
+        return real(indices, epoch)
+    maker.plan = plan
     loader.set_epoch(0)
     got = []
     with pytest.raises(RuntimeError, match="planning failed for batch 3"):
@@ -186,7 +188,7 @@ def test_an_error_while_planning_ahead_reaches_the_loop_at_its_batch(coded_dir):
     assert len(got) == 3
     for (xa, ya), (xb, yb) in zip(got, expected):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
-    del loader, maker, real
+    del loader, maker, real, plan
     assert_no_fastload_threads()
 
 

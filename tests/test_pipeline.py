@@ -346,6 +346,62 @@ def test_a_subset_plans_as_the_rows_of_its_batch_plan(imagenet_dir):
         loader.close()
 
 
+def _planned_together_cases():
+    """(name, fastload pipeline): every bench spec, and pipelines whose planning takes other paths (a BILINEAR
+    policy composed into the warp, RandomAffine / RandomRotation, RandomErasing with noise, Grayscale(1))."""
+    cases = [(spec, benchmark.pipelines(spec, 64, num_classes=4)[0]) for spec in benchmark.TRANSFORMS]
+    bilinear = T.InterpolationMode.BILINEAR
+    cases += [("bilinear_policy", T.Compose([T.RandomResizedCrop(48), T.RandAugment(interpolation=bilinear)])),
+              ("affine", T.Compose([T.Resize(56), T.CenterCrop(48), T.RandomAffine(20, translate=(0.1, 0.1),
+                                                                                   shear=10), T.ColorJitter(0.4, 0.4)])),
+              ("rotation", T.Compose([T.RandomResizedCrop(40), T.RandomRotation(90, fill=9)])),
+              ("erasing_noise", T.Compose([T.RandomResizedCrop(40), T.ToDtype(torch.float32, scale=True),
+                                           T.RandomErasing(0.7, value="random")])),
+              ("grey", T.Compose([T.RandomResizedCrop(40), T.Grayscale(1), T.RandomAutocontrast(0.5)]))]
+    return cases
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_batches_planned_together_are_each_batch_planned_alone(imagenet_dir, device):
+    """A planner prepares its producer's next batches in one pass (BatchMaker.prepare_many): each batch must get
+    exactly what prepare() gives it alone (windows, matrices, tables, policy maps, erasing boxes, batch ops'
+    draws), a short last batch included, with the tables pinned for a GPU. AugMix plans per batch: one at a time."""
+    ds = fl.FolderDataset(imagenet_dir)
+    for name, tf in _planned_together_cases() + [("augmix", T.Compose([T.RandomResizedCrop(32), T.AugMix()]))]:
+        loader = fl.FastLoader(ds, batch_size=7, transform=tf, device=device, seed=3)
+        maker = loader._maker
+        for epoch in (0, 2):
+            batches = loader._epoch_batches(epoch)
+            ks = [1, 3, 5, len(batches) - 1]  # a producer's every other batch, and the epoch's short last one
+            assert len(batches[ks[-1]]) < 7
+            together = maker.prepare_many([batches[k] for k in ks], epoch, ks)
+            assert len(together) == (1 if name == "augmix" else len(ks)), name
+            for k, prepared in zip(ks, together):
+                _assert_same(prepared, maker.prepare(batches[k], epoch, k), f"{name}, epoch {epoch}, batch {k}")
+                table = prepared.params.table
+                if device == "cuda" and table is not None:
+                    assert table.ops.is_pinned() and table.params.is_pinned()
+                nearest = prepared.params.nearest
+                if device == "cuda" and nearest is not None:
+                    assert nearest.packed.is_pinned()
+        loader.close()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_planning_error_is_raised_by_its_own_batch(imagenet_dir, workers):
+    """Planned several at a time, a batch whose planning fails (here an index that claims a sample is 0 pixels
+    high) still raises when the loop reaches it, naming the sample, after the batches before it are delivered."""
+    ds = fl.FolderDataset(imagenet_dir)
+    loader = fl.FastLoader(ds, batch_size=4, shuffle=False, workers=workers,
+                           transform=T.Compose([T.RandomResizedCrop(32), T.TrivialAugmentWide()]))
+    loader._maker.heights[9] = 0  # batch 2
+    seen = []
+    with pytest.raises(ValueError, match="sample 9: image size 0x"):
+        for x, _ in loader:
+            seen.append(x.shape[0])
+    assert seen == [4, 4]
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_random_crop_with_padding_runs_as_planned(imagenet_dir, device):
     """Resize + RandomCrop(padding, fill) + flip (a low-resolution recipe's geometry) in the loader: the batch is

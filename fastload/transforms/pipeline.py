@@ -256,6 +256,16 @@ class NearestMaps(NamedTuple):
         n = len(packed) // 8
         return cls(packed[:2 * n].view(torch.int64), packed[2 * n:].view(torch.float32).view(n, 2, 3), packed, slots)
 
+    def rows(self, start, stop, *, pin=False):
+        """The entries of samples start..stop-1 renumbered from 0, still ordered by slot (what the batch of those
+        samples gets when it is planned with others: Pipeline.split_params), or None where none drew a map."""
+        samples = self.samples.numpy()
+        keep = (samples >= start) & (samples < stop)
+        if not keep.any():
+            return None
+        return NearestMaps.make(samples[keep] - start, self.matrices.numpy()[keep],
+                                [s for s, k in zip(self.slots, keep) if k], pin=pin)
+
     def on(self, device):
         """(samples, matrices, slots), the tensors on ``device`` (one non-blocking copy from pinned memory)."""
         if self.packed.device == torch.device(device):
@@ -581,6 +591,29 @@ class Pipeline:
         return SampleParams(table(),
                             [e.table(seed, epoch, indices, *size) for e in self.erasing], seed, epoch, indices, size,
                             mixes, self._nearest_maps(seed, epoch, indices, pin))
+
+    @property
+    def splits_params(self):
+        """Whether split_params can cut a concatenation's SampleParams into its batches' (AugMix's execution
+        steps group a batch's samples by op: they are planned per batch)."""
+        return not self._segments()[1]
+
+    def split_params(self, params, sizes, *, pin=False):
+        """The SampleParams of consecutive batches of ``sizes`` samples, from sample_params of their indices
+        concatenated: every draw is a pure function of (seed, epoch, sample index), so each is exactly what
+        sample_params gives that batch alone (tests/test_pipeline.py checks it). Not with AugMix (splits_params)."""
+        if not self.splits_params:
+            raise ValueError("split_params: a pipeline with AugMix plans its SampleParams per batch")
+        out, start = [], 0
+        for n in sizes:
+            stop, table = start + n, params.table
+            if table is not None:  # views of the rows: still contiguous, and pinned where the whole is
+                table = table._replace(ops=table.ops[start:stop], params=table.params[start:stop])
+            nearest = None if params.nearest is None else params.nearest.rows(start, stop, pin=pin)
+            out.append(params._replace(table=table, erase=[e[start:stop] for e in params.erase],
+                                       indices=params.indices[start:stop], nearest=nearest))
+            start = stop
+        return out
 
     # --- execution (the stage, on the batch's device) -------------------------------------------------------
     def normalise_params(self):
