@@ -369,7 +369,7 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches]
