@@ -307,7 +307,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "loader_only": loader_only, "planning": planning,
-           "plan_batches": plan_batches or fastload.loader.PLAN_BATCHES, "images_per_s": rate,
+           "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
