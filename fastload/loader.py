@@ -1,8 +1,8 @@
 """FastLoader: ``for x, y in FastLoader(dataset)`` -> normalised [B, 3, H, W] batches on the device.
 
 Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: decode its crops natively
-into a reusable slot (producer.py), planned one batch ahead by its planner thread while the producer decodes the
-one before, and, on the CPU path, run the affine/normalise stage. The
+into a reusable slot (producer.py), planned ahead by its planner thread (PLAN_BATCHES at a time) while the
+producer decodes the one before, and, on the CPU path, run the affine/normalise stage. The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
 consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
 producers are on their last round, the next epoch's producers start (its batches are a pure function of seed and
@@ -86,7 +86,7 @@ class FastLoader:
             training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
             Python work overlaps decoding; 2 with decoder="nvjpeg", 5 with "hybrid"). Each has a planner thread
-            that prepares its next batch's crops and per-sample parameters while it decodes the current one.
+            that prepares its next batches' crops and per-sample parameters while it decodes the current one.
         cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
             may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
             (Linux); the default thread counts then follow its size. Default None: wherever the OS puts them.
@@ -729,7 +729,7 @@ class _Producers:
         for f in self.free:
             for _ in range(nslots):
                 f.put(Slot(pin=on_gpu))
-        # Each producer's planner thread prepares its next batch (BatchMaker.prepare: crop plans, per-sample
+        # Each producer's planner thread prepares its next batches (BatchMaker.prepare_many: crop plans, per-sample
         # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
         # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
         # (bench/RESULTS.md, "Loaders alone with a policy").

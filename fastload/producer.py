@@ -1,8 +1,8 @@
 """Turning a list of sample indices into a decoded ragged batch: plan, then the loader's decoder (decoders.py).
 
 Per batch, ``BatchMaker.prepare(indices, epoch, k)``: the crop plan of every sample (vectorised), the stage's
-per-sample parameters and the batch ops' draws, which the loader's planner thread makes one batch ahead of each
-producer; then ``make``: the decoder named by ``decoder=`` (fastload.decoders: "cpu", the cores, reads and decodes
+per-sample parameters and the batch ops' draws, which the loader's planner thread makes ahead of each producer
+(``prepare_many``: several batches in one pass); then ``make``: the decoder named by ``decoder=`` (fastload.decoders: "cpu", the cores, reads and decodes
 the batch in one native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU;
 "nvjpeg" the GPU's JPEG engines; "hybrid" both on different batches). Pillow decodes the few non-JPEG samples, and
 with ``on_error="skip"`` broken samples get deterministic replacements; see decoders.py.
@@ -166,9 +166,9 @@ class BatchMaker:
 
     def prepare(self, indices, epoch, k=0):
         """What batch k needs before its decode, all pure functions of (seed, epoch, indices, k): the crop plan, the
-        stage's per-sample parameters and the batch ops' draws. The loader's planner thread runs this one batch
-        ahead of each producer, so this Python work overlaps the decode instead of idling the decode threads
-        (bench/RESULTS.md, "Loaders alone with a policy")."""
+        stage's per-sample parameters and the batch ops' draws. The loader's planner thread runs this (through
+        prepare_many) ahead of each producer, so this Python work overlaps the decode instead of idling the decode
+        threads (bench/RESULTS.md, "Loaders alone with a policy")."""
         indices = np.asarray(indices, dtype=np.int64)
         return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
                         self.pipeline.batch_plan(self.seed, epoch, k * self.world_size + self.rank, len(indices)))
