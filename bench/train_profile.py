@@ -208,6 +208,7 @@ def _plan_ahead(loader, epochs):
         found = ready.pop((epoch, k), None)
         return found if found is not None else live(indices, epoch, k)
     maker.prepare = prepare
+    maker.prepare_many = lambda batches, epoch, ks: [prepare(b, epoch, k) for b, k in zip(batches, ks)]
 
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers, reserve,

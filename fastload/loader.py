@@ -670,8 +670,9 @@ PLAN_BATCHES = 4
 
 class _Planner:
     """One producer's planner: a thread that prepares the batches its producer asks for (every ``stride``-th: k,
-    k + stride, ...), one request ahead, PLAN_BATCHES of them at a time. Its thread holds the maker and the batch list, never the _Producers (a live thread holding that
-    would keep every slot's buffers alive), and stop() only puts on a SimpleQueue, which is safe from a __del__
+    k + stride, ...), one request ahead: the first alone (the producer waits for it), then PLAN_BATCHES at a time.
+    Its thread holds the maker and the batch list, never the _Producers (a live thread holding that would keep
+    every slot's buffers alive), and stop() only puts on a SimpleQueue, which is safe from a __del__
     that the garbage collector runs on any thread (a ThreadPoolExecutor's shutdown takes a lock that its own
     submit() holds while starting the thread: a collection there deadlocked)."""
 
@@ -692,12 +693,13 @@ class _Planner:
     @staticmethod
     def _run(requests, maker, batches, epoch, stride, cpus, device):
         _enter_thread(cpus, device)
-        ready = {}  # k -> Prepared, made with an earlier request's
+        ready, many = {}, 1  # k -> Prepared, made with an earlier request's; batches the next pass plans
         while (request := requests.get()) is not None:
             k, future = request
             try:
                 if k not in ready:
-                    ks = range(k, min(len(batches), k + stride * PLAN_BATCHES), stride)
+                    ks = range(k, min(len(batches), k + stride * many), stride)
+                    many = PLAN_BATCHES
                     ready = dict(zip(ks, maker.prepare_many([batches[j] for j in ks], epoch, ks)))
                 future.set_result(ready.pop(k))
             except BaseException as e:  # raised in the producer that asked, and from there in the training loop

@@ -2,13 +2,14 @@
 
 Per batch, ``BatchMaker.prepare(indices, epoch, k)``: the crop plan of every sample (vectorised), the stage's
 per-sample parameters and the batch ops' draws, which the loader's planner thread makes ahead of each producer
-(``prepare_many``: several batches in one pass); then ``make``: the decoder named by ``decoder=`` (fastload.decoders: "cpu", the cores, reads and decodes
-the batch in one native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU;
+(``prepare_many``: several batches in one pass); then ``make``: the decoder named by ``decoder=``
+(fastload.decoders: "cpu", the cores, reads and decodes the batch in one native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU;
 "nvjpeg" the GPU's JPEG engines; "hybrid" both on different batches). Pillow decodes the few non-JPEG samples, and
 with ``on_error="skip"`` broken samples get deterministic replacements; see decoders.py.
 """
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -130,6 +131,7 @@ class BatchMaker:
         # Held by the one producer inside the hardware decoder at a time, and by a fork (_hold_decoders).
         self._hardware_lock = threading.Lock()
         self._parts = {}  # part(): the cores, the engines
+        self._warned_together = False  # prepare_many's warning, once
         self.use(decoders.KINDS[decoder] if isinstance(decoder, str) else decoder, threads)
         _makers.add(self)
 
@@ -166,9 +168,9 @@ class BatchMaker:
 
     def prepare(self, indices, epoch, k=0):
         """What batch k needs before its decode, all pure functions of (seed, epoch, indices, k): the crop plan, the
-        stage's per-sample parameters and the batch ops' draws. The loader's planner thread runs this (through
-        prepare_many) ahead of each producer, so this Python work overlaps the decode instead of idling the decode
-        threads (bench/RESULTS.md, "Loaders alone with a policy")."""
+        stage's per-sample parameters and the batch ops' draws. The loader's planner thread makes it ahead of each
+        producer (prepare_many, several batches at once), so this Python work overlaps the decode instead of idling
+        the decode threads (bench/RESULTS.md, "Loaders alone with a policy")."""
         indices = np.asarray(indices, dtype=np.int64)
         return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
                         self.pipeline.batch_plan(self.seed, epoch, k * self.world_size + self.rank, len(indices)))
@@ -176,15 +178,30 @@ class BatchMaker:
     def prepare_many(self, batches, epoch, ks):
         """prepare() of several batches (a producer's next ones, batch ks[i] of the epoch holding batches[i]) in
         one pass over all their samples: each batch gets exactly what prepare() gives it (every draw is per sample),
-        for about a third of the Python time per batch, numpy's cost per call being paid once for the lot
-        (bench/RESULTS.md, "Planning several batches at once"). Where the pass fails, or the pipeline plans per
-        batch (AugMix), only the first batch is prepared, alone, so an error is raised by the batch that causes it."""
-        if len(batches) > 1 and self.pipeline.splits_params:
+        for half the Python time per batch, numpy's cost per call being paid once for the lot (bench/RESULTS.md,
+        "Planning several batches at once"). Where the pipeline plans per batch (AugMix), only the first batch is
+        prepared. Where the pass fails, the batches are prepared alone, in order, up to the first that fails: an
+        error is raised by the batch that causes it, when that batch is asked for (it comes first then)."""
+        if len(batches) == 1 or not self.pipeline.splits_params:
+            return [self.prepare(batches[0], epoch, ks[0])]
+        try:
+            return self._prepare_together([np.asarray(b, dtype=np.int64) for b in batches], epoch, ks)
+        except Exception as e:  # one batch's bad sample or setting, found again below by its own batch
+            failed = e
+        out = []
+        for b, k in zip(batches, ks):
             try:
-                return self._prepare_together([np.asarray(b, dtype=np.int64) for b in batches], epoch, ks)
-            except Exception:  # one batch's bad sample or setting: raised below when it is that batch's turn
-                pass
-        return [self.prepare(batches[0], epoch, ks[0])]
+                out.append(self.prepare(b, epoch, k))
+            except Exception:
+                if not out:
+                    raise
+                return out
+        if not self._warned_together:  # every batch planned alone: the pass itself is at fault (a bug)
+            self._warned_together = True
+            warnings.warn(f"fastload: planning {len(batches)} batches in one pass failed where each alone did not "
+                          f"({type(failed).__name__}: {failed}); they are planned one at a time, at twice the "
+                          f"cost. Please report it.", RuntimeWarning, stacklevel=2)
+        return out
 
     def _prepare_together(self, batches, epoch, ks):
         indices = np.concatenate(batches)

@@ -400,6 +400,33 @@ def test_a_planning_error_is_raised_by_its_own_batch(imagenet_dir, workers):
         for x, _ in loader:
             seen.append(x.shape[0])
     assert seen == [4, 4]
+    # in one pass with the batches before it, those come back alone, then it raises when it comes first
+    batches = loader._epoch_batches(0)
+    assert len(loader._maker.prepare_many(batches[:4], 0, [0, 1, 2, 3])) == 2
+    with pytest.raises(ValueError, match="sample 9: image size 0x"):
+        loader._maker.prepare_many(batches[2:4], 0, [2, 3])
+
+
+def test_a_pass_that_fails_where_each_batch_does_not_warns_once(imagenet_dir, monkeypatch):
+    """If planning batches together failed where each alone succeeds (a bug of the pass itself), the batches are
+    still what prepare() gives them, and a RuntimeWarning says so once instead of planning silently at twice the
+    cost."""
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, seed=2,
+                           transform=T.Compose([T.RandomResizedCrop(32), T.RandAugment()]))
+    maker = loader._maker
+
+    def broken(*args):
+        raise IndexError("a bug in the pass")
+    monkeypatch.setattr(maker, "_prepare_together", broken)
+    batches = loader._epoch_batches(1)
+    with pytest.warns(RuntimeWarning, match="IndexError: a bug in the pass"):
+        got = maker.prepare_many(batches[:3], 1, [0, 1, 2])
+    for k, prepared in enumerate(got):
+        _assert_same(prepared, maker.prepare(batches[k], 1, k))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(maker.prepare_many(batches[3:6], 1, [3, 4, 5])) == 3
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])

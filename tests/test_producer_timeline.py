@@ -113,3 +113,29 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     train_profile.main(["data", "--planning", "live", "ahead", "--plan-batches", "1", "4", "--rounds", "2"])
     first = [("live", 1), ("live", 4), ("ahead", 1), ("ahead", 4)]
     assert planned == first + first[::-1]
+
+
+def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypatch):
+    """bench.train_profile --planning ahead: every batch of the timed epochs prepared before them, so that while
+    they run the planners plan nothing (whatever PLAN_BATCHES), and the batches are those planned live."""
+    import fastload.transforms as T
+    from bench.train_profile import _plan_ahead
+    ds = FolderDataset(imagenet_dir)
+
+    def loader():
+        return fl.FastLoader(ds, batch_size=6, seed=1, drop_last=True, transform=T.Compose(
+            [T.RandomResizedCrop(32), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]))
+    live, ahead = loader(), loader()
+    _plan_ahead(ahead, [1])
+    planned = []
+    real = producer.BatchMaker.plan
+    monkeypatch.setattr(producer.BatchMaker, "plan",
+                        lambda self, indices, epoch: planned.append((self, epoch)) or real(self, indices, epoch))
+    for L in (live, ahead):
+        L.set_epoch(1)
+    pairs = list(zip(live, ahead))
+    assert len(pairs) == len(live) >= 4
+    for (x, y), (xa, ya) in pairs:
+        assert torch.equal(x, xa) and torch.equal(y, ya)
+    # (the next epoch's producers start before this one ends: epoch 2 is planned live in both)
+    assert {m for m, epoch in planned if epoch == 1} == {live._maker}

@@ -851,14 +851,14 @@ class GeometryPlanner:
         x0, x1, y0, y1 = (np.asarray(v, np.float64) for v in step.crop)
         # far edge as origin + scale * extent, the way planners.py (and _box on the next canvas) rounds it, so
         # that axis-aligned pipelines give planners' windows to the last bit
-        # the common case, rounded as planners.py rounds it (the windows to the last bit)
         ox, oy = a[:, 0, 0] * x0 + a[:, 0, 2], a[:, 1, 1] * y0 + a[:, 1, 2]
         xs = (ox, ox + a[:, 0, 0] * (x1 - x0))
         ys = (oy, oy + a[:, 1, 1] * (y1 - y0))
         bx0, bx1, by0, by1 = np.minimum(*xs), np.maximum(*xs), np.minimum(*ys), np.maximum(*ys)
         straight = (a[:, 0, 1] == 0) & (a[:, 1, 0] == 0)
-        if not straight.all():  # a quarter turn: the box's image is the box of its corners' images (per sample,
-            # whatever else its batch holds: planning is a function of the sample alone)
+        if not straight.all():  # a quarter turn: the box's image is the box of its corners' images, chosen per
+            # sample whatever else its batch holds (planning is a function of the sample alone); samples not
+            # axis-aligned at all keep ``clip`` below
             corners = np.stack(np.broadcast_arrays(x0, x1, y0, y1, np.zeros(len(a))), 1)[:, :4]
             turned = GeometryPlanner._box(a, corners)
             bx0, bx1, by0, by1 = (np.where(straight, v, t) for v, t in zip((bx0, bx1, by0, by1), turned))
