@@ -663,8 +663,8 @@ def _enter_thread(cpus, device):
 
 
 # Batches a planner prepares in one pass (BatchMaker.prepare_many): its producer's next ones. Planning four
-# TrivialAugmentWide batches together costs a third of the Python (and GIL) time per batch of planning each alone,
-# and the training thread waits for that GIL (bench/RESULTS.md, "Planning several batches at once").
+# batches together costs about half the Python (and GIL) time per batch of planning each alone (0.37-0.53x over the
+# bench specs), and the training thread waits for that GIL (bench/RESULTS.md, "Planning several batches at once").
 PLAN_BATCHES = 4
 
 

@@ -3,9 +3,10 @@
 Per batch, ``BatchMaker.prepare(indices, epoch, k)``: the crop plan of every sample (vectorised), the stage's
 per-sample parameters and the batch ops' draws, which the loader's planner thread makes ahead of each producer
 (``prepare_many``: several batches in one pass); then ``make``: the decoder named by ``decoder=``
-(fastload.decoders: "cpu", the cores, reads and decodes the batch in one native call without the GIL straight into the slot's buffer, pinned when the batch goes to a GPU;
-"nvjpeg" the GPU's JPEG engines; "hybrid" both on different batches). Pillow decodes the few non-JPEG samples, and
-with ``on_error="skip"`` broken samples get deterministic replacements; see decoders.py.
+(fastload.decoders: "cpu", the cores, reads and decodes the batch in one native call without the GIL straight into
+the slot's buffer, pinned when the batch goes to a GPU; "nvjpeg" the GPU's JPEG engines; "hybrid" both on different
+batches). Pillow decodes the few non-JPEG samples, and with ``on_error="skip"`` broken samples get deterministic
+replacements; see decoders.py.
 """
 import os
 import threading
@@ -206,8 +207,7 @@ class BatchMaker:
     def _prepare_together(self, batches, epoch, ks):
         indices = np.concatenate(batches)
         windows, matrices, other = self.plan(indices, epoch)
-        params = self.pipeline.split_params(self._params(epoch, indices), [len(b) for b in batches],
-                                            pin=self.device is not None and self.device.type == "cuda")
+        params = self.pipeline.split_params(self._params(epoch, indices), [len(b) for b in batches], pin=self._pins)
         out, start = [], 0
         for b, k, p in zip(batches, ks, params):
             rows = slice(start, start + len(b))
@@ -216,9 +216,13 @@ class BatchMaker:
                                 self.pipeline.batch_plan(self.seed, epoch, k * self.world_size + self.rank, len(b))))
         return out
 
+    @property
+    def _pins(self):
+        """Whether the batches' parameter tables are pinned (they go to a GPU)."""
+        return self.device is not None and self.device.type == "cuda"
+
     def _params(self, epoch, indices):
-        return self.pipeline.sample_params(self.seed, epoch, indices,
-                                           pin=self.device is not None and self.device.type == "cuda")
+        return self.pipeline.sample_params(self.seed, epoch, indices, pin=self._pins)
 
     def make(self, indices, epoch, slot, k=0, prepared=None):
         """Batch k of the epoch (k picks the decoder with decoder="hybrid"); ``prepared``: prepare()'s result for
