@@ -185,6 +185,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             planning="live", plan_batches=None):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
+        if switch_interval is not None:  # Python's GIL switch interval for this run only
+            stack.callback(sys.setswitchinterval, sys.getswitchinterval())
+            sys.setswitchinterval(switch_interval)
         if plan_batches is not None:  # batches a planner prepares in one pass (the library's: loader.PLAN_BATCHES)
             stack.callback(setattr, fastload.loader, "PLAN_BATCHES", fastload.loader.PLAN_BATCHES)
             fastload.loader.PLAN_BATCHES = plan_batches
@@ -192,8 +195,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
         if engine_priority is not None:
             stack.enter_context(_engine_streams(device, engine_priority))
-        return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers,
-                        reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
+        return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
                         trace, producer_times, loader_only, planning, device)
 
 
@@ -211,7 +213,7 @@ def _plan_ahead(loader, epochs):
     maker.prepare_many = lambda batches, epoch, ks: [prepare(b, epoch, k) for b, k in zip(batches, ks)]
 
 
-def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_interval, threads, workers, reserve,
+def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
              loader_only, planning, device):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
@@ -224,8 +226,6 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
                         **loader_shape(transform, size))  # as fastload bench builds it
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
-    if switch_interval is not None:
-        sys.setswitchinterval(switch_interval)
     probe = GilProbe()
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
@@ -307,7 +307,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, switch_int
            "train_stream": train_stream, "cuda_graph": cuda_graph,
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
-           "loader_only": loader_only, "planning": planning,
+           "loader_only": loader_only, "planning": planning, "switch_interval": sys.getswitchinterval(),
            "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -347,7 +347,8 @@ def main(argv=None):
     p.add_argument("--engine-priority", type=int, help="the JPEG engines' streams' priority (default: -1, high)")
     p.add_argument("--trace", metavar="DIR", help="a torch.profiler trace of timed steps 20-29 of each run, here")
     p.add_argument("--rounds", type=int, default=1, help="runs of every (policy, decoder), in alternating order")
-    p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the run (default 0.005)")
+    p.add_argument("--switch-interval", type=float, nargs="+", default=[None],
+                   help="sys.setswitchinterval (s) for a run, each in turn (default: the process's, 0.005)")
     p.add_argument("--loader-only", action="store_true",
                    help="take the batches without training on them: the loader alone, in the same harness")
     p.add_argument("--bitstreams", nargs="+", choices=("pageable", "pinned"), default=[None],
@@ -370,10 +371,10 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
-            for pb in args.plan_batches]
+            for pb in args.plan_batches for si in args.switch_interval]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -386,14 +387,15 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches in (runs if r % 2 == 0 else runs[::-1]):
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval in (runs if r % 2 == 0 else
+                                                                                     runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 args.switch_interval, threads, args.workers, args.reserve, args.warmup_epochs,
+                                 interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches)
             row["cuda_wait"] = wait
@@ -411,7 +413,7 @@ def _print(rows):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+    cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling",
             "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",

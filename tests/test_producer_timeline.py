@@ -82,18 +82,19 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     from bench import train_profile
     calls = []
 
-    planned = []
+    planned, intervals = [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest):
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
+        intervals.append(switch)
         row = {c: 0.0 for c in ("ceiling", "ceiling_after", "images_per_s", "efficiency", "wall_per_step_ms",
                                 "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
                                 "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
                                 "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw")}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
-                   planning=rest[-2], plan_batches=rest[-1] or 4)
+                   planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -113,6 +114,10 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     train_profile.main(["data", "--planning", "live", "ahead", "--plan-batches", "1", "4", "--rounds", "2"])
     first = [("live", 1), ("live", 4), ("ahead", 1), ("ahead", 4)]
     assert planned == first + first[::-1]
+    assert set(intervals) == {None}  # the process's switch interval unless asked
+    intervals.clear()
+    train_profile.main(["data", "--switch-interval", "0.005", "0.05", "--rounds", "2"])
+    assert intervals == [0.005, 0.05, 0.05, 0.005]
 
 
 def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypatch):
