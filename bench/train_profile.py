@@ -17,8 +17,10 @@ against the ceiling all the same); ``--engine-priority`` the JPEG engines' strea
 a torch.profiler trace of timed steps 20-29 (summarised by bench.trace_summary; that run's rates are not figures).
 ``--producer-times``: each producer thread's time per batch by phase (waiting for a slot, its plan, the GPU, the
 engines' lock; reading, submitting, syncing, queueing) and how busy the JPEG engines were (bench/producer_timeline.py).
-``--cuda-wait auto sleep --rounds 2`` compares the CUDA driver's wait policies inside this one process
-(bench.cuda_wait), each (policy, decoder) run in turn, the order reversed every round.
+``--train-cores N`` pins the training thread (and autograd's) to the first N physical cores and the loader to the
+others; ``--switch-interval`` sets Python's GIL switch interval for a run. ``--cuda-wait auto sleep --rounds 2``
+compares the CUDA driver's wait policies inside this one process (bench.cuda_wait), each (policy, decoder) run in
+turn, the order reversed every round. Options that take several values run each in turn.
 
     python -m bench.train_profile DATA --model resnet18 --size 160 --decoder cpu nvjpeg hybrid [--py-spy OUT]
 """
@@ -133,17 +135,54 @@ def cpu_by_thread(before, after, main_tid, seconds):
 
 
 def ceiling_launch(step, batch_size, size, device, steps=30):
-    """Mean ms the training thread takes to launch one step on a fixed batch (nothing else running)."""
+    """(mean ms the training thread takes to launch one step on a fixed batch with nothing else running, and per
+    step the training thread's ms on a core and voluntary context switches: what the loop's figures compare with)."""
     x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch_size,), device=device)
     times = []
+    tid = threading.get_native_id()
+    before = sched(tid)
     for _ in range(steps):
         torch.cuda.synchronize()
         t = time.perf_counter()
         step(x, y)
         times.append(time.perf_counter() - t)
     torch.cuda.synchronize()
-    return float(np.median(times)) * 1e3
+    on_cpu, _, vol, _ = (b - a for a, b in zip(before, sched(tid)))
+    return float(np.median(times)) * 1e3, on_cpu / 1e6 / steps, vol / steps
+
+
+def physical_cores():
+    """The host's CPUs this process may use, grouped by physical core (SMT siblings together, Linux sysfs), in
+    order of their first id."""
+    groups = {}
+    for c in sorted(os.sched_getaffinity(0)):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                key = f.read().strip()
+        except OSError:
+            key = str(c)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def pin_training(cores):
+    """--train-cores N: the training thread and autograd's threads on the first N physical cores (all their
+    hardware threads); returns the other cores, the loader's (FastLoader(cpus=))."""
+    groups = physical_cores()
+    if not 0 < cores < len(groups):
+        raise SystemExit(f"--train-cores must be between 1 and {len(groups) - 1}, got {cores}")
+    _unpin_training({c for g in groups[:cores] for c in g})
+    return sorted(c for g in groups[cores:] for c in g)
+
+
+def _unpin_training(cpus):
+    """The training thread and autograd's threads on ``cpus``."""
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        if int(tid) == threading.get_native_id() or name.startswith("pt_autograd"):
+            os.sched_setaffinity(int(tid), cpus)
 
 
 _TRACE_FROM, _TRACE_STEPS = 20, 10  # --trace: the timed steps it covers
@@ -182,9 +221,11 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None):
+            planning="live", plan_batches=None, train_cores=0):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
+        if train_cores:  # the training thread and autograd's back on every core after the run
+            stack.callback(_unpin_training, os.sched_getaffinity(0))
         if switch_interval is not None:  # Python's GIL switch interval for this run only
             stack.callback(sys.setswitchinterval, sys.getswitchinterval())
             sys.setswitchinterval(switch_interval)
@@ -195,8 +236,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
         if engine_priority is not None:
             stack.enter_context(_engine_streams(device, engine_priority))
-        return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve, warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority,
-                        trace, producer_times, loader_only, planning, device)
+        return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
+                        warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
+                        producer_times, loader_only, planning, device, train_cores)
 
 
 def _plan_ahead(loader, epochs):
@@ -215,12 +257,14 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device):
+             loader_only, planning, device, train_cores):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
     ceiling = ceiling_rate(step, batch_size, size, device)
-    launch_alone = ceiling_launch(step, batch_size, size, device)
+    if train_cores:  # after the ceiling's steps: autograd's thread exists
+        cpus = pin_training(train_cores)
+    launch_alone, cpu_alone, vcsw_alone = ceiling_launch(step, batch_size, size, device)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
                         decoder=decoder, threads=threads, workers=workers, cpus=cpus,
                         **loader_shape(transform, size))  # as fastload bench builds it
@@ -286,7 +330,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     steps = max(1, len(waits))
     train = {"train_cpu_ms": on_cpu / 1e6 / steps, "train_runq_ms": queued / 1e6 / steps,
              "train_blocked_ms": seconds * 1e3 / steps - (on_cpu + queued) / 1e6 / steps,
-             "train_vcsw": vol / steps, "train_ivcsw": invol / steps}
+             "train_vcsw": vol / steps, "train_ivcsw": invol / steps, "train_cpu_alone_ms": cpu_alone,
+             "train_vcsw_alone": vcsw_alone}
     probe.stop.set()
     probe.join()
     gpu_ms = [a.elapsed_time(b) for a, b in events]
@@ -308,6 +353,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "loader_only": loader_only, "planning": planning, "switch_interval": sys.getswitchinterval(),
+           "train_cores": train_cores,
            "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -335,6 +381,9 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--train-cores", type=int, nargs="+", default=[0],
+                   help="the training thread and autograd's on the first N physical cores (their SMT siblings "
+                        "too), the loader on the others; 0: no pinning; each in turn")
     p.add_argument("--reserve", type=int, default=0,
                    help="FastLoader(cpus=) without the first N cores: left to the training loop's threads")
     p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
@@ -371,10 +420,10 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
-            for pb in args.plan_batches for si in args.switch_interval]
+            for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -387,8 +436,8 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval in (runs if r % 2 == 0 else
-                                                                                     runs[::-1]):
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores in (
+                runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
             engines, period = default_split if split is None else (int(v) for v in split.split("/"))
@@ -397,7 +446,8 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace, args.producer_times, args.loader_only, planning, plan_batches)
+                                 args.trace, args.producer_times, args.loader_only, planning, plan_batches,
+                                 train_cores=cores)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -413,12 +463,12 @@ def _print(rows):
     for r in rows:
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
-    cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
-            "reserve", "side_priority", "threads", "workers", "ceiling",
-            "ceiling_after", "images_per_s", "efficiency",
+    cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
+            "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait", "reserve", "side_priority",
+            "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
-            "train_blocked_ms", "train_vcsw", "train_ivcsw")
+            "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -1,10 +1,13 @@
 """bench.producer_timeline: the producers' time per batch by phase, which bench.train_profile --producer-times
 prints inside a training loop (issue 18)."""
+import os
+
 import numpy as np
 import pytest
 import torch
 
 import fastload as fl
+from bench import train_profile
 from bench.producer_timeline import PHASES, Timeline
 from fastload import decoders, producer
 from fastload import loader as loader_mod
@@ -79,22 +82,22 @@ def test_on_the_engines_the_lock_is_held_and_timed(imagenet_dir):
 def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch, capsys):
     """bench.train_profile's runs: every (decoder, bitstreams, threads) in turn, the order reversed each round, the
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
-    from bench import train_profile
-    calls = []
+    calls, planned, intervals, pinned = [], [], [], []
 
-    planned, intervals = [], []
-
-    def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest):
+    def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores):
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
+        pinned.append(train_cores)
         row = {c: 0.0 for c in ("ceiling", "ceiling_after", "images_per_s", "efficiency", "wall_per_step_ms",
                                 "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
                                 "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
-                                "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw")}
+                                "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw",
+                                "train_cpu_alone_ms", "train_vcsw_alone")}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
-                   planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005)
+                   planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
+                   train_cores=train_cores)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -118,6 +121,28 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     intervals.clear()
     train_profile.main(["data", "--switch-interval", "0.005", "0.05", "--rounds", "2"])
     assert intervals == [0.005, 0.05, 0.05, 0.005]
+    assert set(pinned) == {0}  # no pinning unless asked
+    pinned.clear()
+    train_profile.main(["data", "--train-cores", "0", "1", "--rounds", "2"])
+    assert pinned == [0, 1, 1, 0]
+
+
+@pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
+def test_train_profile_pins_the_training_thread_apart_from_the_loader():
+    """--train-cores 1: the training thread on the first physical core (with its SMT siblings), the loader's cores
+    the others; _unpin_training puts it back."""
+    everything = os.sched_getaffinity(0)
+    groups = train_profile.physical_cores()
+    assert sorted(c for g in groups for c in g) == sorted(everything)
+    try:
+        loader_cpus = train_profile.pin_training(1)
+        assert os.sched_getaffinity(0) == set(groups[0])
+        assert set(loader_cpus) == everything - set(groups[0])
+    finally:
+        train_profile._unpin_training(everything)
+    assert os.sched_getaffinity(0) == everything
+    with pytest.raises(SystemExit, match="--train-cores"):
+        train_profile.pin_training(len(groups))
 
 
 def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypatch):
