@@ -166,14 +166,23 @@ def physical_cores():
     return list(groups.values())
 
 
-def pin_training(cores):
-    """--train-cores N: the training thread and autograd's threads on the first N physical cores (all their
-    hardware threads); returns the other cores, the loader's (FastLoader(cpus=))."""
+def _split_cores(cores):
+    """(the first ``cores`` physical cores' CPUs, the others')."""
     groups = physical_cores()
     if not 0 < cores < len(groups):
         raise SystemExit(f"--train-cores must be between 1 and {len(groups) - 1}, got {cores}")
-    _unpin_training({c for g in groups[:cores] for c in g})
-    return sorted(c for g in groups[cores:] for c in g)
+    return {c for g in groups[:cores] for c in g}, sorted(c for g in groups[cores:] for c in g)
+
+
+def loader_cores(cores):
+    """--train-cores N: the loader's CPUs (FastLoader(cpus=)), those of the physical cores after the first N."""
+    return _split_cores(cores)[1]
+
+
+def pin_training(cores):
+    """--train-cores N: the training thread and autograd's threads on the first N physical cores (all their
+    hardware threads). After the loader is built: it checks its cpus= against the building thread's."""
+    _unpin_training(_split_cores(cores)[0])
 
 
 def _unpin_training(cpus):
@@ -262,12 +271,14 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
     ceiling = ceiling_rate(step, batch_size, size, device)
-    if train_cores:  # after the ceiling's steps: autograd's thread exists
-        cpus = pin_training(train_cores)
-    launch_alone, cpu_alone, vcsw_alone = ceiling_launch(step, batch_size, size, device)
+    if train_cores:
+        cpus = loader_cores(train_cores)
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
                         decoder=decoder, threads=threads, workers=workers, cpus=cpus,
                         **loader_shape(transform, size))  # as fastload bench builds it
+    if train_cores:  # after the ceiling's steps (autograd's thread exists) and the loader's check of its cpus=
+        pin_training(train_cores)
+    launch_alone, cpu_alone, vcsw_alone = ceiling_launch(step, batch_size, size, device)
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe()

@@ -128,21 +128,27 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
-def test_train_profile_pins_the_training_thread_apart_from_the_loader():
+def test_train_profile_pins_the_training_thread_apart_from_the_loader(imagenet_dir):
     """--train-cores 1: the training thread on the first physical core (with its SMT siblings), the loader's cores
     the others; _unpin_training puts it back."""
     everything = os.sched_getaffinity(0)
     groups = train_profile.physical_cores()
     assert sorted(c for g in groups for c in g) == sorted(everything)
+    loader_cpus = train_profile.loader_cores(1)
+    assert set(loader_cpus) == everything - set(groups[0])
+    loader = fl.FastLoader(FolderDataset(imagenet_dir), batch_size=2, cpus=loader_cpus)  # built before the pinning
     try:
-        loader_cpus = train_profile.pin_training(1)
+        train_profile.pin_training(1)
         assert os.sched_getaffinity(0) == set(groups[0])
-        assert set(loader_cpus) == everything - set(groups[0])
+        x, _ = next(iter(loader))  # its threads on the other cores, from a pinned thread
+        assert x.shape[0] == 2
+        loader.close()
     finally:
         train_profile._unpin_training(everything)
     assert os.sched_getaffinity(0) == everything
-    with pytest.raises(SystemExit, match="--train-cores"):
-        train_profile.pin_training(len(groups))
+    for bad in (0, len(groups)):
+        with pytest.raises(SystemExit, match="--train-cores"):
+            train_profile.loader_cores(bad)
 
 
 def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypatch):
