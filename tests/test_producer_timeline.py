@@ -175,3 +175,35 @@ def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypat
         assert torch.equal(x, xa) and torch.equal(y, ya)
     # (the next epoch's producers start before this one ends: epoch 2 is planned live in both)
     assert {m for m, epoch in planned if epoch == 1} == {live._maker}
+
+
+def test_gil_releases_counts_what_gives_the_gil_up_and_not_pure_python():
+    """bench.gil_releases: a call that sleeps (releasing the GIL) is counted once per call, a pure-Python loop of
+    the same thread not at all, and attributed to the thread and the line that called it."""
+    import time as _time
+    from bench.gil_releases import Attribution, ReleaseCounter
+
+    def python_only():
+        return sum(i * i for i in range(20000))
+    with ReleaseCounter() as counter, Attribution(counter) as where:
+        for _ in range(20):
+            _time.sleep(0.002)
+        for _ in range(20):
+            python_only()
+    sleeps = {site: n for (kind, site), n in where.by_site.items() if kind == "training thread" and "sleep" in site}
+    assert sum(sleeps.values()) >= 18  # a release of 2 ms: the counter wakes for nearly every one
+    assert all("test_producer_timeline.py" in site for site in sleeps)
+    assert where.by_kind["training thread"] - sum(sleeps.values()) <= 2  # the loop, sum and range: nothing
+
+
+def test_gil_releases_of_a_loader_by_thread_kind(imagenet_dir):
+    """bench.gil_releases.measure on a real loader: its producers and planners give the GIL up (the decode call,
+    queues), counted per batch."""
+    import fastload.transforms as T
+    from bench.gil_releases import measure
+    loader = fl.FastLoader(FolderDataset(imagenet_dir), batch_size=4, threads=2, drop_last=True, transform=T.Compose(
+        [T.RandomResizedCrop(32), T.TrivialAugmentWide(), T.ToDtype(torch.float32, scale=True)]))
+    kinds, sites = measure(loader, 6)
+    loader.close()
+    assert kinds["producer"] > 0 and kinds["planner"] > 0
+    assert any(kind == "producer" and "decode_batch" in site for kind, site in sites)
