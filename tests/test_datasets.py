@@ -403,6 +403,22 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
     assert HEADER_SIZE == 24
 
 
+def test_a_batch_of_records_is_read_in_one_call_as_record_by_record(ds_store):
+    """The loader's read of a batch (LMDB reader.sources) takes its records in one getmulti call, and gives exactly
+    what reading them one by one gives: the same bytes, CRC-32s and order, repeated samples included."""
+    ds = LMDBDataset(ds_store)
+    indices = [5, 0, 7, 5, 3, 3, 1]
+    with ds.reader() as r:
+        assert len(r._values(indices)) == len(indices)  # the one-call path, not the fallback
+        views, crcs = r.sources(indices)
+        one_by_one = [r.raw(i) for i in indices]
+        assert [bytes(v) for v in views] == [bytes(view) for _, view in one_by_one]
+        assert crcs == [header[5] for header, _ in one_by_one]
+        assert r._values([0, len(ds)]) is None  # out of range: record by record, which names it
+        with pytest.raises(IndexError, match="out of range"):
+            r.sources([0, len(ds)])
+
+
 def _strict_cases(good):
     """(junk.jpg: harmless junk bytes between two header markers, which libjpeg warns about; cut.jpg: its scan cut
     at half with the end-of-image marker put back, which passes the scan's structure check but decodes wrong)."""
