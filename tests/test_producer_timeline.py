@@ -84,7 +84,11 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores):
+    reads = []
+
+    def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
+                     lmdb_reads):
+        reads.append(lmdb_reads)
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -125,6 +129,10 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     pinned.clear()
     train_profile.main(["data", "--train-cores", "0", "1", "--rounds", "2"])
     assert pinned == [0, 1, 1, 0]
+    assert set(reads) == {"batch"}
+    reads.clear()
+    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--rounds", "2"])
+    assert reads == ["batch", "record", "record", "batch"]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
