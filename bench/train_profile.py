@@ -58,6 +58,8 @@ class GilProbe(threading.Thread):
             time.sleep(self.nap)
             self.late.append(time.perf_counter() - t - self.nap)
 
+    FIELDS = ("gil_late_mean_ms", "gil_late_p50_ms", "gil_late_p99_ms", "gil_late_max_ms")
+
     def summary(self):
         a = np.asarray(self.late) * 1e3
         return {"gil_late_mean_ms": float(a.mean()), "gil_late_p50_ms": float(np.percentile(a, 50)),
@@ -136,21 +138,40 @@ def cpu_by_thread(before, after, main_tid, seconds):
 
 
 def ceiling_launch(step, batch_size, size, device, steps=30):
-    """(mean ms the training thread takes to launch one step on a fixed batch with nothing else running, and per
-    step the training thread's ms on a core and voluntary context switches: what the loop's figures compare with)."""
+    """(median ms the training thread takes to launch one step on a fixed batch with nothing else running, and per
+    step inside step() (not the synchronize after it, which spins): the training thread's ms on a core and
+    voluntary context switches, and autograd's threads' ms on a core: what the loop's figures compare with)."""
     x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch_size,), device=device)
     times = []
     tid = threading.get_native_id()
-    before = sched(tid)
+    on_cpu = vol = autograd = 0
     for _ in range(steps):
         torch.cuda.synchronize()
+        before, grad_before = sched(tid), autograd_cpu_ns()
         t = time.perf_counter()
         step(x, y)
         times.append(time.perf_counter() - t)
+        after = sched(tid)
+        autograd += autograd_cpu_ns() - grad_before
+        on_cpu, vol = on_cpu + after[0] - before[0], vol + after[2] - before[2]
     torch.cuda.synchronize()
-    on_cpu, _, vol, _ = (b - a for a, b in zip(before, sched(tid)))
-    return float(np.median(times)) * 1e3, on_cpu / 1e6 / steps, vol / steps
+    return float(np.median(times)) * 1e3, on_cpu / 1e6 / steps, vol / steps, autograd / 1e6 / steps
+
+
+def autograd_cpu_ns():
+    """ns on a core of autograd's threads so far (pt_autograd_*: the backward passes' launches)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("pt_autograd"):
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:  # the thread ended
+            continue
+    return total
 
 
 def physical_cores():
@@ -231,7 +252,7 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch"):
+            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=True):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if lmdb_reads == "record":  # a store's batch read one get() a record, as before getmulti
@@ -251,7 +272,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
-                        producer_times, loader_only, planning, device, train_cores)
+                        producer_times, loader_only, planning, device, train_cores, gil_probe)
 
 
 def _plan_ahead(loader, epochs):
@@ -270,7 +291,7 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device, train_cores):
+             loader_only, planning, device, train_cores, gil_probe):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -282,10 +303,10 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                         **loader_shape(transform, size))  # as fastload bench builds it
     if train_cores:  # after the ceiling's steps (autograd's thread exists) and the loader's check of its cpus=
         pin_training(train_cores)
-    launch_alone, cpu_alone, vcsw_alone = ceiling_launch(step, batch_size, size, device)
+    launch_alone, cpu_alone, vcsw_alone, autograd_alone = ceiling_launch(step, batch_size, size, device)
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
-    probe = GilProbe()
+    probe = GilProbe() if gil_probe else None
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []
@@ -298,7 +319,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 if planning == "ahead":
                     _plan_ahead(loader, range(warmup_epochs, warmup_epochs + epochs))
                 torch.cuda.synchronize()
-                probe.start()
+                if probe is not None:
+                    probe.start()
                 if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
                     seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
                     run = f"{decoder}_{decoders.HYBRID_ENGINE_BATCHES}of{decoders.HYBRID_PERIOD}_{time.time_ns()}"
@@ -308,6 +330,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 start = time.perf_counter()
                 cpu_before = thread_cpu()
                 sched_before = sched(threading.get_native_id())
+                autograd_before = autograd_cpu_ns()
                 if producer_times:
                     phases = timeline.enter_context(Timeline().installed(loader._maker))
             it = iter(loader)
@@ -342,13 +365,16 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
     # the training thread per step: on a core, runnable but queued, and the rest of the step (blocked)
     on_cpu, queued, vol, invol = (b - a for a, b in zip(sched_before, sched(threading.get_native_id())))
+    autograd = autograd_cpu_ns() - autograd_before
     steps = max(1, len(waits))
     train = {"train_cpu_ms": on_cpu / 1e6 / steps, "train_runq_ms": queued / 1e6 / steps,
              "train_blocked_ms": seconds * 1e3 / steps - (on_cpu + queued) / 1e6 / steps,
              "train_vcsw": vol / steps, "train_ivcsw": invol / steps, "train_cpu_alone_ms": cpu_alone,
-             "train_vcsw_alone": vcsw_alone}
-    probe.stop.set()
-    probe.join()
+             "train_vcsw_alone": vcsw_alone, "autograd_cpu_ms": autograd / 1e6 / steps,
+             "autograd_cpu_alone_ms": autograd_alone}
+    if probe is not None:
+        probe.stop.set()
+        probe.join()
     gpu_ms = [a.elapsed_time(b) for a, b in events]
     stats = loader.stats()
     loader.close()
@@ -374,7 +400,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
            "launch_ms": float(np.mean(launches)) * 1e3, "launch_alone_ms": launch_alone, "gpu_ms": float(np.mean(gpu_ms)),
            "read_s": stats["read_s"], "decode_s": stats["decode_s"], "stage_s": stats["stage_s"],
-           "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), **probe.summary(),
+           "threads": loader.threads, "workers": loader.workers, "cores": os.cpu_count(), "gil_probe": gil_probe,
+           **(probe.summary() if probe is not None else dict.fromkeys(GilProbe.FIELDS, float("nan"))),
            **train, "cpu_by_thread": cores}
     if producer_times:
         row["producer_ms_per_batch"] = phases.summary()
@@ -396,6 +423,8 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["on"],
+                   help="the GIL probe thread (its wake-ups compete for the GIL too) on or off; each in turn")
     p.add_argument("--lmdb-reads", nargs="+", choices=("batch", "record"), default=["batch"],
                    help="a store's records read a batch in one call (the library's) or one get() a record; each in "
                         "turn")
@@ -438,11 +467,11 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, lr) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, lr, gp) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for lr in args.lmdb_reads]
+            for lr in args.lmdb_reads for gp in args.gil_probe]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -455,7 +484,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, reads in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, reads, probe in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -466,7 +495,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, lmdb_reads=reads)
+                                 train_cores=cores, lmdb_reads=reads, gil_probe=probe == "on")
             row["lmdb_reads"] = reads
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
@@ -484,11 +513,12 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "lmdb_reads", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait", "reserve",
-            "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
+            "lmdb_reads", "gil_probe", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
-            "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone")
+            "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
+            "autograd_cpu_ms", "autograd_cpu_alone_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -87,8 +87,8 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     reads = []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     lmdb_reads):
-        reads.append(lmdb_reads)
+                     lmdb_reads, gil_probe):
+        reads.append((lmdb_reads, gil_probe))
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -97,11 +97,12 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
                                 "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
                                 "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw",
-                                "train_cpu_alone_ms", "train_vcsw_alone")}
+                                "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
+                                "autograd_cpu_alone_ms")}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
-                   train_cores=train_cores)
+                   train_cores=train_cores, gil_probe=gil_probe)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -129,10 +130,11 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     pinned.clear()
     train_profile.main(["data", "--train-cores", "0", "1", "--rounds", "2"])
     assert pinned == [0, 1, 1, 0]
-    assert set(reads) == {"batch"}
+    assert set(reads) == {("batch", True)}
     reads.clear()
-    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--rounds", "2"])
-    assert reads == ["batch", "record", "record", "batch"]
+    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--gil-probe", "on", "off", "--rounds", "2"])
+    first = [("batch", True), ("batch", False), ("record", True), ("record", False)]
+    assert reads == first + first[::-1]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
