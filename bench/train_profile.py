@@ -4,9 +4,11 @@ Trains for a few epochs and reports, per decoder:
 - the training thread: time waiting for the next batch (``next()``), time launching the step (Python + kernel
   launches, the GPU running asynchronously), and the GPU's busy time per step (CUDA events around the step);
 - the producers' summed read / decode / stage seconds (``loader.stats()``);
-- GIL pressure: the excess wake-up latency of a probe thread that sleeps 0.5 ms in a loop (the time it waits for
-  the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max;
+- with ``--gil-probe on``, GIL pressure: the excess wake-up latency of a probe thread that sleeps 0.5 ms in a loop
+  (the time it waits for the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max (the probe itself
+  competes for the GIL: off by default);
 - CPU used over the timed epochs, in cores: the whole process, the training thread, and the other threads by name;
+- the training thread's and autograd's CPU per step, in the loop and alone (inside the step on a fixed batch);
 - the training thread's time off a core, per step, split (Linux schedstat) into waiting runnable on a run queue
   (cores busy) and blocked (the GIL, a CUDA sync, a lock), with its voluntary / involuntary context switches;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
@@ -252,7 +254,7 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=True):
+            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=False):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if lmdb_reads == "record":  # a store's batch read one get() a record, as before getmulti
@@ -423,8 +425,9 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
-    p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["on"],
-                   help="the GIL probe thread (its wake-ups compete for the GIL too) on or off; each in turn")
+    p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["off"],
+                   help="the GIL probe thread on or off, each in turn (default off: its wake-ups compete for the GIL "
+                        "too, and cost the eager loop up to 0.03 of its efficiency)")
     p.add_argument("--lmdb-reads", nargs="+", choices=("batch", "record"), default=["batch"],
                    help="a store's records read a batch in one call (the library's) or one get() a record; each in "
                         "turn")
