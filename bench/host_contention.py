@@ -7,12 +7,15 @@ processes keep the host's other cores busy in two ways, to tell which one slows 
 - ``spin``: a tight integer loop per process (the cores busy, little memory traffic: only the clocks and the
   cores' sharing can slow the training thread);
 - ``stream``: each process copies a 64 MB array over and over (memory bandwidth and the shared cache, as decode
-  threads use them).
+  threads use them);
+- ``decode``: each process decodes crop windows of the corpus's JPEGs (``--data``) on one thread, as
+  FastLoader's decode threads do, with none of the loader's Python or CUDA work: what the decoding alone does to
+  the training thread's CPU time, against what the whole loader does in the loop (bench.train_profile).
 Per setting: images/s of the step running free (the GPU waiting for the launches shows here), and of steps each
 launched on an idle GPU: the launch's wall ms (the training thread and autograd's) and the training thread's ms on
 a core (Linux schedstat).
 
-    python -m bench.host_contention --model resnet50 --size 176 --busy 0 7 14
+    python -m bench.host_contention --model resnet50 --size 176 --busy 0 7 14 [--kinds spin stream decode]
 """
 import argparse
 import multiprocessing as mp
@@ -39,6 +42,19 @@ def _stream(stop):
     b = np.empty_like(a)
     while not stop.is_set():
         np.copyto(b, a)
+
+
+def _decode(stop, data):
+    """Crop decodes of a random window (half to all of each side) of each JPEG in turn, on this one thread."""
+    from fastload import ops
+    from fastload.datasets import FolderDataset
+    ds = FolderDataset(data)
+    files = [open(p, "rb").read() for p in ds.paths[:256]]
+    rng = np.random.default_rng(os.getpid())
+    while not stop.is_set():
+        for data, h, w in zip(files, ds.heights, ds.widths):
+            ch, cw = int(h * rng.uniform(0.5, 1)), int(w * rng.uniform(0.5, 1))
+            ops.decode_crop(data, int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw)
 
 
 def _on_core_ns():
@@ -74,6 +90,9 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--busy", type=int, nargs="+", default=[0, 7, 14], help="processes keeping cores busy")
+    p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode"), default=["spin", "stream"],
+                   help="how they keep them busy")
+    p.add_argument("--data", default="data/imagenet-like", help="the JPEG folder --kinds decode decodes")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     step = training_step(args.model, device, args.batch_size)
@@ -83,13 +102,13 @@ def main(argv=None):
     ctx = mp.get_context("spawn")
     rows = []
     for n in args.busy:
-        for kind in (["none"] if n == 0 else ["spin", "stream"]):
+        for kind in (["none"] if n == 0 else args.kinds):
             stop = ctx.Event()
-            procs = [ctx.Process(target=_spin if kind == "spin" else _stream, args=(stop,), daemon=True)
-                     for _ in range(n)]
+            work = {"spin": (_spin, (stop,)), "stream": (_stream, (stop,)), "decode": (_decode, (stop, args.data))}
+            procs = [ctx.Process(target=work[kind][0], args=work[kind][1], daemon=True) for _ in range(n)]
             for q in procs:
                 q.start()
-            time.sleep(1.0 if n else 0)  # spawned interpreters up and busy
+            time.sleep((4.0 if kind == "decode" else 1.0) if n else 0)  # spawned interpreters up and busy
             rate, launch, on_core = measure(step, x, y, args.steps)
             stop.set()
             for q in procs:

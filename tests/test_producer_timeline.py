@@ -217,3 +217,24 @@ def test_gil_releases_of_a_loader_by_thread_kind(imagenet_dir):
     loader.close()
     assert kinds["producer"] > 0 and kinds["planner"] > 0
     assert any(kind == "producer" and "decode_batch" in site for kind, site in sites)
+
+
+def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir, monkeypatch):
+    """bench.host_contention --kinds decode: each busy process decodes crop windows inside its JPEGs until told to
+    stop (run here on this thread, the decode counted and the stop set after some)."""
+    import threading as _threading
+    from bench import host_contention
+    from fastload import ops
+    stop, shapes = _threading.Event(), []
+    real = ops.decode_crop
+
+    def counted(data, top, left, height, width, *a, **k):
+        out = real(data, top, left, height, width, *a, **k)
+        shapes.append((tuple(out.shape), height, width))
+        if len(shapes) == 12:
+            stop.set()
+        return out
+    monkeypatch.setattr(ops, "decode_crop", counted)
+    host_contention._decode(stop, str(imagenet_dir))
+    assert len(shapes) >= 12
+    assert all(shape == (h, w, 3) for shape, h, w in shapes)  # the windows asked for, decoded
