@@ -8,7 +8,8 @@ Trains for a few epochs and reports, per decoder:
   (the time it waits for the GIL after its sleep, plus scheduling), as mean / p50 / p99 / max (the probe itself
   competes for the GIL: off by default);
 - CPU used over the timed epochs, in cores: the whole process, the training thread, and the other threads by name;
-- the training thread's and autograd's CPU per step, in the loop and alone (inside the step on a fixed batch);
+- the training thread's and autograd's CPU per step, in the loop and alone on a fixed batch: inside one step
+  launched on an idle GPU (``alone``), and over steps run back to back as the ceiling runs them (``free``);
 - the training thread's time off a core, per step, split (Linux schedstat) into waiting runnable on a run queue
   (cores busy) and blocked (the GIL, a CUDA sync, a lock), with its voluntary / involuntary context switches;
 - with ``--py-spy DIR`` (py-spy installed): two sampling profiles of the whole process (all threads, and only the
@@ -161,6 +162,23 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
     return float(np.median(times)) * 1e3, on_cpu / 1e6 / steps, vol / steps, autograd / 1e6 / steps
 
 
+def free_running_cpu(step, batch_size, size, device, steps=30):
+    """Per step of ``steps`` steps run back to back on a fixed batch (as the ceiling runs them: the host ahead of the
+    GPU, its launches held back when the launch queue is full): ms on a core of the training thread and of
+    autograd's threads. What the loop's CPU figures compare with when its host also runs ahead."""
+    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch_size,), device=device)
+    step(x, y)
+    torch.cuda.synchronize()
+    tid = threading.get_native_id()
+    before, grad_before = sched(tid)[0], autograd_cpu_ns()
+    for _ in range(steps):
+        step(x, y)
+    on_cpu, autograd = sched(tid)[0] - before, autograd_cpu_ns() - grad_before
+    torch.cuda.synchronize()
+    return on_cpu / 1e6 / steps, autograd / 1e6 / steps
+
+
 def autograd_cpu_ns():
     """ns on a core of autograd's threads so far (pt_autograd_*: the backward passes' launches)."""
     total = 0
@@ -306,6 +324,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     if train_cores:  # after the ceiling's steps (autograd's thread exists) and the loader's check of its cpus=
         pin_training(train_cores)
     launch_alone, cpu_alone, vcsw_alone, autograd_alone = ceiling_launch(step, batch_size, size, device)
+    cpu_free, autograd_free = free_running_cpu(step, batch_size, size, device)
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
@@ -373,7 +392,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
              "train_blocked_ms": seconds * 1e3 / steps - (on_cpu + queued) / 1e6 / steps,
              "train_vcsw": vol / steps, "train_ivcsw": invol / steps, "train_cpu_alone_ms": cpu_alone,
              "train_vcsw_alone": vcsw_alone, "autograd_cpu_ms": autograd / 1e6 / steps,
-             "autograd_cpu_alone_ms": autograd_alone}
+             "autograd_cpu_alone_ms": autograd_alone, "train_cpu_free_ms": cpu_free,
+             "autograd_cpu_free_ms": autograd_free}
     if probe is not None:
         probe.stop.set()
         probe.join()
@@ -521,7 +541,7 @@ def _print(rows):
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
-            "autograd_cpu_ms", "autograd_cpu_alone_ms")
+            "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -98,7 +98,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
                                 "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw",
                                 "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
-                                "autograd_cpu_alone_ms")}
+                                "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms")}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
