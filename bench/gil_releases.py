@@ -6,13 +6,14 @@ never granted the GIL by force: it runs only when some thread gives the GIL up l
 counts a turn when another thread has run Python since its last one (a handover to it and back, not its own
 loop while the GIL is free). ``sys.setprofile`` / ``threading.setprofile`` hooks mark that Python activity and
 count, per thread kind (the thread taking the batches, planners, producers) and call site (the C function and the
-Python line calling it), the C calls during which the counter had a turn: the releases a waiting thread would have
-been handed the GIL by. A release too short for it to wake is not counted (nor would it reach a waiting training
-thread); where several threads wait, the counter competes with them, so these are lower bounds.
+Python line calling it), the C calls during which the counter had a turn: the calls that handed the GIL to a
+waiting thread. Each such call counts once, however often it gave the GIL up inside (py-lmdb's getmulti does per
+key); a release too short for the counter to wake is not counted (nor would it reach a waiting training thread);
+where several threads wait, the counter competes with them. So these are lower bounds on the handovers, by site.
 
     python -m bench.gil_releases DATA [--device cuda] [--transform trivialaugment] [--size 176] [--batches 48]
 
-Prints releases per batch by thread kind, then the call sites that release most.
+Prints, per batch, the C calls that handed the GIL over by thread kind, then the call sites that do it most.
 """
 import argparse
 import collections
@@ -84,6 +85,7 @@ class Attribution:
             stack.append(self.counter.n)
         elif event in ("c_return", "c_exception") and stack:
             if self.counter.n != stack.pop():  # the counter had a turn during this call: it gave the GIL up
+                stack[:] = [self.counter.n] * len(stack)  # not counted again for the calls it ran inside
                 kind = _kind(threading.current_thread().name)
                 code = frame.f_code
                 site = f"{getattr(arg, '__qualname__', arg)} <- {code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
@@ -101,8 +103,8 @@ class Attribution:
 
 
 def measure(loader, batches):
-    """(releases per batch by thread kind, by (kind, call site)) over ``batches`` batches of ``loader`` after a
-    first epoch's worth of warm-up batches (its threads started inside the hooks)."""
+    """(handing calls per batch by thread kind, by (kind, call site)) over ``batches`` batches of ``loader``, after
+    one untimed batch (start-up), from a second iterator whose threads start inside the hooks."""
     it = iter(loader)
     next(it)  # the first batch: start-up, not counted
     with ReleaseCounter() as counter, Attribution(counter) as where:
@@ -135,9 +137,9 @@ def main(argv=None):
                         **loader_shape(args.transform, args.size))
     kinds, sites = measure(loader, args.batches)
     loader.close()
-    print(f"GIL releases per batch ({args.transform or 'plain'}, {args.device}, {args.decoder}, batch "
+    print(f"C calls handing the GIL over, per batch ({args.transform or 'plain'}, {args.device}, {args.decoder}, batch "
           f"{args.batch_size}, {args.batches} batches): " + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items()))
-    print("| thread | call site | releases per batch |\n|---|---|---:|")
+    print("| thread | call site | per batch |\n|---|---|---:|")
     for (kind, site), v in list(sites.items())[:args.top]:
         print(f"| {kind} | {site} | {v:.2f} |")
 

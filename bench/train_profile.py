@@ -151,13 +151,14 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
     on_cpu = vol = autograd = 0
     for _ in range(steps):
         torch.cuda.synchronize()
-        before, grad_before = sched(tid), autograd_cpu_ns()
+        # this thread's CPU from thread_time (exact; schedstat lags by up to a tick for a running thread)
+        before, cpu_before, grad_before = sched(tid), time.thread_time_ns(), autograd_cpu_ns()
         t = time.perf_counter()
         step(x, y)
         times.append(time.perf_counter() - t)
-        after = sched(tid)
+        on_cpu += time.thread_time_ns() - cpu_before
         autograd += autograd_cpu_ns() - grad_before
-        on_cpu, vol = on_cpu + after[0] - before[0], vol + after[2] - before[2]
+        vol += sched(tid)[2] - before[2]
     torch.cuda.synchronize()
     return float(np.median(times)) * 1e3, on_cpu / 1e6 / steps, vol / steps, autograd / 1e6 / steps
 
@@ -230,10 +231,13 @@ def pin_training(cores):
 def _unpin_training(cpus):
     """The training thread and autograd's threads on ``cpus``."""
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            name = f.read().strip()
-        if int(tid) == threading.get_native_id() or name.startswith("pt_autograd"):
-            os.sched_setaffinity(int(tid), cpus)
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if int(tid) == threading.get_native_id() or name.startswith("pt_autograd"):
+                os.sched_setaffinity(int(tid), cpus)
+        except (OSError, ProcessLookupError):  # the thread ended meanwhile
+            continue
 
 
 _TRACE_FROM, _TRACE_STEPS = 20, 10  # --trace: the timed steps it covers
@@ -323,6 +327,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                         **loader_shape(transform, size))  # as fastload bench builds it
     if train_cores:  # after the ceiling's steps (autograd's thread exists) and the loader's check of its cpus=
         pin_training(train_cores)
+        ceiling = ceiling_rate(step, batch_size, size, device)  # pinned, as the loop will run
     launch_alone, cpu_alone, vcsw_alone, autograd_alone = ceiling_launch(step, batch_size, size, device)
     cpu_free, autograd_free = free_running_cpu(step, batch_size, size, device)
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
@@ -486,6 +491,8 @@ def main(argv=None):
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "
                         "in turn in this one process (default: the library's)")
     args = p.parse_args(argv)
+    if args.reserve and any(args.train_cores):
+        p.error("--train-cores sets the loader's cores itself: not with --reserve")
     for d in (args.py_spy, args.trace):
         if d:
             os.makedirs(d, exist_ok=True)

@@ -398,7 +398,10 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
     with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[3\] \(from .*img_0003.jpg\): record missing"):
         ds[3]
     with ds.reader() as r, pytest.raises(fastload.DecodeError, match=r"img_0003.jpg\): record missing"):
-        r.sources([1, 3])  # the loader's path
+        r.sources([1, 3])  # the loader's path: a record missing, read one by one
+    with ds.reader() as r, pytest.raises(fastload.DecodeError) as e:
+        r.sources([1, 2])  # both found in one call: the damaged header still named
+    assert e.value.sample == f"{damaged}[2] (from {folder.paths[2]})" and "damaged store" in str(e.value)
     assert ds[4][0].shape[0] == 3
     assert HEADER_SIZE == 24
 

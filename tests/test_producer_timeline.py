@@ -238,3 +238,27 @@ def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir,
     host_contention._decode(stop, str(imagenet_dir))
     assert len(shapes) >= 12
     assert all(shape == (h, w, 3) for shape, h, w in shapes)  # the windows asked for, decoded
+
+
+def test_train_profile_restores_what_a_run_changes(monkeypatch):
+    """bench.train_profile.profile: a run's switch interval, LMDB read path and pinned training thread are the
+    run's only (the measurement itself, _profile, faked: it needs a GPU)."""
+    import sys as _sys
+    from fastload.datasets.lmdb import _LMDBReader
+    library_read, interval, everything = _LMDBReader._values, _sys.getswitchinterval(), os.sched_getaffinity(0)
+    seen = {}
+
+    def fake(*args):
+        train_cores = args[-2]
+        seen.update(interval=_sys.getswitchinterval(), reads=_LMDBReader._values(None, [0]))
+        if train_cores and len(train_profile.physical_cores()) > 1:
+            train_profile.pin_training(train_cores)
+            seen["pinned"] = os.sched_getaffinity(0)
+        return {}, []
+    monkeypatch.setattr(train_profile, "_profile", fake)
+    train_profile.profile("data", "resnet18", 32, "cpu", 8, 1, switch_interval=0.05, lmdb_reads="record",
+                          train_cores=1)
+    assert seen["interval"] == pytest.approx(0.05) and seen["reads"] is None  # the run's settings while it ran
+    assert _sys.getswitchinterval() == interval and _LMDBReader._values is library_read
+    if "pinned" in seen:
+        assert seen["pinned"] != everything and os.sched_getaffinity(0) == everything

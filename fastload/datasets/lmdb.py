@@ -262,8 +262,8 @@ class _LMDBReader:
         """The batch's record values in one LMDB call (a cursor's getmulti), for a fraction of the Python (and of
         the GIL the training loop waits for) of one get() a record; None where a record is out of range,
         missing, or the read fails: raw() then reads them one by one and names the one at fault."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if not idx.size or idx.min() < 0 or idx.max() >= self._n:
+        idx = np.asarray(indices)
+        if not idx.size or idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= self._n:
             return None
         keys = idx.astype(">u8").tobytes()  # record_key(i) of each: 8 bytes, big-endian
         try:
