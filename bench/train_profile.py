@@ -276,7 +276,7 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=False):
+            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=False, feed="loader"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if lmdb_reads == "record":  # a store's batch read one get() a record, as before getmulti
@@ -296,7 +296,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
-                        producer_times, loader_only, planning, device, train_cores, gil_probe)
+                        producer_times, loader_only, planning, device, train_cores, gil_probe, feed)
 
 
 def _plan_ahead(loader, epochs):
@@ -315,7 +315,7 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device, train_cores, gil_probe):
+             loader_only, planning, device, train_cores, gil_probe, feed):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -333,6 +333,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
+    fixed = (torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last),
+             torch.randint(0, 1000, (batch_size,), device=device))
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []
@@ -374,6 +376,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                     tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                                 torch.profiler.ProfilerActivity.CUDA])
                     tracer.__enter__()
+                if feed == "fixed":  # the loader's batch taken, a fixed one trained on: its activity, no data path
+                    x, y = fixed
                 if not loader_only:
                     step(x, y)
                 if tracer is not None and traced is None and len(waits) == _TRACE_FROM + _TRACE_STEPS - 1:
@@ -421,7 +425,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "loader_only": loader_only, "planning": planning, "switch_interval": sys.getswitchinterval(),
-           "train_cores": train_cores,
+           "train_cores": train_cores, "feed": feed,
            "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -450,6 +454,9 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--feed", nargs="+", choices=("loader", "fixed"), default=["loader"],
+                   help="train on the loader's batches, or take them and train on a fixed batch (the loader's "
+                        "activity beside the step without its data path); each in turn")
     p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["off"],
                    help="the GIL probe thread on or off, each in turn (default off: its wake-ups compete for the GIL "
                         "too, and cost the eager loop up to 0.03 of its efficiency)")
@@ -497,11 +504,11 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, lr, gp) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, lr, gp, fd) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for lr in args.lmdb_reads for gp in args.gil_probe]
+            for lr in args.lmdb_reads for gp in args.gil_probe for fd in args.feed]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -514,7 +521,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, reads, probe in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, reads, probe, feed in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -525,7 +532,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, lmdb_reads=reads, gil_probe=probe == "on")
+                                 train_cores=cores, lmdb_reads=reads, gil_probe=probe == "on", feed=feed)
             row["lmdb_reads"] = reads
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
@@ -543,7 +550,7 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "lmdb_reads", "gil_probe", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "lmdb_reads", "gil_probe", "feed", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

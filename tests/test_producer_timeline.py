@@ -1,5 +1,6 @@
 """bench.producer_timeline: the producers' time per batch by phase, which bench.train_profile --producer-times
 prints inside a training loop (issue 18)."""
+import inspect
 import os
 
 import numpy as np
@@ -87,8 +88,8 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     reads = []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     lmdb_reads, gil_probe):
-        reads.append((lmdb_reads, gil_probe))
+                     lmdb_reads, gil_probe, feed):
+        reads.append((lmdb_reads, gil_probe, feed))
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -102,7 +103,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
-                   train_cores=train_cores, gil_probe=gil_probe)
+                   train_cores=train_cores, gil_probe=gil_probe, feed=feed)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -130,10 +131,11 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     pinned.clear()
     train_profile.main(["data", "--train-cores", "0", "1", "--rounds", "2"])
     assert pinned == [0, 1, 1, 0]
-    assert set(reads) == {("batch", False)}  # the library's reads, no GIL probe unless asked
+    assert set(reads) == {("batch", False, "loader")}  # the library's reads, no GIL probe, the loader's batches
     reads.clear()
-    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--gil-probe", "on", "off", "--rounds", "2"])
-    first = [("batch", True), ("batch", False), ("record", True), ("record", False)]
+    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--gil-probe", "on", "off", "--feed", "fixed",
+                        "--rounds", "2"])
+    first = [("batch", True, "fixed"), ("batch", False, "fixed"), ("record", True, "fixed"), ("record", False, "fixed")]
     assert reads == first + first[::-1]
 
 
@@ -248,8 +250,10 @@ def test_train_profile_restores_what_a_run_changes(monkeypatch):
     library_read, interval, everything = _LMDBReader._values, _sys.getswitchinterval(), os.sched_getaffinity(0)
     seen = {}
 
+    named = inspect.signature(train_profile._profile)
+
     def fake(*args):
-        train_cores = args[-2]
+        train_cores = named.bind(*args).arguments["train_cores"]
         seen.update(interval=_sys.getswitchinterval(), reads=_LMDBReader._values(None, [0]))
         if train_cores and len(train_profile.physical_cores()) > 1:
             train_profile.pin_training(train_cores)
@@ -260,5 +264,5 @@ def test_train_profile_restores_what_a_run_changes(monkeypatch):
                           train_cores=1)
     assert seen["interval"] == pytest.approx(0.05) and seen["reads"] is None  # the run's settings while it ran
     assert _sys.getswitchinterval() == interval and _LMDBReader._values is library_read
-    if "pinned" in seen:
+    if len(train_profile.physical_cores()) > 1:
         assert seen["pinned"] != everything and os.sched_getaffinity(0) == everything
