@@ -225,10 +225,10 @@ def loader_cores(cores):
 def pin_training(cores):
     """--train-cores N: the training thread and autograd's threads on the first N physical cores (all their
     hardware threads). After the loader is built: it checks its cpus= against the building thread's."""
-    _unpin_training(_split_cores(cores)[0])
+    _set_training_cpus(_split_cores(cores)[0])
 
 
-def _unpin_training(cpus):
+def _set_training_cpus(cpus):
     """The training thread and autograd's threads on ``cpus``."""
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -236,7 +236,7 @@ def _unpin_training(cpus):
                 name = f.read().strip()
             if int(tid) == threading.get_native_id() or name.startswith("pt_autograd"):
                 os.sched_setaffinity(int(tid), cpus)
-        except (OSError, ProcessLookupError):  # the thread ended meanwhile
+        except OSError:  # the thread ended meanwhile
             continue
 
 
@@ -283,7 +283,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.callback(setattr, _LMDBReader, "_values", _LMDBReader._values)
             _LMDBReader._values = lambda self, indices: None
         if train_cores:  # the training thread and autograd's back on every core after the run
-            stack.callback(_unpin_training, os.sched_getaffinity(0))
+            stack.callback(_set_training_cpus, os.sched_getaffinity(0))
         if switch_interval is not None:  # Python's GIL switch interval for this run only
             stack.callback(sys.setswitchinterval, sys.getswitchinterval())
             sys.setswitchinterval(switch_interval)

@@ -142,7 +142,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
 def test_train_profile_pins_the_training_thread_apart_from_the_loader(imagenet_dir):
     """--train-cores 1: the training thread on the first physical core (with its SMT siblings), the loader's cores
-    the others; _unpin_training puts it back."""
+    the others; _set_training_cpus puts it back."""
     everything = os.sched_getaffinity(0)
     groups = train_profile.physical_cores()
     assert sorted(c for g in groups for c in g) == sorted(everything)
@@ -156,7 +156,7 @@ def test_train_profile_pins_the_training_thread_apart_from_the_loader(imagenet_d
         assert x.shape[0] == 2
         loader.close()
     finally:
-        train_profile._unpin_training(everything)
+        train_profile._set_training_cpus(everything)
     assert os.sched_getaffinity(0) == everything
     for bad in (0, len(groups)):
         with pytest.raises(SystemExit, match="--train-cores"):
