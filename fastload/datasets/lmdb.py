@@ -259,8 +259,8 @@ class _LMDBReader:
         return views, crcs
 
     def _values(self, indices):
-        """The batch's record values in one LMDB call (a cursor's getmulti), for a fraction of the Python (and of
-        the GIL the training loop waits for) of one get() a record; None where a record is out of range,
+        """The batch's record values in one LMDB call (a cursor's getmulti), for about a third of the Python time
+        of one get() a record (bench/RESULTS.md, "The LMDB batch read"); None where a record is out of range,
         missing, or the read fails: raw() then reads them one by one and names the one at fault."""
         idx = np.asarray(indices)
         if not idx.size or idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= self._n:
