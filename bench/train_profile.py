@@ -334,7 +334,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
     fixed = (torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last),
-             torch.randint(0, 1000, (batch_size,), device=device))
+             torch.randint(0, 1000, (batch_size,), device=device)) if feed == "fixed" else None
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []
