@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bench.train_profile import sched
-from fastload.benchmark import training_step
+from fastload.benchmark import fixed_batch, training_step
 
 
 def _spin(stop):
@@ -96,9 +96,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = torch.device("cuda")
     step = training_step(args.model, device, args.batch_size)
-    x = torch.randn(args.batch_size, 3, args.size, args.size, device=device).contiguous(
-        memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (args.batch_size,), device=device)
+    x, y = fixed_batch(args.batch_size, args.size, device)
     ctx = mp.get_context("spawn")
     rows = []
     for n in args.busy:

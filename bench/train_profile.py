@@ -45,7 +45,8 @@ from bench.producer_timeline import Timeline
 import fastload.loader
 from fastload.datasets.lmdb import _LMDBReader
 from fastload import FastLoader, decoders, nvjpeg
-from fastload.benchmark import TRANSFORMS, ceiling_rate, loader_shape, open_dataset, training_step
+from fastload.benchmark import (TRANSFORMS, ceiling_rate, fixed_batch, loader_shape, open_dataset,
+                                training_step)
 
 
 class GilProbe(threading.Thread):
@@ -144,8 +145,7 @@ def ceiling_launch(step, batch_size, size, device, steps=30):
     """(median ms the training thread takes to launch one step on a fixed batch with nothing else running, and per
     step inside step() (not the synchronize after it, which spins): the training thread's ms on a core and
     voluntary context switches, and autograd's threads' ms on a core: what the loop's figures compare with)."""
-    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch_size,), device=device)
+    x, y = fixed_batch(batch_size, size, device)
     times = []
     tid = threading.get_native_id()
     on_cpu = vol = autograd = 0
@@ -167,8 +167,7 @@ def free_running_cpu(step, batch_size, size, device, steps=30):
     """Per step of ``steps`` steps run back to back on a fixed batch (as the ceiling runs them: the host ahead of the
     GPU, its launches held back when the launch queue is full): ms on a core of the training thread and of
     autograd's threads. What the loop's CPU figures compare with when its host also runs ahead."""
-    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch_size,), device=device)
+    x, y = fixed_batch(batch_size, size, device)
     step(x, y)
     torch.cuda.synchronize()
     tid = threading.get_native_id()
@@ -180,16 +179,26 @@ def free_running_cpu(step, batch_size, size, device, steps=30):
     return on_cpu / 1e6 / steps, autograd / 1e6 / steps
 
 
-def autograd_cpu_ns():
-    """ns on a core of autograd's threads so far (pt_autograd_*: the backward passes' launches)."""
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
+def _training_threads(autograd_only=False):
+    """Thread ids of autograd's threads (pt_autograd_*: the backward passes' launches) and, unless
+    ``autograd_only``, the calling (training) thread; a thread that ends meanwhile is left out."""
+    me = threading.get_native_id()
+    for tid in map(int, os.listdir("/proc/self/task")):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith("pt_autograd"):
-                    continue
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+                name = f.read()
+        except OSError:
+            continue
+        if name.startswith("pt_autograd") or (tid == me and not autograd_only):
+            yield tid
+
+
+def autograd_cpu_ns():
+    """ns on a core of autograd's threads so far."""
+    total = 0
+    for tid in _training_threads(autograd_only=True):
+        try:
+            total += sched(tid)[0]
         except OSError:  # the thread ended
             continue
     return total
@@ -230,12 +239,9 @@ def pin_training(cores):
 
 def _set_training_cpus(cpus):
     """The training thread and autograd's threads on ``cpus``."""
-    for tid in os.listdir("/proc/self/task"):
+    for tid in _training_threads():
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if int(tid) == threading.get_native_id() or name.startswith("pt_autograd"):
-                os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(tid, cpus)
         except OSError:  # the thread ended meanwhile
             continue
 
@@ -320,8 +326,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
     ceiling = ceiling_rate(step, batch_size, size, device)
-    if train_cores:
-        cpus = loader_cores(train_cores)
+    cpus = loader_cores(train_cores) if train_cores else cpus
     loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
                         decoder=decoder, threads=threads, workers=workers, cpus=cpus,
                         **loader_shape(transform, size))  # as fastload bench builds it
@@ -333,8 +338,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
-    fixed = (torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last),
-             torch.randint(0, 1000, (batch_size,), device=device)) if feed == "fixed" else None
+    fixed = fixed_batch(batch_size, size, device) if feed == "fixed" else None
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []

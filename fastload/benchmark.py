@@ -310,13 +310,20 @@ def training_step(model_name, device, batch_size, num_classes=1000, cuda_graph=F
     return step
 
 
+def fixed_batch(batch_size, size, device):
+    """(images float32 [B, 3, size, size] channels_last, class indices [B]) on ``device``: the one batch a ceiling
+    trains on, as a loader would hand it over."""
+    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    return x, torch.randint(0, 1000, (batch_size,), device=device)
+
+
 def ceiling_rate(step, batch_size, size, device, steps=60, soft_targets=None):
     """Images/s of the training step alone, on one fixed batch already on the GPU. ``soft_targets``: a number of
     classes, for targets as MixUp/CutMix make them (float [B, classes]) instead of class indices: the loaders'
     batches then meet the same loss, and with ``cuda_graph`` the graph captured here."""
-    x = torch.randn(batch_size, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch_size,), device=device) if soft_targets is None else \
-        torch.softmax(torch.randn(batch_size, soft_targets, device=device), dim=1)
+    x, y = fixed_batch(batch_size, size, device)
+    if soft_targets is not None:
+        y = torch.softmax(torch.randn(batch_size, soft_targets, device=device), dim=1)
     for _ in range(10):
         step(x, y)
     _sync(device)
