@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
+from bench.lmdb_reads import reads
 from bench.producer_timeline import Timeline
 import fastload.loader
-from fastload.datasets.lmdb import _LMDBReader
 from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import (TRANSFORMS, ceiling_rate, fixed_batch, loader_shape, open_dataset,
                                 training_step)
@@ -285,9 +285,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=False, feed="loader"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
-        if lmdb_reads == "record":  # a store's batch read one get() a record, as before getmulti
-            stack.callback(setattr, _LMDBReader, "_values", _LMDBReader._values)
-            _LMDBReader._values = lambda self, indices: None
+        stack.enter_context(reads(lmdb_reads))  # a store's batch in one call, or one get() a record
         if train_cores:  # the training thread and autograd's back on every core after the run
             stack.callback(_set_training_cpus, os.sched_getaffinity(0))
         if switch_interval is not None:  # Python's GIL switch interval for this run only

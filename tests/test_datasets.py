@@ -492,3 +492,18 @@ def test_truncated_file_is_skipped_by_a_strict_scan_only(ds_tree, tmp_path):
     assert x.shape == (1, 3, 32, 32) and loader.stats()["warnings"] == 1
     assert pack(tree, tmp_path / "lenient.lmdb", strict=False, progress=False).records == len(lenient)
     assert pack(tree, tmp_path / "strict.lmdb", progress=False).records == len(strict)
+
+
+def test_bench_lmdb_reads_switches_the_read_path_and_back(ds_store):
+    """bench.lmdb_reads compares the one-call read with one get() a record: inside reads("record") the batch path
+    is off (and the views the same), after it the library's is back."""
+    from bench.lmdb_reads import reads
+    from fastload.datasets.lmdb import _LMDBReader
+    library = _LMDBReader._values
+    ds = LMDBDataset(ds_store)
+    with ds.reader() as r:
+        batch = [bytes(v) for v in r.sources([2, 0, 2])[0]]
+        with reads("record"):
+            assert r._values([2, 0, 2]) is None
+            assert [bytes(v) for v in r.sources([2, 0, 2])[0]] == batch
+    assert _LMDBReader._values is library
