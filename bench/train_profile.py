@@ -41,7 +41,6 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
-from bench.lmdb_reads import reads
 from bench.producer_timeline import Timeline
 import fastload.loader
 from fastload import FastLoader, decoders, nvjpeg
@@ -282,10 +281,9 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, lmdb_reads="batch", gil_probe=False, feed="loader"):
+            planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(reads(lmdb_reads))  # a store's batch in one call, or one get() a record
         if train_cores:  # the training thread and autograd's back on every core after the run
             stack.callback(_set_training_cpus, os.sched_getaffinity(0))
         if switch_interval is not None:  # Python's GIL switch interval for this run only
@@ -462,9 +460,6 @@ def main(argv=None):
     p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["off"],
                    help="the GIL probe thread on or off, each in turn (default off: its wake-ups compete for the GIL "
                         "too, and cost the eager loop up to 0.03 of its efficiency)")
-    p.add_argument("--lmdb-reads", nargs="+", choices=("batch", "record"), default=["batch"],
-                   help="a store's records read a batch in one call (the library's) or one get() a record; each in "
-                        "turn")
     p.add_argument("--train-cores", type=int, nargs="+", default=[0],
                    help="the training thread and autograd's on the first N physical cores (their SMT siblings "
                         "too), the loader on the others; 0: no pinning; each in turn")
@@ -506,11 +501,11 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, lr, gp, fd) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for lr in args.lmdb_reads for gp in args.gil_probe for fd in args.feed]
+            for gp in args.gil_probe for fd in args.feed]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -523,7 +518,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, reads, probe, feed in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -534,8 +529,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, lmdb_reads=reads, gil_probe=probe == "on", feed=feed)
-            row["lmdb_reads"] = reads
+                                 train_cores=cores, gil_probe=probe == "on", feed=feed)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -552,7 +546,7 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "lmdb_reads", "gil_probe", "feed", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "gil_probe", "feed", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

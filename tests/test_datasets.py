@@ -398,28 +398,12 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
     with pytest.raises(fastload.DecodeError, match=rf"damaged\.lmdb\[3\] \(from .*img_0003.jpg\): record missing"):
         ds[3]
     with ds.reader() as r, pytest.raises(fastload.DecodeError, match=r"img_0003.jpg\): record missing"):
-        r.sources([1, 3])  # the loader's path: a record missing, read one by one
+        r.sources([1, 3])  # the loader's path
     with ds.reader() as r, pytest.raises(fastload.DecodeError) as e:
-        r.sources([1, 2])  # both found in one call: the damaged header still named
+        r.sources([1, 2])  # the damaged header named on the loader's path too
     assert e.value.sample == f"{damaged}[2] (from {folder.paths[2]})" and "damaged store" in str(e.value)
     assert ds[4][0].shape[0] == 3
     assert HEADER_SIZE == 24
-
-
-def test_a_batch_of_records_is_read_in_one_call_as_record_by_record(ds_store):
-    """The loader's read of a batch (LMDB reader.sources) takes its records in one getmulti call, and gives exactly
-    what reading them one by one gives: the same bytes, CRC-32s and order, repeated samples included."""
-    ds = LMDBDataset(ds_store)
-    indices = [5, 0, 7, 5, 3, 3, 1]
-    with ds.reader() as r:
-        assert len(r._values(indices)) == len(indices)  # the one-call path, not the fallback
-        views, crcs = r.sources(indices)
-        one_by_one = [r.raw(i) for i in indices]
-        assert [bytes(v) for v in views] == [bytes(view) for _, view in one_by_one]
-        assert crcs == [header[5] for header, _ in one_by_one]
-        assert r._values([0, len(ds)]) is None  # out of range: record by record, which names it
-        with pytest.raises(IndexError, match="out of range"):
-            r.sources([0, len(ds)])
 
 
 def _strict_cases(good):
@@ -493,17 +477,3 @@ def test_truncated_file_is_skipped_by_a_strict_scan_only(ds_tree, tmp_path):
     assert pack(tree, tmp_path / "lenient.lmdb", strict=False, progress=False).records == len(lenient)
     assert pack(tree, tmp_path / "strict.lmdb", progress=False).records == len(strict)
 
-
-def test_bench_lmdb_reads_switches_the_read_path_and_back(ds_store):
-    """bench.lmdb_reads compares the one-call read with one get() a record: inside reads("record") the batch path
-    is off (and the views the same), after it the library's is back."""
-    from bench.lmdb_reads import reads
-    from fastload.datasets.lmdb import _LMDBReader
-    library = _LMDBReader._values
-    ds = LMDBDataset(ds_store)
-    with ds.reader() as r:
-        batch = [bytes(v) for v in r.sources([2, 0, 2])[0]]
-        with reads("record"):
-            assert r._values([2, 0, 2]) is None
-            assert [bytes(v) for v in r.sources([2, 0, 2])[0]] == batch
-    assert _LMDBReader._values is library

@@ -85,11 +85,11 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    reads = []
+    probes = []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     lmdb_reads, gil_probe, feed):
-        reads.append((lmdb_reads, gil_probe, feed))
+                     gil_probe, feed):
+        probes.append((gil_probe, feed))
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -131,12 +131,11 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     pinned.clear()
     train_profile.main(["data", "--train-cores", "0", "1", "--rounds", "2"])
     assert pinned == [0, 1, 1, 0]
-    assert set(reads) == {("batch", False, "loader")}  # the library's reads, no GIL probe, the loader's batches
-    reads.clear()
-    train_profile.main(["data", "--lmdb-reads", "batch", "record", "--gil-probe", "on", "off", "--feed", "fixed",
-                        "--rounds", "2"])
-    first = [("batch", True, "fixed"), ("batch", False, "fixed"), ("record", True, "fixed"), ("record", False, "fixed")]
-    assert reads == first + first[::-1]
+    assert set(probes) == {(False, "loader")}  # no GIL probe, the loader's batches
+    probes.clear()
+    train_profile.main(["data", "--gil-probe", "on", "off", "--feed", "loader", "fixed", "--rounds", "2"])
+    first = [(True, "loader"), (True, "fixed"), (False, "loader"), (False, "fixed")]
+    assert probes == first + first[::-1]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
@@ -243,26 +242,24 @@ def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir,
 
 
 def test_train_profile_restores_what_a_run_changes(monkeypatch):
-    """bench.train_profile.profile: a run's switch interval, LMDB read path and pinned training thread are the
-    run's only (the measurement itself, _profile, faked: it needs a GPU)."""
+    """bench.train_profile.profile: a run's switch interval and pinned training thread are the run's only (the
+    measurement itself, _profile, faked: it needs a GPU)."""
     import sys as _sys
-    from fastload.datasets.lmdb import _LMDBReader
-    library_read, interval, everything = _LMDBReader._values, _sys.getswitchinterval(), os.sched_getaffinity(0)
+    interval, everything = _sys.getswitchinterval(), os.sched_getaffinity(0)
     seen = {}
 
     named = inspect.signature(train_profile._profile)
 
     def fake(*args):
         train_cores = named.bind(*args).arguments["train_cores"]
-        seen.update(interval=_sys.getswitchinterval(), reads=_LMDBReader._values(None, [0]))
+        seen.update(interval=_sys.getswitchinterval())
         if train_cores and len(train_profile.physical_cores()) > 1:
             train_profile.pin_training(train_cores)
             seen["pinned"] = os.sched_getaffinity(0)
         return {}, []
     monkeypatch.setattr(train_profile, "_profile", fake)
-    train_profile.profile("data", "resnet18", 32, "cpu", 8, 1, switch_interval=0.05, lmdb_reads="record",
-                          train_cores=1)
-    assert seen["interval"] == pytest.approx(0.05) and seen["reads"] is None  # the run's settings while it ran
-    assert _sys.getswitchinterval() == interval and _LMDBReader._values is library_read
+    train_profile.profile("data", "resnet18", 32, "cpu", 8, 1, switch_interval=0.05, train_cores=1)
+    assert seen["interval"] == pytest.approx(0.05)  # the run's setting while it ran
+    assert _sys.getswitchinterval() == interval
     if len(train_profile.physical_cores()) > 1:
         assert seen["pinned"] != everything and os.sched_getaffinity(0) == everything

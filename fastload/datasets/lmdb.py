@@ -12,8 +12,8 @@ import numpy as np
 
 from ..errors import DecodeError, process_limit_error
 from .base import DatasetError, ImageDataset, Record
-from .record import (FORMAT_NAME, HEADER_SIZE, KEY_SIZE, META_KEY, PLAN_KEY, SOURCES_KEY, VERSION, decode_index,
-                     loads, parse_header, record_key, source_at)
+from .record import (FORMAT_NAME, HEADER_SIZE, META_KEY, PLAN_KEY, SOURCES_KEY, VERSION, decode_index, loads,
+                     parse_header, record_key, source_at)
 
 def _resume_hint(path):
     return f"finish it with `fastload pack SRC {path} --resume`"
@@ -232,7 +232,11 @@ class _LMDBReader:
         if value is None:
             name = self._ds.sample_name(i, self._txn)
             raise DecodeError(f"{name}: record missing (damaged store)", sample=name, reason="missing record")
-        return self._parsed(i, value)
+        try:
+            return parse_header(value, ""), value[HEADER_SIZE:]
+        except DecodeError as e:  # named only now: the name costs a lookup of the record's source file
+            name = self._ds.sample_name(i, self._txn)
+            raise DecodeError(f"{name}{e}", sample=name, reason=e.reason) from None
 
     def get(self, i):
         """The image bytes of record i, checked against the CRC-32 they had when packed (as the loader's native
@@ -250,36 +254,13 @@ class _LMDBReader:
         """Zero-copy views of the image bytes for the native decoder, and the CRC-32 each had when packed: the
         decoder checks them, so bytes damaged on disk fail loudly even where they would still decode."""
         views, crcs, headers = [], [], []
-        for i, value in zip(indices, self._values(indices) or [None] * len(indices)):
-            (fmt, _, h, w, label, crc), view = self.raw(i) if value is None else self._parsed(i, value)
+        for i in indices:
+            (fmt, _, h, w, label, crc), view = self.raw(i)
             views.append(view)
             crcs.append(crc)
             headers.append((fmt, h, w, label))
         self._check_index(indices, headers)
         return views, crcs
-
-    def _values(self, indices):
-        """The batch's record values in one LMDB call (a cursor's getmulti), for about a third of the Python time
-        of one get() a record (bench/RESULTS.md, "The LMDB batch read"); None where a record is out of range,
-        missing, or the read fails: raw() then reads them one by one and names the one at fault."""
-        idx = np.asarray(indices)
-        if not idx.size or idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= self._n:
-            return None
-        keys = idx.astype(">u8").tobytes()  # record_key(i) of each: 8 bytes, big-endian
-        try:
-            found = self._txn.cursor().getmulti([keys[k:k + KEY_SIZE] for k in range(0, len(keys), KEY_SIZE)])
-        except lmdb.Error:  # LMDB failed the transaction: a new one for the reads one by one
-            self._spent.append(self._txn)
-            self._txn = self._env.begin(buffers=True)
-            return None
-        return [value for _, value in found] if len(found) == len(idx) else None
-
-    def _parsed(self, i, value):
-        try:
-            return parse_header(value, ""), value[HEADER_SIZE:]
-        except DecodeError as e:  # named only now: the name costs a lookup of the record's source file
-            name = self._ds.sample_name(i, self._txn)
-            raise DecodeError(f"{name}{e}", sample=name, reason=e.reason) from None
 
     def _check_index(self, indices, headers):
         """The loader plans crops and labels from the metadata's index without reading records; each record read
