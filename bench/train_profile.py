@@ -281,7 +281,7 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader"):
+            planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader", loader_device="cuda"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if train_cores:  # the training thread and autograd's back on every core after the run
@@ -298,7 +298,8 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
-                        producer_times, loader_only, planning, device, train_cores, gil_probe, feed)
+                        producer_times, loader_only, planning, device, train_cores, gil_probe, feed,
+                        loader_device)
 
 
 def _plan_ahead(loader, epochs):
@@ -317,13 +318,15 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device, train_cores, gil_probe, feed):
+             loader_only, planning, device, train_cores, gil_probe, feed, loader_device):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
     ceiling = ceiling_rate(step, batch_size, size, device)
     cpus = loader_cores(train_cores) if train_cores else cpus
-    loader = FastLoader(dataset, batch_size=batch_size, device=device, drop_last=True, channels_last=True,
+    if loader_device != device.type and feed == "loader":
+        raise SystemExit("--loader-device cpu: the loop cannot train on its host batches; use --feed fixed or none")
+    loader = FastLoader(dataset, batch_size=batch_size, device=loader_device, drop_last=True, channels_last=True,
                         decoder=decoder, threads=threads, workers=workers, cpus=cpus,
                         **loader_shape(transform, size))  # as fastload bench builds it
     if train_cores:  # after the ceiling's steps (autograd's thread exists) and the loader's check of its cpus=
@@ -331,10 +334,10 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
         ceiling = ceiling_rate(step, batch_size, size, device)  # pinned, as the loop will run
     launch_alone, cpu_alone, vcsw_alone, autograd_alone = ceiling_launch(step, batch_size, size, device)
     cpu_free, autograd_free = free_running_cpu(step, batch_size, size, device)
-    if side_priority is not None:  # the loader's side stream (copy + stage) at another priority than its -1 (high)
+    if side_priority is not None and loader_device == "cuda":  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
-    fixed = fixed_batch(batch_size, size, device) if feed == "fixed" else None
+    fixed = fixed_batch(batch_size, size, device) if feed != "loader" else None
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
     events = []
@@ -361,7 +364,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 autograd_before = autograd_cpu_ns()
                 if producer_times:
                     phases = timeline.enter_context(Timeline().installed(loader._maker))
-            it = iter(loader)
+            # --feed none: as many steps as the loader has batches, the loader never iterated (the loop's control)
+            it = iter(loader) if feed != "none" else iter([fixed] * len(loader))
             while True:
                 t0 = time.perf_counter()
                 try:
@@ -376,7 +380,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                     tracer = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                                 torch.profiler.ProfilerActivity.CUDA])
                     tracer.__enter__()
-                if feed == "fixed":  # the loader's batch taken, a fixed one trained on: its activity, no data path
+                if feed != "loader":  # the loader's batch taken (fixed) or none: a fixed one trained on, no data path
                     x, y = fixed
                 if not loader_only:
                     step(x, y)
@@ -425,7 +429,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
            "engine_priority": engine_priority if decoder != "cpu" else None,
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "loader_only": loader_only, "planning": planning, "switch_interval": sys.getswitchinterval(),
-           "train_cores": train_cores, "feed": feed,
+           "train_cores": train_cores, "feed": feed, "loader_device": loader_device,
            "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -454,9 +458,10 @@ def main(argv=None):
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
-    p.add_argument("--feed", nargs="+", choices=("loader", "fixed"), default=["loader"],
+    p.add_argument("--feed", nargs="+", choices=("loader", "fixed", "none"), default=["loader"],
                    help="train on the loader's batches, or take them and train on a fixed batch (the loader's "
-                        "activity beside the step without its data path); each in turn")
+                        "activity beside the step without its data path), or train on a fixed batch as many steps with the "
+                        "loader idle (none: the loop's control); each in turn")
     p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["off"],
                    help="the GIL probe thread on or off, each in turn (default off: its wake-ups compete for the GIL "
                         "too, and cost the eager loop up to 0.03 of its efficiency)")
@@ -468,7 +473,11 @@ def main(argv=None):
     p.add_argument("--cuda-wait", nargs="+", choices=("auto", "spin", "yield", "sleep"), default=["auto"],
                    help="the CUDA driver's wait policies to compare (bench.cuda_wait), each set in turn in "
                         "this one process")
-    p.add_argument("--side-priority", type=int, help="the loader's side stream priority (default: its own, -1)")
+    p.add_argument("--side-priority", type=int, nargs="+", default=[None],
+                   help="the loader's side stream priority (default: its own, -1), each in turn")
+    p.add_argument("--loader-device", nargs="+", choices=("cuda", "cpu"), default=["cuda"],
+                   help="FastLoader(device=) each in turn; cpu (its stage on the host, no CUDA call) only with "
+                        "--feed fixed/none: the loader's host work beside the step without its GPU work")
     p.add_argument("--train-stream", nargs="+", choices=("default", "side"), default=["default"],
                    help="the training loop on the legacy default stream, or on a stream of its own; each in turn")
     p.add_argument("--cuda-graph", action="store_true", help="the step in a CUDA graph (fastload bench --cuda-graph)")
@@ -501,11 +510,11 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for gp in args.gil_probe for fd in args.feed]
+            for gp in args.gil_probe for fd in args.feed for sp in args.side_priority for ld in args.loader_device]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -518,7 +527,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -527,9 +536,9 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
-                                 args.transform, args.side_priority, ts, args.cuda_graph, args.engine_priority,
+                                 args.transform, side, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, gil_probe=probe == "on", feed=feed)
+                                 train_cores=cores, gil_probe=probe == "on", feed=feed, loader_device=ldev)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -546,7 +555,7 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "gil_probe", "feed", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "gil_probe", "feed", "loader_device", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

@@ -85,11 +85,12 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    probes = []
+    probes, sides = [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     gil_probe, feed):
+                     gil_probe, feed, loader_device):
         probes.append((gil_probe, feed))
+        sides.append((rest[4], loader_device))  # (side_priority, loader_device)
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -103,7 +104,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
-                   train_cores=train_cores, gil_probe=gil_probe, feed=feed)
+                   train_cores=train_cores, gil_probe=gil_probe, feed=feed, loader_device=loader_device)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -136,6 +137,10 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     train_profile.main(["data", "--gil-probe", "on", "off", "--feed", "loader", "fixed", "--rounds", "2"])
     first = [(True, "loader"), (True, "fixed"), (False, "loader"), (False, "fixed")]
     assert probes == first + first[::-1]
+    assert set(sides) == {(None, "cuda")}  # the loader's own side stream, on the GPU, unless asked
+    sides.clear()
+    train_profile.main(["data", "--feed", "fixed", "--side-priority", "-1", "0", "--loader-device", "cuda", "cpu"])
+    assert sides == [(-1, "cuda"), (-1, "cpu"), (0, "cuda"), (0, "cpu")]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
