@@ -10,12 +10,18 @@ processes keep the host's other cores busy in two ways, to tell which one slows 
   threads use them);
 - ``decode``: each process decodes crop windows of the corpus's JPEGs (``--data``) on one thread, as
   FastLoader's decode threads do, with none of the loader's Python or CUDA work: what the decoding alone does to
-  the training thread's CPU time, against what the whole loader does in the loop (bench.train_profile).
+  the training thread's CPU time, against what the whole loader does in the loop (bench.train_profile);
+- ``gil``: N threads of this process (not processes) that each run Python for ``--gil-hold`` ms (holding the GIL:
+  CPython takes it from them only when another thread has waited the switch interval) then sleep, holding it
+  ``--gil-duty`` of their time where the GIL is free when they wake (the training thread releases it at every torch
+  op): the GIL taken from the training thread in chunks of a known length and share, as the loader's Python threads
+  take it, with no decode, no CUDA and little CPU.
 Per setting: images/s of the step running free (the GPU waiting for the launches shows here), and of steps each
 launched on an idle GPU: the launch's wall ms (the training thread and autograd's) and the training thread's ms on
 a core (Linux schedstat).
 
     python -m bench.host_contention --model resnet50 --size 176 --busy 0 7 14 [--kinds spin stream decode]
+    python -m bench.host_contention --busy 0 4 --kinds gil --gil-hold 0.05 0.5 2 --gil-duty 0.03
 """
 import argparse
 import multiprocessing as mp
@@ -57,6 +63,16 @@ def _decode(stop, data):
             ops.decode_crop(data, int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw)
 
 
+def _gil(stop, hold, duty):
+    """Python for ``hold`` seconds (the GIL held), then a sleep (released), ``duty`` of the time holding it."""
+    gap = hold * (1 / duty - 1)
+    while not stop.is_set():
+        end = time.perf_counter() + hold
+        while time.perf_counter() < end:  # bytecode: the GIL held, only a waiting thread's drop request ends it
+            continue
+        time.sleep(gap)
+
+
 def _on_core_ns():
     return sched(threading.get_native_id())[0]  # the training thread's ns on a core (Linux schedstat)
 
@@ -90,20 +106,34 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--busy", type=int, nargs="+", default=[0, 7, 14], help="processes keeping cores busy")
-    p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode"), default=["spin", "stream"],
-                   help="how they keep them busy")
+    p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode", "gil"), default=["spin", "stream"],
+                   help="how they keep them busy (gil: threads of this process, see above)")
+    p.add_argument("--gil-hold", type=float, nargs="+", default=[0.5],
+                   help="--kinds gil: ms of Python a thread runs at a time, each in turn")
+    p.add_argument("--gil-duty", type=float, default=0.03, help="--kinds gil: share of the time each thread holds it")
     p.add_argument("--data", default="data/imagenet-like", help="the JPEG folder --kinds decode decodes")
+    p.add_argument("--rounds", type=int, default=1, help="every setting this many times, the order reversed each round")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     step = training_step(args.model, device, args.batch_size)
     x, y = fixed_batch(args.batch_size, args.size, device)
     ctx = mp.get_context("spawn")
     rows = []
-    for n in args.busy:
-        for kind in (["none"] if n == 0 else args.kinds):
-            stop = ctx.Event()
-            work = {"spin": (_spin, (stop,)), "stream": (_stream, (stop,)), "decode": (_decode, (stop, args.data))}
-            procs = [ctx.Process(target=work[kind][0], args=work[kind][1], daemon=True) for _ in range(n)]
+    settings = [(0, "none", None)] if 0 in args.busy else []
+    settings += [(n, kind, hold) for n in args.busy if n for kind in args.kinds
+                 for hold in (args.gil_hold if kind == "gil" else [None])]
+    for r in range(args.rounds):
+        for n, kind, hold in (settings if r % 2 == 0 else settings[::-1]):
+            if kind == "gil":
+                stop = threading.Event()
+                procs = [threading.Thread(target=_gil, args=(stop, hold / 1e3, args.gil_duty), daemon=True)
+                         for _ in range(n)]
+                kind = f"gil {hold:g} ms x {args.gil_duty:g}"
+            else:
+                stop = ctx.Event()
+                work = {"spin": (_spin, (stop,)), "stream": (_stream, (stop,)),
+                        "decode": (_decode, (stop, args.data))}
+                procs = [ctx.Process(target=work[kind][0], args=work[kind][1], daemon=True) for _ in range(n)]
             for q in procs:
                 q.start()
             time.sleep((4.0 if kind == "decode" else 1.0) if n else 0)  # spawned interpreters up and busy
@@ -114,11 +144,13 @@ def main(argv=None):
             rows.append((n, kind, rate, launch, on_core))
             print(f"busy {n} {kind}: {rate:,.0f} img/s, launch {launch:.1f} ms, on a core {on_core:.1f} ms",
                   flush=True)
-    print(f"| {args.model} at {args.size} px, host {os.cpu_count()} cores | busy processes | img/s | x alone | "
-          "launch ms | on a core ms |")
+    alone = [row[2] for row in rows if row[0] == 0]
+    alone = float(np.mean(alone)) if alone else float("nan")  # x alone: against the mean of the idle runs
+    print(f"| {args.model} at {args.size} px, host {os.cpu_count()} cores | busy processes (gil: threads) | img/s | "
+          "x alone | launch ms | on a core ms |")
     print("|---|---:|---:|---:|---:|---:|")
     for n, kind, rate, launch, on_core in rows:
-        print(f"| {kind} | {n} | {rate:,.0f} | {rate / rows[0][2]:.3f} | {launch:.1f} | {on_core:.1f} |")
+        print(f"| {kind} | {n} | {rate:,.0f} | {rate / alone:.3f} | {launch:.1f} | {on_core:.1f} |")
 
 
 if __name__ == "__main__":

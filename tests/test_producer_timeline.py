@@ -246,6 +246,33 @@ def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir,
     assert all(shape == (h, w, 3) for shape, h, w in shapes)  # the windows asked for, decoded
 
 
+def test_host_contention_gil_threads_hold_the_gil_their_share_of_the_time():
+    """bench.host_contention --kinds gil: a thread holding the GIL in chunks of 2 ms, 25% of its time, takes Python
+    time away from this thread (we count our own bytecode loops while it runs), and stops when told. Against pure
+    Python here it holds less than 25%: after each sleep it waits for the switch interval (5 ms) before CPython
+    makes this thread drop the GIL, which a training thread, releasing it at every torch op, does at once."""
+    import threading as _threading
+    import time as _time
+    from bench import host_contention
+
+    def python_rate(seconds):  # loops of pure Python a second on this thread
+        n, end = 0, _time.perf_counter() + seconds
+        while _time.perf_counter() < end:
+            n += 1
+        return n / seconds
+    alone = python_rate(0.5)
+    stop = _threading.Event()
+    worker = _threading.Thread(target=host_contention._gil, args=(stop, 0.002, 0.25), daemon=True)
+    worker.start()
+    shared = python_rate(1.0)
+    stop.set()
+    worker.join(timeout=2)
+    assert not worker.is_alive()
+    # 2 ms held a cycle of 6 ms asleep + up to 5 ms waiting for the GIL: ~0.85 of the loops (0.84 measured); the
+    # bounds wide for a busy 2-core CI machine, and 1.0 (no effect) outside them
+    assert 0.6 < shared / alone < 0.95, shared / alone
+
+
 def test_train_profile_restores_what_a_run_changes(monkeypatch):
     """bench.train_profile.profile: a run's switch interval and pinned training thread are the run's only (the
     measurement itself, _profile, faked: it needs a GPU)."""
