@@ -140,6 +140,50 @@ def cpu_by_thread(before, after, main_tid, seconds):
     return {name: round(t / seconds, 2) for name, t in used.most_common() if t / seconds >= 0.02}
 
 
+class ThreadCpu:
+    """CPU seconds of every Python thread that runs while installed, by name, ended threads included: each thread's
+    run() adds its thread_time() when it returns, and ``total()`` adds the live ones'. The loader's producers and
+    planners start and end every epoch, so a /proc snapshot at the end misses them. Their CPU bounds what they hold
+    the GIL: their native work (the cores' decode, on threads of its own) runs elsewhere."""
+
+    def __init__(self):
+        self.ended = collections.Counter()
+        self.live = {}
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def installed(self):
+        library, meter = threading.Thread.run, self
+
+        def run(thread):
+            with meter.lock:
+                meter.live[threading.get_ident()] = thread.name
+            try:
+                library(thread)
+            finally:
+                with meter.lock:
+                    meter.ended[thread.name] += time.thread_time()
+                    meter.live.pop(threading.get_ident(), None)
+        threading.Thread.run = run
+        try:
+            yield self
+        finally:
+            threading.Thread.run = library
+
+    def total(self, prefix):
+        """CPU seconds so far of the threads whose name starts with ``prefix`` (the live ones from /proc)."""
+        with self.lock:
+            seconds = sum(t for name, t in self.ended.items() if name.startswith(prefix))
+            live = {threading._active[i].native_id for i, name in self.live.items()
+                    if name.startswith(prefix) and i in threading._active}
+        for tid in live:
+            try:
+                seconds += sched(tid)[0] / 1e9
+            except OSError:  # it ended meanwhile (and was added to ended, or is about to be)
+                continue
+        return seconds
+
+
 def ceiling_launch(step, batch_size, size, device, steps=30):
     """(median ms the training thread takes to launch one step on a fixed batch with nothing else running, and per
     step inside step() (not the synchronize after it, which spins): the training thread's ms on a core and
@@ -343,7 +387,10 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     events = []
     spies = []
     images, start = 0, None
+    meter = ThreadCpu()
     with contextlib.ExitStack() as timeline:  # --producer-times: the producers' phases over the timed epochs
+        # from the warm-up on: the first timed epoch's threads start during the warm-up's last batches
+        timeline.enter_context(meter.installed())
         for epoch in range(epochs + warmup_epochs):
             loader.set_epoch(epoch)
             if epoch == warmup_epochs:
@@ -362,6 +409,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 cpu_before = thread_cpu()
                 sched_before = sched(threading.get_native_id())
                 autograd_before = autograd_cpu_ns()
+                loader_py_before = meter.total("fastload.planner"), meter.total("fastload-")
                 if producer_times:
                     phases = timeline.enter_context(Timeline().installed(loader._maker))
             # --feed none: as many steps as the loader has batches, the loader never iterated (the loop's control)
@@ -394,6 +442,9 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                     images += len(y)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        # (the epoch after the last starts early too: its first batches count here, a few of the timed epochs')
+        planner_s, producer_s = (meter.total(prefix) - before for prefix, before in
+                                 zip(("fastload.planner", "fastload-"), loader_py_before))
     if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
         traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
@@ -406,7 +457,10 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
              "train_vcsw": vol / steps, "train_ivcsw": invol / steps, "train_cpu_alone_ms": cpu_alone,
              "train_vcsw_alone": vcsw_alone, "autograd_cpu_ms": autograd / 1e6 / steps,
              "autograd_cpu_alone_ms": autograd_alone, "train_cpu_free_ms": cpu_free,
-             "autograd_cpu_free_ms": autograd_free}
+             "autograd_cpu_free_ms": autograd_free,
+             # the loader's Python threads' CPU per step (an upper bound on the GIL they hold) and its share of the wall
+             "planner_cpu_ms": planner_s * 1e3 / steps, "producer_cpu_ms": producer_s * 1e3 / steps,
+             "loader_py_share": (planner_s + producer_s) / seconds}
     if probe is not None:
         probe.stop.set()
         probe.join()
@@ -560,7 +614,8 @@ def _print(rows):
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
-            "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms")
+            "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
+            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -100,7 +100,8 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms",
                                 "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw",
                                 "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
-                                "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms")}
+                                "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
+                                "planner_cpu_ms", "producer_cpu_ms", "loader_py_share")}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
@@ -295,3 +296,35 @@ def test_train_profile_restores_what_a_run_changes(monkeypatch):
     assert _sys.getswitchinterval() == interval
     if len(train_profile.physical_cores()) > 1:
         assert seen["pinned"] != everything and os.sched_getaffinity(0) == everything
+
+
+def test_thread_cpu_counts_threads_that_ended_and_those_still_running():
+    """bench.train_profile.ThreadCpu: a thread that burned ~0.2 s of CPU and ended is counted by its name, a live
+    one by /proc, threads of other names not at all, and Thread.run is the library's again afterwards."""
+    import threading as _threading
+    import time as _time
+
+    def burn(seconds, then=None):
+        end = _time.thread_time() + seconds
+        while _time.thread_time() < end:
+            continue
+        if then is not None:
+            then.wait()
+    library = _threading.Thread.run
+    meter = train_profile.ThreadCpu()
+    release = _threading.Event()
+    with meter.installed():
+        ended = _threading.Thread(target=burn, args=(0.2,), name="fastload-0")
+        live = _threading.Thread(target=burn, args=(0.2, release), name="fastload.planner-0")
+        other = _threading.Thread(target=burn, args=(0.2,), name="elsewhere")
+        for t in (ended, live, other):
+            t.start()
+        ended.join()
+        other.join()
+        _time.sleep(0.5)  # the live one done burning, now waiting (schedstat is current for a sleeping thread)
+        assert 0.19 < meter.total("fastload-") < 0.3
+        assert 0.19 < meter.total("fastload.planner") < 0.3
+        release.set()
+        live.join()
+        assert 0.19 < meter.total("fastload.planner") < 0.3  # ended now: the same, counted once
+    assert _threading.Thread.run is library
