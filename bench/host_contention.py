@@ -15,7 +15,11 @@ processes keep the host's other cores busy in two ways, to tell which one slows 
   CPython takes it from them only when another thread has waited the switch interval) then sleep, holding it
   ``--gil-duty`` of their time where the GIL is free when they wake (the training thread releases it at every torch
   op): the GIL taken from the training thread in chunks of a known length and share, as the loader's Python threads
-  take it, with no decode, no CUDA and little CPU.
+  take it, with no decode, no CUDA and little CPU;
+- ``cuda``: N threads of this process that each copy ``--cuda-bytes`` from pinned memory to the GPU on a
+  high-priority stream of their own, record a blocking event and wait on it, ``--cuda-rate`` times a second: the
+  loader's CUDA calls from other threads (small copies: the driver's locks) or its copies' volume (large ones: the
+  copy engines and memory), with no decode and little Python.
 Per setting: images/s of the step running free (the GPU waiting for the launches shows here), and of steps each
 launched on an idle GPU: the launch's wall ms (the training thread and autograd's) and the training thread's ms on
 a core (Linux schedstat).
@@ -73,6 +77,23 @@ def _gil(stop, hold, duty):
         time.sleep(gap)
 
 
+def _cuda(stop, nbytes, rate):
+    """Copies ``nbytes`` host -> GPU ``rate`` times a second on a stream of its own, waiting on each (GIL
+    released), as a producer's copy and its wait on the copy's event."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream(priority=-1)
+    period = 1 / rate
+    while not stop.is_set():
+        t = time.perf_counter()
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event(blocking=True)
+            done.record(stream)
+        done.synchronize()
+        time.sleep(max(0.0, period - (time.perf_counter() - t)))
+
+
 def _on_core_ns():
     return sched(threading.get_native_id())[0]  # the training thread's ns on a core (Linux schedstat)
 
@@ -106,11 +127,15 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--busy", type=int, nargs="+", default=[0, 7, 14], help="processes keeping cores busy")
-    p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode", "gil"), default=["spin", "stream"],
+    p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode", "gil", "cuda"),
+                   default=["spin", "stream"],
                    help="how they keep them busy (gil: threads of this process, see above)")
     p.add_argument("--gil-hold", type=float, nargs="+", default=[0.5],
                    help="--kinds gil: ms of Python a thread runs at a time, each in turn")
     p.add_argument("--gil-duty", type=float, default=0.03, help="--kinds gil: share of the time each thread holds it")
+    p.add_argument("--cuda-bytes", type=int, nargs="+", default=[1 << 16],
+                   help="--kinds cuda: bytes a copy, each in turn")
+    p.add_argument("--cuda-rate", type=float, default=200, help="--kinds cuda: copies a second per thread")
     p.add_argument("--data", default="data/imagenet-like", help="the JPEG folder --kinds decode decodes")
     p.add_argument("--rounds", type=int, default=1, help="every setting this many times, the order reversed each round")
     args = p.parse_args(argv)
@@ -119,16 +144,21 @@ def main(argv=None):
     x, y = fixed_batch(args.batch_size, args.size, device)
     ctx = mp.get_context("spawn")
     rows = []
-    settings = [(0, "none", None)] if 0 in args.busy else []
-    settings += [(n, kind, hold) for n in args.busy if n for kind in args.kinds
-                 for hold in (args.gil_hold if kind == "gil" else [None])]
+    settings = [(0, "none", None)] if 0 in args.busy else []  # (threads or processes, kind, its ms or bytes)
+    settings += [(n, kind, value) for n in args.busy if n for kind in args.kinds
+                 for value in (args.gil_hold if kind == "gil" else args.cuda_bytes if kind == "cuda" else [None])]
     for r in range(args.rounds):
-        for n, kind, hold in (settings if r % 2 == 0 else settings[::-1]):
+        for n, kind, value in (settings if r % 2 == 0 else settings[::-1]):
             if kind == "gil":
                 stop = threading.Event()
-                procs = [threading.Thread(target=_gil, args=(stop, hold / 1e3, args.gil_duty), daemon=True)
+                procs = [threading.Thread(target=_gil, args=(stop, value / 1e3, args.gil_duty), daemon=True)
                          for _ in range(n)]
-                kind = f"gil {hold:g} ms x {args.gil_duty:g}"
+                kind = f"gil {value:g} ms x {args.gil_duty:g}"
+            elif kind == "cuda":
+                stop = threading.Event()
+                procs = [threading.Thread(target=_cuda, args=(stop, value, args.cuda_rate), daemon=True)
+                         for _ in range(n)]
+                kind = f"cuda {value / 1e6:g} MB x {args.cuda_rate:g}/s"
             else:
                 stop = ctx.Event()
                 work = {"spin": (_spin, (stop,)), "stream": (_stream, (stop,)),

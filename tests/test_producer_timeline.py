@@ -328,3 +328,31 @@ def test_thread_cpu_counts_threads_that_ended_and_those_still_running():
         live.join()
         assert 0.19 < meter.total("fastload.planner") < 0.3  # ended now: the same, counted once
     assert _threading.Thread.run is library
+
+
+@pytest.mark.cuda
+def test_host_contention_cuda_threads_copy_and_stop():
+    """bench.host_contention --kinds cuda: a thread copies its pinned bytes to the GPU at the rate asked, waiting
+    on each copy, and stops when told."""
+    import threading as _threading
+    import time as _time
+    from bench import host_contention
+    copies = []
+    real = torch.Tensor.copy_
+
+    def counted(dst, src, non_blocking=False):
+        copies.append((dst.device.type, src.is_pinned(), dst.numel()))
+        return real(dst, src, non_blocking=non_blocking)
+    stop = _threading.Event()
+    worker = _threading.Thread(target=host_contention._cuda, args=(stop, 1 << 20, 50), daemon=True)
+    torch.Tensor.copy_ = counted
+    try:
+        worker.start()
+        _time.sleep(0.5)
+        stop.set()
+        worker.join(timeout=2)
+    finally:
+        torch.Tensor.copy_ = real
+    assert not worker.is_alive()
+    assert 10 <= len(copies) <= 30  # 50 a second for 0.5 s
+    assert set(copies) == {("cuda", True, 1 << 20)}
