@@ -36,7 +36,7 @@ import time
 import numpy as np
 import torch
 
-from bench.train_profile import sched
+from bench.train_profile import gil_chunks, sched
 from fastload.benchmark import fixed_batch, training_step
 
 
@@ -65,16 +65,6 @@ def _decode(stop, data):
         for data, h, w in zip(files, ds.heights, ds.widths):
             ch, cw = int(h * rng.uniform(0.5, 1)), int(w * rng.uniform(0.5, 1))
             ops.decode_crop(data, int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw)
-
-
-def _gil(stop, hold, duty):
-    """Python for ``hold`` seconds (the GIL held), then a sleep (released), ``duty`` of the time holding it."""
-    gap = hold * (1 / duty - 1)
-    while not stop.is_set():
-        end = time.perf_counter() + hold
-        while time.perf_counter() < end:  # bytecode: the GIL held, only a waiting thread's drop request ends it
-            continue
-        time.sleep(gap)
 
 
 def _cuda(stop, nbytes, rate):
@@ -151,8 +141,8 @@ def main(argv=None):
         for n, kind, value in (settings if r % 2 == 0 else settings[::-1]):
             if kind == "gil":
                 stop = threading.Event()
-                procs = [threading.Thread(target=_gil, args=(stop, value / 1e3, args.gil_duty), daemon=True)
-                         for _ in range(n)]
+                procs = [threading.Thread(target=gil_chunks, args=(stop, value / 1e3, args.gil_duty),
+                                          daemon=True) for _ in range(n)]
                 kind = f"gil {value:g} ms x {args.gil_duty:g}"
             elif kind == "cuda":
                 stop = threading.Event()

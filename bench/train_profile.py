@@ -20,6 +20,11 @@ against the ceiling all the same); ``--engine-priority`` the JPEG engines' strea
 a torch.profiler trace of timed steps 20-29 (summarised by bench.trace_summary; that run's rates are not figures).
 ``--producer-times``: each producer thread's time per batch by phase (waiting for a slot, its plan, the GPU, the
 engines' lock; reading, submitting, syncing, queueing) and how busy the JPEG engines were (bench/producer_timeline.py).
+``--feed fixed`` takes the loader's batches and trains on a fixed one (the loader's activity without its data path),
+``--feed none`` trains as many steps with the loader idle (the control); ``--loader-device cpu`` runs the loader on
+the host (its work without CUDA); ``--gil-load N:MS:SHARE`` adds N threads taking the GIL in chunks (how the loop
+answers more of it taken). Columns planner_cpu_ms / producer_cpu_ms / loader_py_share: the loader's Python threads'
+CPU per step (ended threads included), which bounds the GIL they hold.
 ``--train-cores N`` pins the training thread (and autograd's) to the first N physical cores and the loader to the
 others; ``--switch-interval`` sets Python's GIL switch interval for a run. ``--cuda-wait auto sleep --rounds 2``
 compares the CUDA driver's wait policies inside this one process (bench.cuda_wait), each (policy, decoder) run in
@@ -325,7 +330,8 @@ def _engine_streams(device, priority):
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
-            planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader", loader_device="cuda"):
+            planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader", loader_device="cuda",
+            gil_load=None):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if train_cores:  # the training thread and autograd's back on every core after the run
@@ -343,7 +349,33 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
                         producer_times, loader_only, planning, device, train_cores, gil_probe, feed,
-                        loader_device)
+                        loader_device, gil_load)
+
+
+def gil_chunks(stop, hold, duty):
+    """Python for ``hold`` seconds (the GIL held), then a sleep (released), ``duty`` of the time holding it (where
+    the GIL is free when it wakes): GIL taken in chunks of a known length and share (bench.host_contention --kinds
+    gil, --gil-load here)."""
+    gap = hold * (1 / duty - 1)
+    while not stop.is_set():
+        end = time.perf_counter() + hold
+        while time.perf_counter() < end:  # bytecode: the GIL held, only a waiting thread's drop request ends it
+            continue
+        time.sleep(gap)
+
+
+def _gil_load(text):
+    """--gil-load's N:MS:SHARE as (threads, ms a chunk, share), or None for 0 (none)."""
+    parts = text.split(":")
+    try:
+        if parts == ["0"]:
+            return None
+        n, hold, duty = int(parts[0]), float(parts[1]), float(parts[2])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected N:MS:SHARE (e.g. 4:0.5:0.03) or 0, got {text!r}") from None
+    if n < 1 or hold <= 0 or not 0 < duty < 1:
+        raise argparse.ArgumentTypeError(f"N >= 1, MS > 0 and 0 < SHARE < 1, got {text!r}")
+    return n, hold, duty
 
 
 def _plan_ahead(loader, epochs):
@@ -362,7 +394,7 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device, train_cores, gil_probe, feed, loader_device):
+             loader_only, planning, device, train_cores, gil_probe, feed, loader_device, gil_load):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -381,6 +413,11 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     if side_priority is not None and loader_device == "cuda":  # the loader's side stream (copy + stage) at another priority than its -1 (high)
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
+    gil_threads, gil_stop = [], threading.Event()  # --gil-load: threads taking the GIL beside the loader's
+    if gil_load:
+        n, hold, duty = gil_load
+        gil_threads = [threading.Thread(target=gil_chunks, args=(gil_stop, hold / 1e3, duty), daemon=True,
+                                        name="gil-load") for _ in range(n)]
     fixed = fixed_batch(batch_size, size, device) if feed != "loader" else None
     waits, launches, gpu_ms = [], [], []
     tracer = traced = None  # --trace: the profiler, then the trace file it wrote
@@ -399,6 +436,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 torch.cuda.synchronize()
                 if probe is not None:
                     probe.start()
+                for t in gil_threads:
+                    t.start()
                 if spy_dir:  # sample the timed epochs only (duration: a guess from the ceiling, capped)
                     seconds = max(2, min(20, int(epochs * len(loader) * batch_size / ceiling) + 1))
                     run = f"{decoder}_{decoders.HYBRID_ENGINE_BATCHES}of{decoders.HYBRID_PERIOD}_{time.time_ns()}"
@@ -464,6 +503,9 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     if probe is not None:
         probe.stop.set()
         probe.join()
+    gil_stop.set()
+    for t in gil_threads:
+        t.join()
     gpu_ms = [a.elapsed_time(b) for a, b in events]
     stats = loader.stats()
     loader.close()
@@ -484,6 +526,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
            "traced": traced is not None,  # the profiler slows the timed epochs: no rate to compare
            "loader_only": loader_only, "planning": planning, "switch_interval": sys.getswitchinterval(),
            "train_cores": train_cores, "feed": feed, "loader_device": loader_device,
+           "gil_load": ":".join(f"{v:g}" for v in gil_load) if gil_load else None,
            "plan_batches": fastload.loader.PLAN_BATCHES, "images_per_s": rate,
            "efficiency": rate / ceiling, "steps": len(waits), "wall_per_step_ms": seconds / len(waits) * 1e3,
            "wait_ms": float(np.mean(waits)) * 1e3, "wait_p90_ms": float(np.percentile(waits, 90)) * 1e3,
@@ -529,6 +572,10 @@ def main(argv=None):
                         "this one process")
     p.add_argument("--side-priority", type=int, nargs="+", default=[None],
                    help="the loader's side stream priority (default: its own, -1), each in turn")
+    p.add_argument("--gil-load", nargs="+", default=[None], type=_gil_load, metavar="N:MS:SHARE",
+                   help="N threads beside the loader each holding the GIL in chunks of MS ms, SHARE of their time "
+                        "(bench.host_contention --kinds gil) over the timed epochs, each setting in turn; 0: none. "
+                        "How the loop answers more GIL taken than the loader's own")
     p.add_argument("--loader-device", nargs="+", choices=("cuda", "cpu"), default=["cuda"],
                    help="FastLoader(device=) each in turn; cpu (its stage on the host, no CUDA call) only with "
                         "--feed fixed/none: the loader's host work beside the step without its GPU work")
@@ -564,11 +611,12 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld, gl) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for gp in args.gil_probe for fd in args.feed for sp in args.side_priority for ld in args.loader_device]
+            for gp in args.gil_probe for fd in args.feed for sp in args.side_priority for ld in args.loader_device
+            for gl in args.gil_load]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -581,7 +629,7 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev, gil in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -592,7 +640,8 @@ def _run_all(args, runs, rows, default_split, library_pinned):
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
                                  args.transform, side, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, gil_probe=probe == "on", feed=feed, loader_device=ldev)
+                                 train_cores=cores, gil_probe=probe == "on", feed=feed, loader_device=ldev,
+                                 gil_load=gil)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -609,7 +658,7 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "gil_probe", "feed", "loader_device", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "gil_probe", "feed", "loader_device", "gil_load", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

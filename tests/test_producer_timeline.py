@@ -85,12 +85,13 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    probes, sides = [], []
+    probes, sides, loads = [], [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     gil_probe, feed, loader_device):
+                     gil_probe, feed, loader_device, gil_load):
         probes.append((gil_probe, feed))
         sides.append((rest[4], loader_device))  # (side_priority, loader_device)
+        loads.append(gil_load)
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -105,7 +106,8 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
-                   train_cores=train_cores, gil_probe=gil_probe, feed=feed, loader_device=loader_device)
+                   train_cores=train_cores, gil_probe=gil_probe, feed=feed, loader_device=loader_device,
+                   gil_load=gil_load)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -142,6 +144,13 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     sides.clear()
     train_profile.main(["data", "--feed", "fixed", "--side-priority", "-1", "0", "--loader-device", "cuda", "cpu"])
     assert sides == [(-1, "cuda"), (-1, "cpu"), (0, "cuda"), (0, "cpu")]
+    assert set(loads) == {None}  # no GIL load unless asked
+    loads.clear()
+    train_profile.main(["data", "--gil-load", "0", "4:0.5:0.03", "--rounds", "2"])
+    assert loads == [None, (4, 0.5, 0.03), (4, 0.5, 0.03), None]
+    for bad in ("4:0.5", "4:0.5:1.5", "x"):
+        with pytest.raises(SystemExit):
+            train_profile.main(["data", "--gil-load", bad])
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
@@ -248,8 +257,8 @@ def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir,
 
 
 def test_host_contention_gil_threads_hold_the_gil_their_share_of_the_time():
-    """bench.host_contention --kinds gil: a thread holding the GIL in chunks of 2 ms, 25% of its time, takes Python
-    time away from this thread (we count our own bytecode loops while it runs), and stops when told. Against pure
+    """bench.train_profile.gil_chunks (host_contention --kinds gil, train_profile --gil-load): a thread holding the
+    GIL in chunks of 2 ms, 25% of its time, takes Python time away from this thread (we count our own bytecode loops while it runs), and stops when told. Against pure
     Python here it holds less than 25%: after each sleep it waits for the switch interval (5 ms) before CPython
     makes this thread drop the GIL, which a training thread, releasing it at every torch op, does at once."""
     import threading as _threading
@@ -263,7 +272,7 @@ def test_host_contention_gil_threads_hold_the_gil_their_share_of_the_time():
         return n / seconds
     alone = python_rate(0.5)
     stop = _threading.Event()
-    worker = _threading.Thread(target=host_contention._gil, args=(stop, 0.002, 0.25), daemon=True)
+    worker = _threading.Thread(target=train_profile.gil_chunks, args=(stop, 0.002, 0.25), daemon=True)
     worker.start()
     shared = python_rate(1.0)
     stop.set()
