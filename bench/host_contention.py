@@ -19,7 +19,8 @@ processes keep the host's other cores busy in two ways, to tell which one slows 
 - ``cuda``: N threads of this process that each copy ``--cuda-bytes`` from pinned memory to the GPU on a
   high-priority stream of their own, record a blocking event and wait on it, ``--cuda-rate`` times a second: the
   loader's CUDA calls from other threads (small copies: the driver's locks) or its copies' volume (large ones: the
-  copy engines and memory), with no decode and little Python.
+  copy engines and memory), with no decode and little Python; ``--cuda-alloc``: each into new memory from the
+  caching allocator, with a kernel and a ``record_stream`` to the default stream, as the loader's batches go.
 Per setting: images/s of the step running free (the GPU waiting for the launches shows here), and of steps each
 launched on an idle GPU: the launch's wall ms (the training thread and autograd's) and the training thread's ms on
 a core (Linux schedstat).
@@ -67,9 +68,12 @@ def _decode(stop, data):
             ops.decode_crop(data, int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw)
 
 
-def _cuda(stop, nbytes, rate):
+def _cuda(stop, nbytes, rate, alloc=False):
     """Copies ``nbytes`` host -> GPU ``rate`` times a second on a stream of its own, waiting on each (GIL
-    released), as a producer's copy and its wait on the copy's event."""
+    released), as a producer's copy and its wait on the copy's event. ``alloc``: as a producer's batch goes, each
+    copy into memory newly taken from the caching allocator (whose lock the training thread takes for every op's
+    output), a kernel over it, the result handed to the default stream (``record_stream``: its free deferred to an
+    event) and dropped."""
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream(priority=-1)
@@ -77,7 +81,13 @@ def _cuda(stop, nbytes, rate):
     while not stop.is_set():
         t = time.perf_counter()
         with torch.cuda.stream(stream):
+            if alloc:
+                dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
             dst.copy_(src, non_blocking=True)
+            if alloc:
+                out = dst.add(1)
+                out.record_stream(torch.cuda.default_stream())
+                del out
             done = torch.cuda.Event(blocking=True)
             done.record(stream)
         done.synchronize()
@@ -126,6 +136,9 @@ def main(argv=None):
     p.add_argument("--cuda-bytes", type=int, nargs="+", default=[1 << 16],
                    help="--kinds cuda: bytes a copy, each in turn")
     p.add_argument("--cuda-rate", type=float, default=200, help="--kinds cuda: copies a second per thread")
+    p.add_argument("--cuda-alloc", action="store_true",
+                   help="--kinds cuda: each copy into new memory from the caching allocator, a kernel over it, the "
+                        "result handed to the default stream (record_stream) and dropped")
     p.add_argument("--data", default="data/imagenet-like", help="the JPEG folder --kinds decode decodes")
     p.add_argument("--rounds", type=int, default=1, help="every setting this many times, the order reversed each round")
     args = p.parse_args(argv)
@@ -146,9 +159,10 @@ def main(argv=None):
                 kind = f"gil {value:g} ms x {args.gil_duty:g}"
             elif kind == "cuda":
                 stop = threading.Event()
-                procs = [threading.Thread(target=_cuda, args=(stop, value, args.cuda_rate), daemon=True)
+                procs = [threading.Thread(target=_cuda, args=(stop, value, args.cuda_rate, args.cuda_alloc),
+                                          daemon=True)
                          for _ in range(n)]
-                kind = f"cuda {value / 1e6:g} MB x {args.cuda_rate:g}/s"
+                kind = f"cuda {value / 1e6:g} MB x {args.cuda_rate:g}/s" + (" alloc" if args.cuda_alloc else "")
             else:
                 stop = ctx.Event()
                 work = {"spin": (_spin, (stop,)), "stream": (_stream, (stop,)),

@@ -410,7 +410,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
         ceiling = ceiling_rate(step, batch_size, size, device)  # pinned, as the loop will run
     launch_alone, cpu_alone, vcsw_alone, autograd_alone = ceiling_launch(step, batch_size, size, device)
     cpu_free, autograd_free = free_running_cpu(step, batch_size, size, device)
-    if side_priority is not None and loader_device == "cuda":  # the loader's side stream (copy + stage) at another priority than its -1 (high)
+    # the loader's side stream (copy + stage) at another priority than its -1 (high)
+    if side_priority is not None and loader_device == "cuda":
         loader._device_pipe().stream = torch.cuda.Stream(device, priority=side_priority)
     probe = GilProbe() if gil_probe else None
     gil_threads, gil_stop = [], threading.Event()  # --gil-load: threads taking the GIL beside the loader's
@@ -557,8 +558,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="FastLoader(workers=)")
     p.add_argument("--feed", nargs="+", choices=("loader", "fixed", "none"), default=["loader"],
                    help="train on the loader's batches, or take them and train on a fixed batch (the loader's "
-                        "activity beside the step without its data path), or train on a fixed batch as many steps with the "
-                        "loader idle (none: the loop's control); each in turn")
+                        "activity beside the step without its data path), or train on a fixed batch as many steps "
+                        "with the loader idle (none: the loop's control); each in turn")
     p.add_argument("--gil-probe", nargs="+", choices=("on", "off"), default=["off"],
                    help="the GIL probe thread on or off, each in turn (default off: its wake-ups compete for the GIL "
                         "too, and cost the eager loop up to 0.03 of its efficiency)")
@@ -629,7 +630,8 @@ def main(argv=None):
 
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev, gil in (
+        for (wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev,
+             gil) in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -658,7 +660,8 @@ def _print(rows):
         print(f"cores used by thread, {r['decoder']}, {r['cuda_wait']}: "
               + ", ".join(f"{k} {v}" for k, v in r["cpu_by_thread"].items()))
     cols = ("decoder", "bitstreams", "transform", "planning", "plan_batches", "switch_interval", "train_cores",
-            "gil_probe", "feed", "loader_device", "gil_load", "train_stream", "cuda_graph", "engine_priority", "traced", "cuda_wait",
+            "gil_probe", "feed", "loader_device", "gil_load", "train_stream", "cuda_graph", "engine_priority", "traced",
+            "cuda_wait",
             "reserve", "side_priority", "threads", "workers", "ceiling", "ceiling_after", "images_per_s", "efficiency",
             "wall_per_step_ms", "gpu_ms", "wait_ms", "wait_p90_ms", "launch_ms", "launch_alone_ms", "read_s",
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",

@@ -355,16 +355,18 @@ def test_host_contention_cuda_threads_copy_and_stop():
     def counted(dst, src, non_blocking=False):
         copies.append((dst.device.type, src.is_pinned(), dst.numel()))
         return real(dst, src, non_blocking=non_blocking)
-    stop = _threading.Event()
-    worker = _threading.Thread(target=host_contention._cuda, args=(stop, 1 << 20, 50), daemon=True)
-    torch.Tensor.copy_ = counted
-    try:
-        worker.start()
-        _time.sleep(0.5)
-        stop.set()
-        worker.join(timeout=2)
-    finally:
-        torch.Tensor.copy_ = real
-    assert not worker.is_alive()
-    assert 10 <= len(copies) <= 30  # 50 a second for 0.5 s
-    assert set(copies) == {("cuda", True, 1 << 20)}
+    for alloc in (False, True):
+        copies.clear()
+        stop = _threading.Event()
+        worker = _threading.Thread(target=host_contention._cuda, args=(stop, 1 << 20, 50, alloc), daemon=True)
+        torch.Tensor.copy_ = counted
+        try:
+            worker.start()
+            _time.sleep(0.5)
+            stop.set()
+            worker.join(timeout=2)
+        finally:
+            torch.Tensor.copy_ = real
+        assert not worker.is_alive()
+        assert 10 <= len(copies) <= 30  # 50 a second for 0.5 s
+        assert set(copies) == {("cuda", True, 1 << 20)}
