@@ -145,6 +145,22 @@ def cpu_by_thread(before, after, main_tid, seconds):
     return {name: round(t / seconds, 2) for name, t in used.most_common() if t / seconds >= 0.02}
 
 
+_ALLOCATOR_COUNTS = {  # column: (torch.cuda.memory_stats or host_memory_stats, its counter)
+    "cuda_mallocs": ("device", "num_device_alloc"), "cuda_frees": ("device", "num_device_free"),
+    "alloc_retries": ("device", "num_alloc_retries"), "sync_all_streams": ("device", "num_sync_all_streams"),
+    "host_allocs": ("host", "num_host_alloc"), "host_frees": ("host", "num_host_free")}
+
+
+def allocator_counts(device):
+    """The caching allocators' calls into CUDA so far: cudaMalloc / cudaFree, retries after a failed malloc (which
+    free cached blocks, synchronizing), synchronizations of all streams, page-locked blocks made and returned.
+    Any of them in the timed epochs stalls the host threads that wait on the allocator's lock. NaN where this
+    torch has no such counter."""
+    stats = {"device": torch.cuda.memory_stats(device),
+             "host": torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}}
+    return {col: float(stats[kind].get(key, float("nan"))) for col, (kind, key) in _ALLOCATOR_COUNTS.items()}
+
+
 class ThreadCpu:
     """CPU seconds of every Python thread that runs while installed, by name, ended threads included: each thread's
     run() adds its thread_time() when it returns, and ``total()`` adds the live ones'. The loader's producers and
@@ -450,6 +466,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 sched_before = sched(threading.get_native_id())
                 autograd_before = autograd_cpu_ns()
                 loader_py_before = meter.total("fastload.planner"), meter.total("fastload-")
+                allocator_before = allocator_counts(device)
                 if producer_times:
                     phases = timeline.enter_context(Timeline().installed(loader._maker))
             # --feed none: as many steps as the loader has batches, the loader never iterated (the loop's control)
@@ -485,6 +502,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
         # (the epoch after the last starts early too: its first batches count here, a few of the timed epochs')
         planner_s, producer_s = (meter.total(prefix) - before for prefix, before in
                                  zip(("fastload.planner", "fastload-"), loader_py_before))
+        allocator = {k: v - allocator_before[k] for k, v in allocator_counts(device).items()}
     if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
         traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
     cores = cpu_by_thread(cpu_before, thread_cpu(), threading.get_native_id(), seconds)
@@ -500,7 +518,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
              "autograd_cpu_free_ms": autograd_free,
              # the loader's Python threads' CPU per step (an upper bound on the GIL they hold) and its share of the wall
              "planner_cpu_ms": planner_s * 1e3 / steps, "producer_cpu_ms": producer_s * 1e3 / steps,
-             "loader_py_share": (planner_s + producer_s) / seconds}
+             "loader_py_share": (planner_s + producer_s) / seconds,
+             **allocator}  # the allocators' CUDA calls over the timed epochs
     if probe is not None:
         probe.stop.set()
         probe.join()
@@ -667,7 +686,7 @@ def _print(rows):
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
             "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
-            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share")
+            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share", *_ALLOCATOR_COUNTS)
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -102,7 +102,8 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "train_runq_ms", "train_blocked_ms", "train_vcsw", "train_ivcsw",
                                 "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
                                 "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
-                                "planner_cpu_ms", "producer_cpu_ms", "loader_py_share")}
+                                "planner_cpu_ms", "producer_cpu_ms", "loader_py_share",
+                                *train_profile._ALLOCATOR_COUNTS)}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
@@ -370,3 +371,19 @@ def test_host_contention_cuda_threads_copy_and_stop():
         assert not worker.is_alive()
         assert 10 <= len(copies) <= 30  # 50 a second for 0.5 s
         assert set(copies) == {("cuda", True, 1 << 20)}
+
+
+@pytest.mark.cuda
+def test_allocator_counts_see_a_cuda_malloc_and_a_page_locked_block():
+    """bench.train_profile.allocator_counts: a new device segment (after emptying the cache) counts one cudaMalloc,
+    and a page-locked tensor larger than any cached block one host allocation."""
+    device = torch.device("cuda")
+    torch.cuda.empty_cache()
+    before = train_profile.allocator_counts(device)
+    x = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+    h = torch.empty(96 << 20, dtype=torch.uint8, pin_memory=True)
+    after = train_profile.allocator_counts(device)
+    assert after["cuda_mallocs"] - before["cuda_mallocs"] >= 1
+    if after["host_allocs"] == after["host_allocs"]:  # a torch with the host allocator's counters
+        assert after["host_allocs"] - before["host_allocs"] >= 1
+    del x, h
