@@ -171,8 +171,8 @@ def main(argv=None):
           f"{a.seconds:g} s per load and round | {fl.cuda_queues.queues()} hardware queues "
           f"({fl.cuda_queues.VARIABLE}={os.environ.get(fl.cuda_queues.VARIABLE)}"
           f"{', set by fastload' if fl.cuda_queues.set_by_fastload else ''})")
-    print(f"| round | load | engines img/s | decode call p50 / p90 ms | batch to its end p50 ms | load's rate beside / "
-          f"alone |")
+    print("| round | load | engines img/s | decode call p50 / p90 ms | batch to its end p50 ms | load's rate beside / "
+          "alone |")
     print("|---|---|---:|---|---:|---|")
     for r, name, rate, c50, c90, e50, beside, al, unit in rows:
         load = f"{beside:,.1f} / {al:,.1f} {unit}/s" if beside is not None else ""

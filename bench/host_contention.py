@@ -37,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from bench.train_profile import gil_chunks, sched
+from bench.host_meters import gil_chunks, sched
 from fastload.benchmark import fixed_batch, training_step
 
 

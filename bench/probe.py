@@ -1,7 +1,6 @@
 """Diagnostics for the GPU path (not a benchmark table): where FastLoader's time goes and how the warp kernel
 behaves in variants. Run on the GPU machine: python -m bench.probe --data data/imagenet-like"""
 import argparse
-import os
 import time
 
 import numpy as np

@@ -46,32 +46,13 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
+from bench.host_meters import (_ALLOCATOR_COUNTS, GilProbe, ThreadCpu, allocator_counts, autograd_cpu_ns,
+                               cpu_by_thread, gil_chunks, physical_cores, sched, thread_cpu, training_threads)
 from bench.producer_timeline import Timeline
 import fastload.loader
 from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import (TRANSFORMS, ceiling_rate, fixed_batch, loader_shape, open_dataset,
                                 training_step)
-
-
-class GilProbe(threading.Thread):
-    """Sleeps ``nap`` seconds in a loop and records how late it wakes: waiting for the GIL shows up as lateness."""
-
-    def __init__(self, nap=0.0005):
-        super().__init__(daemon=True, name="gil-probe")
-        self.nap, self.late, self.stop = nap, [], threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            t = time.perf_counter()
-            time.sleep(self.nap)
-            self.late.append(time.perf_counter() - t - self.nap)
-
-    FIELDS = ("gil_late_mean_ms", "gil_late_p50_ms", "gil_late_p99_ms", "gil_late_max_ms")
-
-    def summary(self):
-        a = np.asarray(self.late) * 1e3
-        return {"gil_late_mean_ms": float(a.mean()), "gil_late_p50_ms": float(np.percentile(a, 50)),
-                "gil_late_p99_ms": float(np.percentile(a, 99)), "gil_late_max_ms": float(a.max())}
 
 
 def _spy(pid, seconds, path, gil):
@@ -100,109 +81,6 @@ def _summarise_spy(path, top=12):
     out.append("  top self frames:")
     out += [f"  {n:6d} ({n / total:5.1%})  [{t[:24]}] {leaf[:110]}" for (t, leaf), n in leaves.most_common(top)]
     return "\n".join(out)
-
-
-def _cpu_seconds(stat_line):
-    """utime + stime of a /proc .../stat line, in seconds."""
-    fields = stat_line[stat_line.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu():
-    """CPU seconds (user + system) of the whole process (threads that ended included) and of each of its live
-    threads, keyed (tid, name) (Linux /proc)."""
-    threads = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                text = f.read()
-        except OSError:  # the thread ended
-            continue
-        threads[(int(tid), text[text.index("(") + 1:text.rindex(")")])] = _cpu_seconds(text)
-    with open("/proc/self/stat") as f:
-        return _cpu_seconds(f.read()), threads
-
-
-def sched(tid):
-    """(ns on a core, ns runnable on a run queue, voluntary switches, involuntary switches) of thread ``tid``."""
-    with open(f"/proc/self/task/{tid}/schedstat") as f:
-        on_cpu, queued = (int(v) for v in f.read().split()[:2])
-    switches = {}
-    with open(f"/proc/self/task/{tid}/status") as f:
-        for line in f:
-            if "ctxt_switches:" in line:
-                key, _, value = line.partition(":")
-                switches[key.strip()] = int(value)
-    return on_cpu, queued, switches.get("voluntary_ctxt_switches", 0), switches.get("nonvoluntary_ctxt_switches", 0)
-
-
-def cpu_by_thread(before, after, main_tid, seconds):
-    """Cores' worth of CPU used between two thread_cpu() snapshots: the whole process, the training thread alone,
-    the other threads summed by name (the decode threads share one)."""
-    used = collections.Counter({"whole process": after[0] - before[0]})
-    for key, t in after[1].items():
-        used["training thread" if key[0] == main_tid else key[1]] += t - before[1].get(key, 0.0)
-    return {name: round(t / seconds, 2) for name, t in used.most_common() if t / seconds >= 0.02}
-
-
-_ALLOCATOR_COUNTS = {  # column: (torch.cuda.memory_stats or host_memory_stats, its counter)
-    "cuda_mallocs": ("device", "num_device_alloc"), "cuda_frees": ("device", "num_device_free"),
-    "alloc_retries": ("device", "num_alloc_retries"), "sync_all_streams": ("device", "num_sync_all_streams"),
-    "host_allocs": ("host", "num_host_alloc"), "host_frees": ("host", "num_host_free")}
-
-
-def allocator_counts(device):
-    """The caching allocators' calls into CUDA so far: cudaMalloc / cudaFree, retries after a failed malloc (which
-    free cached blocks, synchronizing), synchronizations of all streams, page-locked blocks made and returned.
-    Any of them in the timed epochs stalls the host threads that wait on the allocator's lock. NaN where this
-    torch has no such counter."""
-    stats = {"device": torch.cuda.memory_stats(device),
-             "host": torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}}
-    return {col: float(stats[kind].get(key, float("nan"))) for col, (kind, key) in _ALLOCATOR_COUNTS.items()}
-
-
-class ThreadCpu:
-    """CPU seconds of every Python thread that runs while installed, by name, ended threads included: each thread's
-    run() adds its thread_time() when it returns, and ``total()`` adds the live ones'. The loader's producers and
-    planners start and end every epoch, so a /proc snapshot at the end misses them. Their CPU bounds what they hold
-    the GIL: their native work (the cores' decode, on threads of its own) runs elsewhere."""
-
-    def __init__(self):
-        self.ended = collections.Counter()
-        self.live = {}
-        self.lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def installed(self):
-        library, meter = threading.Thread.run, self
-
-        def run(thread):
-            with meter.lock:
-                meter.live[threading.get_ident()] = thread.name
-            try:
-                library(thread)
-            finally:
-                with meter.lock:
-                    meter.ended[thread.name] += time.thread_time()
-                    meter.live.pop(threading.get_ident(), None)
-        threading.Thread.run = run
-        try:
-            yield self
-        finally:
-            threading.Thread.run = library
-
-    def total(self, prefix):
-        """CPU seconds so far of the threads whose name starts with ``prefix`` (the live ones from /proc)."""
-        with self.lock:
-            seconds = sum(t for name, t in self.ended.items() if name.startswith(prefix))
-            live = {threading._active[i].native_id for i, name in self.live.items()
-                    if name.startswith(prefix) and i in threading._active}
-        for tid in live:
-            try:
-                seconds += sched(tid)[0] / 1e9
-            except OSError:  # it ended meanwhile (and was added to ended, or is about to be)
-                continue
-        return seconds
 
 
 def ceiling_launch(step, batch_size, size, device, steps=30):
@@ -243,45 +121,6 @@ def free_running_cpu(step, batch_size, size, device, steps=30):
     return on_cpu / 1e6 / steps, autograd / 1e6 / steps
 
 
-def _training_threads(autograd_only=False):
-    """Thread ids of autograd's threads (pt_autograd_*: the backward passes' launches) and, unless
-    ``autograd_only``, the calling (training) thread; a thread that ends meanwhile is left out."""
-    me = threading.get_native_id()
-    for tid in map(int, os.listdir("/proc/self/task")):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read()
-        except OSError:
-            continue
-        if name.startswith("pt_autograd") or (tid == me and not autograd_only):
-            yield tid
-
-
-def autograd_cpu_ns():
-    """ns on a core of autograd's threads so far."""
-    total = 0
-    for tid in _training_threads(autograd_only=True):
-        try:
-            total += sched(tid)[0]
-        except OSError:  # the thread ended
-            continue
-    return total
-
-
-def physical_cores():
-    """The host's CPUs this process may use, grouped by physical core (SMT siblings together, Linux sysfs), in
-    order of their first id."""
-    groups = {}
-    for c in sorted(os.sched_getaffinity(0)):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
-                key = f.read().strip()
-        except OSError:
-            key = str(c)
-        groups.setdefault(key, []).append(c)
-    return list(groups.values())
-
-
 def _split_cores(cores):
     """(the first ``cores`` physical cores' CPUs, the others')."""
     groups = physical_cores()
@@ -303,7 +142,7 @@ def pin_training(cores):
 
 def _set_training_cpus(cpus):
     """The training thread and autograd's threads on ``cpus``."""
-    for tid in _training_threads():
+    for tid in training_threads():
         try:
             os.sched_setaffinity(tid, cpus)
         except OSError:  # the thread ended meanwhile
@@ -366,18 +205,6 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
                         producer_times, loader_only, planning, device, train_cores, gil_probe, feed,
                         loader_device, gil_load)
-
-
-def gil_chunks(stop, hold, duty):
-    """Python for ``hold`` seconds (the GIL held), then a sleep (released), ``duty`` of the time holding it (where
-    the GIL is free when it wakes): GIL taken in chunks of a known length and share (bench.host_contention --kinds
-    gil, --gil-load here)."""
-    gap = hold * (1 / duty - 1)
-    while not stop.is_set():
-        end = time.perf_counter() + hold
-        while time.perf_counter() < end:  # bytecode: the GIL held, only a waiting thread's drop request ends it
-            continue
-        time.sleep(gap)
 
 
 def _gil_load(text):

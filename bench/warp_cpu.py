@@ -13,7 +13,6 @@ policies, RandomAffine and RandomRotation have them). Rows:
     python -m bench.warp_cpu [--data data/imagenet-like] [--size 224] [--batch 256] [--repeats 7]
 """
 import argparse
-import math
 import os
 
 import numpy as np

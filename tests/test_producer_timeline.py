@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fastload as fl
-from bench import train_profile
+from bench import host_meters, train_profile
 from bench.producer_timeline import PHASES, Timeline
 from fastload import decoders, producer
 from fastload import loader as loader_mod
@@ -103,7 +103,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
                                 "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
                                 "planner_cpu_ms", "producer_cpu_ms", "loader_py_share",
-                                *train_profile._ALLOCATOR_COUNTS)}
+                                *host_meters._ALLOCATOR_COUNTS)}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
@@ -258,7 +258,7 @@ def test_host_contention_decode_workers_decode_crops_of_the_corpus(imagenet_dir,
 
 
 def test_gil_chunks_hold_their_share_of_the_time(monkeypatch):
-    """bench.train_profile.gil_chunks (host_contention --kinds gil, train_profile --gil-load): runs Python for
+    """bench.host_meters.gil_chunks (host_contention --kinds gil, train_profile --gil-load): runs Python for
     ``hold`` seconds, then sleeps so that it holds ``duty`` of its time, until told to stop. On a fake clock (a
     timing test would be at the mercy of a busy CI machine; what the chunks cost the step is measured on the GPU
     host, bench/RESULTS.md)."""
@@ -278,8 +278,8 @@ def test_gil_chunks_hold_their_share_of_the_time(monkeypatch):
             self.now += seconds
             if len(sleeps) == 5:
                 stop.set()
-    monkeypatch.setattr(train_profile, "time", Clock())
-    train_profile.gil_chunks(stop, 0.002, 0.25)
+    monkeypatch.setattr(host_meters, "time", Clock())
+    host_meters.gil_chunks(stop, 0.002, 0.25)
     assert len(sleeps) == 5
     assert sleeps == pytest.approx([0.006] * 5)  # 2 ms held, 6 ms asleep: 25%
     starts = [0.0] + [t + s for t, s in zip(busy, sleeps)][:-1]
@@ -312,7 +312,7 @@ def test_train_profile_restores_what_a_run_changes(monkeypatch):
 
 
 def test_thread_cpu_counts_threads_that_ended_and_those_still_running():
-    """bench.train_profile.ThreadCpu: a thread that burned ~0.2 s of CPU and ended is counted by its name, a live
+    """bench.host_meters.ThreadCpu: a thread that burned ~0.2 s of CPU and ended is counted by its name, a live
     one by /proc, threads of other names not at all, and Thread.run is the library's again afterwards."""
     import threading as _threading
     import time as _time
@@ -324,7 +324,7 @@ def test_thread_cpu_counts_threads_that_ended_and_those_still_running():
         if then is not None:
             then.wait()
     library = _threading.Thread.run
-    meter = train_profile.ThreadCpu()
+    meter = host_meters.ThreadCpu()
     release = _threading.Event()
     with meter.installed():
         ended = _threading.Thread(target=burn, args=(0.2,), name="fastload-0")
@@ -375,14 +375,14 @@ def test_host_contention_cuda_threads_copy_and_stop():
 
 @pytest.mark.cuda
 def test_allocator_counts_see_a_cuda_malloc_and_a_page_locked_block():
-    """bench.train_profile.allocator_counts: a new device segment (after emptying the cache) counts one cudaMalloc,
+    """bench.host_meters.allocator_counts: a new device segment (after emptying the cache) counts one cudaMalloc,
     and a page-locked tensor larger than any cached block one host allocation."""
     device = torch.device("cuda")
     torch.cuda.empty_cache()
-    before = train_profile.allocator_counts(device)
+    before = host_meters.allocator_counts(device)
     x = torch.empty(64 << 20, dtype=torch.uint8, device=device)
     h = torch.empty(96 << 20, dtype=torch.uint8, pin_memory=True)
-    after = train_profile.allocator_counts(device)
+    after = host_meters.allocator_counts(device)
     assert after["cuda_mallocs"] - before["cuda_mallocs"] >= 1
     if after["host_allocs"] == after["host_allocs"]:  # a torch with the host allocator's counters
         assert after["host_allocs"] - before["host_allocs"] >= 1
