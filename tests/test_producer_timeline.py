@@ -387,3 +387,13 @@ def test_allocator_counts_see_a_cuda_malloc_and_a_page_locked_block():
     if after["host_allocs"] == after["host_allocs"]:  # a torch with the host allocator's counters
         assert after["host_allocs"] - before["host_allocs"] >= 1
     del x, h
+
+
+def test_bench_planning_times_each_spec_on_each_device(imagenet_dir, capsys):
+    """bench.planning: a row per (spec, device) with the thread CPU of planning one and four batches at a time."""
+    from bench import planning
+    planning.main(["--data", str(imagenet_dir), "--specs", "plain,trivialaugment", "--batches", "8", "--rounds", "1",
+                   "--batch-size", "16"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [(r[0], r[1]) for r in rows] == [("| plain", "cpu"), ("| trivialaugment", "cpu")]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
