@@ -24,6 +24,7 @@ import torch
 
 from . import cuda_queues, decoders, ops
 from .datasets.source import SubsetSource, as_source
+from .native import C as _native
 from .producer import BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
@@ -36,13 +37,21 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _POLL = 0.1  # seconds between checks of the stop flag while blocked on a queue
 
 _live = weakref.WeakSet()  # every _Producers whose threads may run
+_exiting = False  # set by _stop_all: the interpreter is exiting, the producers have had their wait
 
 
 @atexit.register
 def _stop_all():  # interpreter exit: no producer outlives it, even one whose iterator was never built
+    global _exiting
     deadline = time.monotonic() + 5.0  # in all: producers left stuck by timeouts would each take it again
     for producers in list(_live):
         producers.close(timeout=max(0.0, deadline - time.monotonic()))
+    # A producer still in a native op now (a long decode or CPU stage) stays there until the process is gone:
+    # returning would take the GIL back during finalisation, and CPython's pthread_exit of such a thread aborts
+    # the process when it unwinds through C++ frames (native/exit_guard.h). Nor does a close() from a __del__
+    # run by the finalisation wait for them again.
+    _exiting = True
+    _native.mark_exiting()
 
 
 def _forget_inherited():
@@ -836,6 +845,8 @@ class _Producers:
         self.stop.set()
         for planner in self.planners:
             planner.stop()
+        if _exiting:  # _stop_all has waited for them already
+            timeout = 0.0
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:

@@ -310,10 +310,12 @@ def test_a_stuck_read_becomes_an_error(store):
 
 
 def test_the_process_exits_cleanly_while_a_producer_is_still_decoding(tmp_path):
-    """The script ends while a producer is inside a native decode longer than the exit's waits: the thread that
-    took the GIL back during the interpreter's finalisation was ended by pthread_exit, whose unwinding through
-    native frames aborted the process (exit 134, 'terminate called without an active exception', in 16 of 24
-    runs). It now stays in native code until the process is gone."""
+    """The script ends while a producer is inside native work longer than the exit's waits: its batch's decode,
+    or (on a faster machine) the CPU stage after it. The thread that took the GIL back during the interpreter's
+    finalisation was ended by pthread_exit, whose unwinding through native frames aborted the process (exit 134,
+    'terminate called without an active exception': in 16 of 24 runs while decoding; in 8 of 8 on the
+    thirty-second session's dev machine, where the decode ended in time and the stage, a torch op, did not). It
+    now stays in native code until the process is gone."""
     (tmp_path / "c").mkdir()
     noise = np.random.default_rng(0).integers(0, 256, (4000, 6000, 3), dtype=np.uint8)  # slow to decode: ~0.6 s
     from PIL import Image
@@ -325,6 +327,42 @@ def test_the_process_exits_cleanly_while_a_producer_is_still_decoding(tmp_path):
                                crop=fl.CenterCrop(3000, resize=4000, dct_downscale=False))
         it = iter(loader)  # its producer enters one native call for the batch's 32 decodes (~20 s)
         time.sleep(1)
+        print("script ends", flush=True)
+    """, timeout=120)
+    assert proc.returncode == 0 and "script ends" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+    assert "terminate called" not in proc.stderr
+
+
+def test_a_cpu_op_that_returns_during_the_exit_does_not_abort_it():
+    """A thread inside one of fastload's CPU ops (warp_normalize, called through torch's dispatcher, which releases
+    the GIL around it) when the script ends, and the op returns during the finalisation while the main thread has
+    let go of the GIL (here a __del__ that sleeps, as a close() waiting on threads does): the thread used to take
+    the GIL back and be ended by pthread_exit through torch's C++ frames, aborting the process (exit 134). The op
+    now stays in native code once the interpreter is exiting (native/exit_guard.h)."""
+    proc = child("""
+        import threading, time, torch
+        from fastload import ops
+        torch.set_num_threads(1)
+        B, S = 8, 3000
+        data = torch.zeros(S * S * 3, dtype=torch.uint8)
+        offsets = torch.zeros(B, dtype=torch.int64)
+        shapes = torch.tensor([[S, S, 3]] * B, dtype=torch.int64)
+        mats = torch.tensor([[[1.0, 0.3, 0.0], [0.2, 1.0, 0.0]]] * B)  # sheared: the general path
+        t = time.monotonic()
+        ops.warp_ragged(data, offsets, shapes, mats, S)
+        took = time.monotonic() - t
+
+        class Linger:  # cleared with the module's globals, after the finalisation began
+            def __del__(self):
+                time.sleep(took + 1.0)  # the GIL let go of while the other thread's op returns
+        keep = Linger()
+        started = threading.Event()
+
+        def work():
+            started.set()
+            ops.warp_ragged(data, offsets, shapes, mats, S)
+        threading.Thread(target=work, daemon=True).start()
+        started.wait()
         print("script ends", flush=True)
     """, timeout=120)
     assert proc.returncode == 0 and "script ends" in proc.stdout, (proc.returncode, proc.stderr[-2000:])

@@ -22,6 +22,7 @@
 #include "affine_nearest.h"
 #include "check.h"
 #include "cpu_build.h"
+#include "exit_guard.h"
 
 namespace fastload {
 
@@ -231,6 +232,7 @@ void affine_nearest_samples(at::Tensor& images, const at::Tensor& samples, const
 
 void affine_nearest_cpu(at::Tensor& images, const at::Tensor& samples, const at::Tensor& matrices,
                         c10::ArrayRef<double> fill_arg) {
+  StayIfExiting stay;  // a producer's stage may still run at interpreter exit (exit_guard.h)
   check_affine_nearest_args(images, samples, matrices);
   const Fill fill = make_fill(fill_arg, images.size(1), "affine_nearest_");
   if (samples.numel() == 0 || images.numel() == 0) return;

@@ -39,6 +39,7 @@
 #include "augment.h"
 #include "check.h"
 #include "cpu_build.h"
+#include "exit_guard.h"
 
 namespace fastload {
 
@@ -584,6 +585,7 @@ at::Tensor photometric_cpu(const at::Tensor& x, const at::Tensor& ops, const at:
                            bool channels_last, const std::optional<at::Tensor>& samples,
                            const std::optional<at::Tensor>& matrices, c10::ArrayRef<double> fill_arg,
                            at::IntArrayRef map_slots) {
+  StayIfExiting stay;  // a producer's stage may still run at interpreter exit (exit_guard.h)
   at::Tensor out = prepare_photometric_output(x, ops, params, alpha, beta, out_dtype, channels_last);
   const auto fill = nearest::typed<uint8_t>(make_fill(fill_arg, 3, "photometric"));
   check_photometric_maps(x, samples, matrices);

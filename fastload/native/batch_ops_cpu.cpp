@@ -24,6 +24,7 @@
 
 #include "batch_ops.h"
 #include "check.h"
+#include "exit_guard.h"
 
 namespace fastload {
 
@@ -162,6 +163,7 @@ void batch_ops_cpu_impl(const at::Tensor& x, const at::Tensor& table, const at::
 
 at::Tensor batch_ops_cpu(const at::Tensor& x, const at::Tensor& table, const at::Tensor& fill,
                          const at::Tensor& noise, int64_t mix, int64_t partner) {
+  StayIfExiting stay;  // a producer's stage may still run at interpreter exit (exit_guard.h)
   at::Tensor out = prepare_batch_ops_output(x, table, fill, noise, mix, partner);
   check_table(table, fill, noise, x.size(1));
   if (out.numel() == 0) return out;

@@ -29,6 +29,7 @@
 
 #include "check.h"
 #include "crc32.h"
+#include "exit_guard.h"
 #include "jpeg_decoder.h"
 #include "jpeg_regions.h"
 #include "jpeg_transcode.h"
@@ -50,30 +51,33 @@ namespace {
 // The interpreter's main thread (set when the module loads), which runs the interpreter's finalisation.
 unsigned long main_thread_ident = 0;
 
-// Releases the GIL around native work, like py::gil_scoped_release, except at interpreter exit: another thread
-// still decoding when the script ends (a producer) that takes the GIL back then is ended by pthread_exit, and its
-// unwinding through these frames aborts the process (std::terminate, exit 134). Such a thread stays here instead
-// until the process is gone, as CPython 3.14 itself does with late threads. (The main thread finalises: it may
-// take the GIL back, e.g. in a destructor run at exit.)
+// Set by fastload's atexit handler once it has waited for the producers (mark_exiting): from then on a producer
+// still in native code is abandoned to the exit. Earlier than finalisation, which narrows the window in which a
+// thread returns just before it and then waits for the GIL into it.
+std::atomic<bool> exiting{false};
+
+bool interpreter_exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return exiting.load() || Py_IsFinalizing();
+#else
+  return exiting.load() || _Py_IsFinalizing();
+#endif
+}
+
+// Releases the GIL around native work, like py::gil_scoped_release, and at interpreter exit stays put
+// (stay_if_exiting) instead of taking it back. (The main thread finalises: it may take the GIL back, e.g. in a
+// destructor run at exit.)
 class ReleasedGil {
  public:
   ReleasedGil() : state_(PyEval_SaveThread()) {}
   ~ReleasedGil() {
-    if (PyThread_get_thread_ident() != main_thread_ident)
-      while (finalizing()) std::this_thread::sleep_for(std::chrono::seconds(1));
+    stay_if_exiting();
     PyEval_RestoreThread(state_);
   }
   ReleasedGil(const ReleasedGil&) = delete;
   ReleasedGil& operator=(const ReleasedGil&) = delete;
 
  private:
-  static bool finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-  }
   PyThreadState* state_;
 };
 
@@ -843,12 +847,24 @@ py::tuple nvjpeg_decode_py(NvjpegDecoder& decoder, const py::sequence& buffers, 
 
 }  // namespace
 
+namespace fastload {
+
+void stay_if_exiting() {
+  if (PyThread_get_thread_ident() == main_thread_ident) return;
+  while (interpreter_exiting()) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+}  // namespace fastload
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastload native ops: libjpeg-turbo crop decoding and the affine/normalise stage";
   m.attr("source_hash") = FASTLOAD_SOURCE_HASH;
   main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   // A forked child's interpreter is finalised by the thread that forked (CPython makes it the main thread)
   ::pthread_atfork(nullptr, nullptr, [] { main_thread_ident = PyThread_get_thread_ident(); });
+  m.def("mark_exiting", [] { exiting.store(true); },
+        "Called by fastload's atexit handler after its wait for the producers: native ops still running on other "
+        "threads stay in native code until the process is gone (exit_guard.h)");
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
 #ifdef FASTLOAD_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -5,10 +5,10 @@ import hashlib
 import os
 
 NATIVE_DIR = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("bindings.cpp", "check.h", "cpu_build.h", "crc32.cpp", "crc32.h", "jpeg_decoder.cpp", "jpeg_decoder.h", "jpeg_errors.h",
-           "jpeg_regions.cpp", "jpeg_regions.h", "jpeg_transcode.cpp", "jpeg_transcode.h", "warp.h", "warp_op.h",
-           "warp_cpu.cpp", "warp_cuda.cu", "augment.h", "augment_cpu.cpp", "augment_cuda.cu",
-           "batch_ops.h", "batch_ops_cpu.cpp", "batch_ops_cuda.cu", "affine_nearest.h",
+SOURCES = ("bindings.cpp", "check.h", "cpu_build.h", "crc32.cpp", "crc32.h", "exit_guard.h", "jpeg_decoder.cpp",
+           "jpeg_decoder.h", "jpeg_errors.h", "jpeg_regions.cpp", "jpeg_regions.h", "jpeg_transcode.cpp",
+           "jpeg_transcode.h", "warp.h", "warp_op.h", "warp_cpu.cpp", "warp_cuda.cu", "augment.h", "augment_cpu.cpp",
+           "augment_cuda.cu", "batch_ops.h", "batch_ops_cpu.cpp", "batch_ops_cuda.cu", "affine_nearest.h",
            "affine_nearest_cpu.cpp", "affine_nearest_cuda.cu", "nvjpeg_api.h", "nvjpeg_decoder.h",
            "nvjpeg_decoder.cpp")
 

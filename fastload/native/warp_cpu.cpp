@@ -23,6 +23,7 @@
 #include "cpu_build.h"
 #include "warp.h"
 #include "warp_op.h"
+#include "exit_guard.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1014,6 +1015,7 @@ at::Tensor warp_normalize_cpu(const at::Tensor& data, const at::Tensor& offsets,
                               const at::Tensor& matrices, const at::Tensor& alpha, const at::Tensor& beta,
                               int64_t channels, int64_t out_h, int64_t out_w, bool hwc, at::ScalarType out_dtype,
                               bool channels_last, c10::ArrayRef<double> fill) {
+  StayIfExiting stay;  // a producer's stage may still run at interpreter exit (exit_guard.h)
   at::Tensor out = prepare_warp_output(data, offsets, shapes, matrices, alpha, beta, channels, out_h, out_w,
                                        out_dtype, channels_last);
   const Fill fills = make_fill(fill, channels, "warp_normalize");
