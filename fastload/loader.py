@@ -24,7 +24,6 @@ import torch
 
 from . import cuda_queues, decoders, ops
 from .datasets.source import SubsetSource, as_source
-from .native import C as _native
 from .producer import BatchMaker, Slot
 from .sampler import ShardedSampler
 from .stats import LoaderStats
@@ -46,12 +45,9 @@ def _stop_all():  # interpreter exit: no producer outlives it, even one whose it
     deadline = time.monotonic() + 5.0  # in all: producers left stuck by timeouts would each take it again
     for producers in list(_live):
         producers.close(timeout=max(0.0, deadline - time.monotonic()))
-    # A producer still in a native op now (a long decode or CPU stage) stays there until the process is gone:
-    # returning would take the GIL back during finalisation, and CPython's pthread_exit of such a thread aborts
-    # the process when it unwinds through C++ frames (native/exit_guard.h). Nor does a close() from a __del__
-    # run by the finalisation wait for them again.
+    # A producer still in a native op now (a long decode or CPU stage) stays there once the finalisation begins
+    # (native/exit_guard.h); a close() from a __del__ run by the finalisation does not wait for it again.
     _exiting = True
-    _native.mark_exiting()
 
 
 def _forget_inherited():

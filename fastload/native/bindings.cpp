@@ -51,16 +51,14 @@ namespace {
 // The interpreter's main thread (set when the module loads), which runs the interpreter's finalisation.
 unsigned long main_thread_ident = 0;
 
-// Set by fastload's atexit handler once it has waited for the producers (mark_exiting): from then on a producer
-// still in native code is abandoned to the exit. Earlier than finalisation, which narrows the window in which a
-// thread returns just before it and then waits for the GIL into it.
-std::atomic<bool> exiting{false};
-
-bool interpreter_exiting() {
+// Whether the interpreter's finalisation has begun (readable without the GIL). Not earlier, at fastload's atexit
+// handler say: a daemon thread of the user's that calls an op after it may still be joined by a later atexit
+// handler, and must return to it.
+bool interpreter_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
-  return exiting.load() || Py_IsFinalizing();
+  return Py_IsFinalizing();
 #else
-  return exiting.load() || _Py_IsFinalizing();
+  return _Py_IsFinalizing();
 #endif
 }
 
@@ -851,7 +849,7 @@ namespace fastload {
 
 void stay_if_exiting() {
   if (PyThread_get_thread_ident() == main_thread_ident) return;
-  while (interpreter_exiting()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  while (interpreter_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace fastload
@@ -862,9 +860,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   // A forked child's interpreter is finalised by the thread that forked (CPython makes it the main thread)
   ::pthread_atfork(nullptr, nullptr, [] { main_thread_ident = PyThread_get_thread_ident(); });
-  m.def("mark_exiting", [] { exiting.store(true); },
-        "Called by fastload's atexit handler after its wait for the producers: native ops still running on other "
-        "threads stay in native code until the process is gone (exit_guard.h)");
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
 #ifdef FASTLOAD_WITH_CUDA
   m.attr("with_cuda") = true;
