@@ -1,9 +1,11 @@
 """What a training process's threads do to one another, measured from inside it (Linux /proc, torch's allocator
 counters): each thread's CPU and scheduling, the loader's Python threads' CPU (ended threads included), the caching
-allocators' calls into CUDA, GIL pressure (a probe thread) and GIL taken on purpose (threads holding it in chunks).
+allocators' calls into CUDA, the garbage collector's pauses, GIL pressure (a probe thread) and GIL taken on purpose
+(threads holding it in chunks).
 Used by bench.train_profile (the loop beside FastLoader) and bench.host_contention (the step beside other work)."""
 import collections
 import contextlib
+import gc
 import os
 import threading
 import time
@@ -185,3 +187,42 @@ def gil_chunks(stop, hold, duty):
         while time.perf_counter() < end:  # bytecode: the GIL held, only a waiting thread's drop request ends it
             continue
         time.sleep(gap)
+
+
+class GcPauses:
+    """The cyclic garbage collector's pauses while installed, from ``gc.callbacks``: count, total and longest ms
+    of full (generation 2) collections, and the total ms of the young ones. A collection holds the GIL throughout:
+    a full one walks every tracked object of the process (~340,000 with torch and torchvision imported; 187 ms on the
+    dev machine's core), so every other Python thread, the training thread's launches included, waits it out."""
+
+    FIELDS = ("gc_full", "gc_full_ms", "gc_full_max_ms", "gc_young_ms")
+
+    def __init__(self):
+        self.full, self.full_s, self.full_max_s, self.young_s = 0, 0.0, 0.0, 0.0
+        self._start = None
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        if self._start is None:  # installed mid-collection
+            return
+        took, self._start = time.perf_counter() - self._start, None
+        if info["generation"] == 2:
+            self.full += 1
+            self.full_s += took
+            self.full_max_s = max(self.full_max_s, took)
+        else:
+            self.young_s += took
+
+    @contextlib.contextmanager
+    def installed(self):
+        gc.callbacks.append(self._callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self):
+        return {"gc_full": self.full, "gc_full_ms": self.full_s * 1e3, "gc_full_max_ms": self.full_max_s * 1e3,
+                "gc_young_ms": self.young_s * 1e3}

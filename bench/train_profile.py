@@ -35,6 +35,7 @@ turn, the order reversed every round. Options that take several values run each 
 import argparse
 import collections
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
@@ -46,8 +47,9 @@ import numpy as np
 import torch
 
 from bench.cuda_wait import set_cuda_wait
-from bench.host_meters import (_ALLOCATOR_COUNTS, GilProbe, ThreadCpu, allocator_counts, autograd_cpu_ns,
-                               cpu_by_thread, gil_chunks, physical_cores, sched, thread_cpu, training_threads)
+from bench.host_meters import (_ALLOCATOR_COUNTS, GcPauses, GilProbe, ThreadCpu, allocator_counts,
+                               autograd_cpu_ns, cpu_by_thread, gil_chunks, physical_cores, sched, thread_cpu,
+                               training_threads)
 from bench.producer_timeline import Timeline
 import fastload.loader
 from fastload import FastLoader, decoders, nvjpeg
@@ -186,7 +188,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
             workers=None, reserve=0, warmup_epochs=1, transform=None, side_priority=None, train_stream="default",
             cuda_graph=False, engine_priority=None, trace=None, producer_times=False, loader_only=False,
             planning="live", plan_batches=None, train_cores=0, gil_probe=False, feed="loader", loader_device="cuda",
-            gil_load=None):
+            gil_load=None, gc_mode="default"):
     device = torch.device("cuda")
     with contextlib.ExitStack() as stack:
         if train_cores:  # the training thread and autograd's back on every core after the run
@@ -194,6 +196,9 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if switch_interval is not None:  # Python's GIL switch interval for this run only
             stack.callback(sys.setswitchinterval, sys.getswitchinterval())
             sys.setswitchinterval(switch_interval)
+        if gc_mode == "freeze":  # every object alive now out of the collector's reach: full collections walk only
+            stack.callback(gc.unfreeze)  # what the loop makes (gc.freeze, as long-running servers do)
+            gc.freeze()
         if plan_batches is not None:  # batches a planner prepares in one pass (the library's: loader.PLAN_BATCHES)
             stack.callback(setattr, fastload.loader, "PLAN_BATCHES", fastload.loader.PLAN_BATCHES)
             fastload.loader.PLAN_BATCHES = plan_batches
@@ -204,7 +209,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
                         producer_times, loader_only, planning, device, train_cores, gil_probe, feed,
-                        loader_device, gil_load)
+                        loader_device, gil_load, gc_mode)
 
 
 def _gil_load(text):
@@ -237,7 +242,7 @@ def _plan_ahead(loader, epochs):
 
 def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
              warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace, producer_times,
-             loader_only, planning, device, train_cores, gil_probe, feed, loader_device, gil_load):
+             loader_only, planning, device, train_cores, gil_probe, feed, loader_device, gil_load, gc_mode):
     cpus = sorted(os.sched_getaffinity(0))[reserve:] if reserve else None
     dataset = open_dataset(data)
     step = training_step(model, device, batch_size, cuda_graph=cuda_graph)
@@ -268,7 +273,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     events = []
     spies = []
     images, start = 0, None
-    meter = ThreadCpu()
+    meter, pauses = ThreadCpu(), GcPauses()
     with contextlib.ExitStack() as timeline:  # --producer-times: the producers' phases over the timed epochs
         # from the warm-up on: the first timed epoch's threads start during the warm-up's last batches
         timeline.enter_context(meter.installed())
@@ -293,6 +298,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 sched_before = sched(threading.get_native_id())
                 autograd_before = autograd_cpu_ns()
                 loader_py_before = meter.total("fastload.planner"), meter.total("fastload-")
+                timeline.enter_context(pauses.installed())  # the timed epochs' collections
                 allocator_before = allocator_counts(device)
                 if producer_times:
                     phases = timeline.enter_context(Timeline().installed(loader._maker))
@@ -346,7 +352,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
              # the loader's Python threads' CPU per step (an upper bound on the GIL they hold) and its share of the wall
              "planner_cpu_ms": planner_s * 1e3 / steps, "producer_cpu_ms": producer_s * 1e3 / steps,
              "loader_py_share": (planner_s + producer_s) / seconds,
-             **allocator}  # the allocators' CUDA calls over the timed epochs
+             **allocator,  # the allocators' CUDA calls over the timed epochs
+             **pauses.summary(), "gc": gc_mode}
     if probe is not None:
         probe.stop.set()
         probe.join()
@@ -423,6 +430,9 @@ def main(argv=None):
                    help="N threads beside the loader each holding the GIL in chunks of MS ms, SHARE of their time "
                         "(bench.host_contention --kinds gil) over the timed epochs, each setting in turn; 0: none. "
                         "How the loop answers more GIL taken than the loader's own")
+    p.add_argument("--gc", nargs="+", choices=("default", "freeze"), default=["default"],
+                   help="Python's garbage collector as it is, or gc.freeze() before the run (the objects alive then "
+                        "never walked again), each in turn")
     p.add_argument("--loader-device", nargs="+", choices=("cuda", "cpu"), default=["cuda"],
                    help="FastLoader(device=) each in turn; cpu (its stage on the host, no CUDA call) only with "
                         "--feed fixed/none: the loader's host work beside the step without its GPU work")
@@ -458,12 +468,12 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld, gl) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld, gl, gm) for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
             for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
             for gp in args.gil_probe for fd in args.feed for sp in args.side_priority for ld in args.loader_device
-            for gl in args.gil_load]
+            for gl in args.gil_load for gm in args.gc]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -477,7 +487,7 @@ def main(argv=None):
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
         for (wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev,
-             gil) in (
+             gil, gc_mode) in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -489,7 +499,7 @@ def _run_all(args, runs, rows, default_split, library_pinned):
                                  args.transform, side, ts, args.cuda_graph, args.engine_priority,
                                  args.trace, args.producer_times, args.loader_only, planning, plan_batches,
                                  train_cores=cores, gil_probe=probe == "on", feed=feed, loader_device=ldev,
-                                 gil_load=gil)
+                                 gil_load=gil, gc_mode=gc_mode)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":
@@ -513,7 +523,7 @@ def _print(rows):
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
             "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
-            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share", *_ALLOCATOR_COUNTS)
+            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share", *_ALLOCATOR_COUNTS, "gc", *GcPauses.FIELDS)
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -85,13 +85,14 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    probes, sides, loads = [], [], []
+    probes, sides, loads, collectors = [], [], [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     gil_probe, feed, loader_device, gil_load):
+                     gil_probe, feed, loader_device, gil_load, gc_mode):
         probes.append((gil_probe, feed))
         sides.append((rest[4], loader_device))  # (side_priority, loader_device)
         loads.append(gil_load)
+        collectors.append(gc_mode)
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
         planned.append(rest[-2:])  # (planning, plan_batches)
         intervals.append(switch)
@@ -103,12 +104,12 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 "train_cpu_alone_ms", "train_vcsw_alone", "autograd_cpu_ms",
                                 "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
                                 "planner_cpu_ms", "producer_cpu_ms", "loader_py_share",
-                                *host_meters._ALLOCATOR_COUNTS)}
+                                *host_meters._ALLOCATOR_COUNTS, *host_meters.GcPauses.FIELDS)}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
                    planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
                    train_cores=train_cores, gil_probe=gil_probe, feed=feed, loader_device=loader_device,
-                   gil_load=gil_load)
+                   gil_load=gil_load, gc=gc_mode)
         return row, []
     monkeypatch.setattr(train_profile, "profile", fake_profile)
     monkeypatch.setattr(train_profile, "set_cuda_wait", lambda policy: None)
@@ -152,6 +153,10 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     for bad in ("4:0.5", "4:0.5:1.5", "x"):
         with pytest.raises(SystemExit):
             train_profile.main(["data", "--gil-load", bad])
+    assert set(collectors) == {"default"}  # the collector as it is unless asked
+    collectors.clear()
+    train_profile.main(["data", "--gc", "default", "freeze", "--rounds", "2"])
+    assert collectors == ["default", "freeze", "freeze", "default"]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
@@ -288,25 +293,27 @@ def test_gil_chunks_hold_their_share_of_the_time(monkeypatch):
 
 
 def test_train_profile_restores_what_a_run_changes(monkeypatch):
-    """bench.train_profile.profile: a run's switch interval and pinned training thread are the run's only (the
-    measurement itself, _profile, faked: it needs a GPU)."""
+    """bench.train_profile.profile: a run's switch interval, pinned training thread and frozen collector are the
+    run's only (the measurement itself, _profile, faked: it needs a GPU)."""
+    import gc as _gc
     import sys as _sys
-    interval, everything = _sys.getswitchinterval(), os.sched_getaffinity(0)
+    interval, everything, frozen = _sys.getswitchinterval(), os.sched_getaffinity(0), _gc.get_freeze_count()
     seen = {}
 
     named = inspect.signature(train_profile._profile)
 
     def fake(*args):
         train_cores = named.bind(*args).arguments["train_cores"]
-        seen.update(interval=_sys.getswitchinterval())
+        seen.update(interval=_sys.getswitchinterval(), frozen=_gc.get_freeze_count())
         if train_cores and len(train_profile.physical_cores()) > 1:
             train_profile.pin_training(train_cores)
             seen["pinned"] = os.sched_getaffinity(0)
         return {}, []
     monkeypatch.setattr(train_profile, "_profile", fake)
-    train_profile.profile("data", "resnet18", 32, "cpu", 8, 1, switch_interval=0.05, train_cores=1)
+    train_profile.profile("data", "resnet18", 32, "cpu", 8, 1, switch_interval=0.05, train_cores=1, gc_mode="freeze")
     assert seen["interval"] == pytest.approx(0.05)  # the run's setting while it ran
     assert _sys.getswitchinterval() == interval
+    assert seen["frozen"] > frozen and _gc.get_freeze_count() == frozen
     if len(train_profile.physical_cores()) > 1:
         assert seen["pinned"] != everything and os.sched_getaffinity(0) == everything
 
@@ -397,3 +404,28 @@ def test_bench_planning_times_each_spec_on_each_device(imagenet_dir, capsys):
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [(r[0], r[1]) for r in rows] == [("| plain", "cpu"), ("| trivialaugment", "cpu")]
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+def test_gc_pauses_count_a_full_collection_and_young_ones():
+    """bench.host_meters.GcPauses: gc.collect() (a full collection) is counted with its time; a young one only in
+    the young total; nothing once uninstalled."""
+    import gc as _gc
+    pauses = host_meters.GcPauses()
+    with pauses.installed():
+        _gc.collect()
+        _gc.collect(0)
+    _gc.collect()
+    summary = pauses.summary()
+    assert summary["gc_full"] == 1
+    assert 0 < summary["gc_full_max_ms"] == summary["gc_full_ms"]
+    assert summary["gc_young_ms"] > 0
+
+
+def test_bench_gc_pauses_runs_a_row_per_feed(imagenet_dir, capsys):
+    """bench.gc_pauses: one table row per --feed run, with its steps and the collector's counts."""
+    from bench import gc_pauses
+    gc_pauses.main(["--data", str(imagenet_dir), "--model", "resnet18", "--size", "32", "--batch-size", "16",
+                    "--feed", "loader", "none"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["| loader", "| none"]
+    assert all(int(r[1]) > 0 and int(r[3]) >= 0 for r in rows)
