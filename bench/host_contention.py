@@ -129,7 +129,7 @@ def main(argv=None):
     p.add_argument("--busy", type=int, nargs="+", default=[0, 7, 14], help="processes keeping cores busy")
     p.add_argument("--kinds", nargs="+", choices=("spin", "stream", "decode", "gil", "cuda"),
                    default=["spin", "stream"],
-                   help="how they keep them busy (gil: threads of this process, see above)")
+                   help="how they keep them busy (gil, cuda: threads of this process, see above)")
     p.add_argument("--gil-hold", type=float, nargs="+", default=[0.5],
                    help="--kinds gil: ms of Python a thread runs at a time, each in turn")
     p.add_argument("--gil-duty", type=float, default=0.03, help="--kinds gil: share of the time each thread holds it")
@@ -160,8 +160,7 @@ def main(argv=None):
             elif kind == "cuda":
                 stop = threading.Event()
                 procs = [threading.Thread(target=_cuda, args=(stop, value, args.cuda_rate, args.cuda_alloc),
-                                          daemon=True)
-                         for _ in range(n)]
+                                          daemon=True) for _ in range(n)]
                 kind = f"cuda {value / 1e6:g} MB x {args.cuda_rate:g}/s" + (" alloc" if args.cuda_alloc else "")
             else:
                 stop = ctx.Event()
@@ -180,7 +179,7 @@ def main(argv=None):
                   flush=True)
     alone = [row[2] for row in rows if row[0] == 0]
     alone = float(np.mean(alone)) if alone else float("nan")  # x alone: against the mean of the idle runs
-    print(f"| {args.model} at {args.size} px, host {os.cpu_count()} cores | busy processes (gil: threads) | img/s | "
+    print(f"| {args.model} at {args.size} px, host {os.cpu_count()} cores | busy processes (gil, cuda: threads) | img/s | "
           "x alone | launch ms | on a core ms |")
     print("|---|---:|---:|---:|---:|---:|")
     for n, kind, rate, launch, on_core in rows:
