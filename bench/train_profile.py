@@ -36,6 +36,7 @@ import argparse
 import collections
 import contextlib
 import gc
+import itertools
 import os
 import shutil
 import subprocess
@@ -468,12 +469,11 @@ def main(argv=None):
         if d:
             os.makedirs(d, exist_ok=True)
     rows = []
-    runs = [(w, d, h, ts, b, th, pl, pb, si, tc, gp, fd, sp, ld, gl, gm) for w in args.cuda_wait for d in args.decoder
+    runs = [(w, d, h, ts, b, th, pl, pb, si, settings)
+            for w in args.cuda_wait for d in args.decoder
             for h in (args.hybrid if d == "hybrid" else [None]) for ts in args.train_stream
             for b in (args.bitstreams if d != "cpu" else [None]) for th in args.threads for pl in args.planning
-            for pb in args.plan_batches for si in args.switch_interval for tc in args.train_cores
-            for gp in args.gil_probe for fd in args.feed for sp in args.side_priority for ld in args.loader_device
-            for gl in args.gil_load for gm in args.gc]
+            for pb in args.plan_batches for si in args.switch_interval for settings in _swept_settings(args)]
     default_split = (decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD)
     library_pinned = decoders.Engines.pinned_bitstreams
     try:
@@ -484,10 +484,22 @@ def main(argv=None):
     _print(rows)
 
 
+# Options that profile() takes by keyword, each run with one of their values: (its keyword, the argparse attribute,
+# the value as profile() takes it). A new such option is a line here and its argparse line.
+_SWEPT = (("train_cores", "train_cores", None), ("gil_probe", "gil_probe", lambda v: v == "on"),
+          ("feed", "feed", None), ("side_priority", "side_priority", None), ("loader_device", "loader_device", None),
+          ("gil_load", "gil_load", None), ("gc_mode", "gc", None))
+
+
+def _swept_settings(args):
+    """Every combination of the _SWEPT options' values, each as profile()'s keywords."""
+    values = [[v if convert is None else convert(v) for v in getattr(args, attr)] for _, attr, convert in _SWEPT]
+    return [dict(zip((key for key, _, _ in _SWEPT), combo)) for combo in itertools.product(*values)]
+
+
 def _run_all(args, runs, rows, default_split, library_pinned):
     for r in range(args.rounds):
-        for (wait, d, split, ts, bits, threads, planning, plan_batches, interval, cores, probe, feed, side, ldev,
-             gil, gc_mode) in (
+        for wait, d, split, ts, bits, threads, planning, plan_batches, interval, settings in (
                 runs if r % 2 == 0 else runs[::-1]):
             pinned = library_pinned if bits is None else bits == "pinned"
             decoders.Engines.pinned_bitstreams = pinned
@@ -496,10 +508,10 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
                                  interval, threads, args.workers, args.reserve, args.warmup_epochs,
-                                 args.transform, side, ts, args.cuda_graph, args.engine_priority,
-                                 args.trace, args.producer_times, args.loader_only, planning, plan_batches,
-                                 train_cores=cores, gil_probe=probe == "on", feed=feed, loader_device=ldev,
-                                 gil_load=gil, gc_mode=gc_mode)
+                                 args.transform, train_stream=ts, cuda_graph=args.cuda_graph,
+                                 engine_priority=args.engine_priority, trace=args.trace,
+                                 producer_times=args.producer_times, loader_only=args.loader_only,
+                                 planning=planning, plan_batches=plan_batches, **settings)
             row["cuda_wait"] = wait
             row["bitstreams"] = None if d == "cpu" else "pinned" if pinned else "pageable"
             if d == "hybrid":

@@ -88,13 +88,14 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     probes, sides, loads, collectors = [], [], [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
-                     gil_probe, feed, loader_device, gil_load, gc_mode):
+                     gil_probe, feed, side_priority, loader_device, gil_load, gc_mode, planning, plan_batches,
+                     **other):
         probes.append((gil_probe, feed))
-        sides.append((rest[4], loader_device))  # (side_priority, loader_device)
+        sides.append((side_priority, loader_device))
         loads.append(gil_load)
         collectors.append(gc_mode)
         calls.append((decoder, decoders.Engines.pinned_bitstreams, threads))
-        planned.append(rest[-2:])  # (planning, plan_batches)
+        planned.append((planning, plan_batches))
         intervals.append(switch)
         pinned.append(train_cores)
         row = {c: 0.0 for c in ("ceiling", "ceiling_after", "images_per_s", "efficiency", "wall_per_step_ms",
@@ -107,7 +108,7 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
                                 *host_meters._ALLOCATOR_COUNTS, *host_meters.GcPauses.FIELDS)}
         row.update(decoder=decoder, transform="plain", train_stream="default", cuda_graph=True, engine_priority=None,
                    traced=False, reserve=0, side_priority=None, threads=threads, workers=2, cpu_by_thread={},
-                   planning=rest[-2], plan_batches=rest[-1] or 4, switch_interval=switch or 0.005,
+                   planning=planning, plan_batches=plan_batches or 4, switch_interval=switch or 0.005,
                    train_cores=train_cores, gil_probe=gil_probe, feed=feed, loader_device=loader_device,
                    gil_load=gil_load, gc=gc_mode)
         return row, []
