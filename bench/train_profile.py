@@ -278,6 +278,8 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
     with contextlib.ExitStack() as timeline:  # --producer-times: the producers' phases over the timed epochs
         # from the warm-up on: the first timed epoch's threads start during the warm-up's last batches
         timeline.enter_context(meter.installed())
+        if gc_mode == "collect":  # the start-up's debt paid before the loop (fastload bench: before its clock)
+            gc.collect()
         for epoch in range(epochs + warmup_epochs):
             loader.set_epoch(epoch)
             if epoch == warmup_epochs:
@@ -431,9 +433,10 @@ def main(argv=None):
                    help="N threads beside the loader each holding the GIL in chunks of MS ms, SHARE of their time "
                         "(bench.host_contention --kinds gil) over the timed epochs, each setting in turn; 0: none. "
                         "How the loop answers more GIL taken than the loader's own")
-    p.add_argument("--gc", nargs="+", choices=("default", "freeze"), default=["default"],
-                   help="Python's garbage collector as it is, or gc.freeze() before the run (the objects alive then "
-                        "never walked again), each in turn")
+    p.add_argument("--gc", nargs="+", choices=("default", "collect", "freeze"), default=["default"],
+                   help="Python's garbage collector as it is, a full collection before the run (the start-up's "
+                        "debt paid off the clock), or gc.freeze() before it (the objects alive then never walked "
+                        "again), each in turn")
     p.add_argument("--loader-device", nargs="+", choices=("cuda", "cpu"), default=["cuda"],
                    help="FastLoader(device=) each in turn; cpu (its stage on the host, no CUDA call) only with "
                         "--feed fixed/none: the loader's host work beside the step without its GPU work")

@@ -1,7 +1,11 @@
 """Loader throughput and training efficiency, side by side with torchvision: the engine of `fastload bench`.
 
 Every number is measured in the run that prints it: one warm-up epoch (page cache, worker start-up, CUDA
-context, allocator), then ``epochs`` timed epochs. The torchvision baseline is what users run today:
+context, allocator), then ``epochs`` timed epochs. Before each clock starts, a full garbage collection (as timeit and
+pyperf keep the collector out of their timings): importing torch leaves ~340,000 objects that the first full
+collection of a process walks, holding the GIL for 0.1-0.2 s. A training run pays that once in hours; inside a
+few seconds' timing it would weigh as a 2-5% (at 176 px) or 10-20% (ResNet-18 at 160 px) loss of whichever
+contender happens to set it off. The torchvision baseline is what users run today:
 ImageFolder (or PIL over the LMDB records) + RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize
 in a DataLoader with ``workers`` processes, pinned and copied to the GPU when the device is CUDA.
 
@@ -14,6 +18,7 @@ the GPU, and efficiency = rate / ceiling (1.0: the loader costs the training not
     print(benchmark.format_table(result["rows"], benchmark.describe(result)))
     benchmark.plot(result["rows"], "bench.png", subtitle=benchmark.describe(result))
 """
+import gc
 import io
 import os
 import platform
@@ -140,6 +145,7 @@ def _timed_epochs(make_iter, epochs, total, label, progress, device, step=None, 
                 break
         if settle is not None:
             settle()
+        gc.collect()  # the process's start-up debt paid off the clock (the module's docstring)
         _sync(device)
         start = time.perf_counter()
         images = sum(run(e)[1] for e in range(epoch, epoch + epochs))
@@ -326,6 +332,7 @@ def ceiling_rate(step, batch_size, size, device, steps=60, soft_targets=None):
         y = torch.softmax(torch.randn(batch_size, soft_targets, device=device), dim=1)
     for _ in range(10):
         step(x, y)
+    gc.collect()  # as before the loaders' clocks (_timed_epochs)
     _sync(device)
     t = time.perf_counter()
     for _ in range(steps):
