@@ -411,7 +411,7 @@ def main(argv=None):
                    help="untimed epochs first (decoder=auto: enough for its trial, ~150 batches)")
     p.add_argument("--py-spy", metavar="DIR", help="write py-spy profiles (raw collapsed stacks) here")
     p.add_argument("--threads", type=int, nargs="+", default=[None], help="FastLoader(threads=), each in turn")
-    p.add_argument("--workers", type=int, help="FastLoader(workers=)")
+    p.add_argument("--workers", type=int, nargs="+", default=[None], help="FastLoader(workers=), each in turn")
     p.add_argument("--feed", nargs="+", choices=("loader", "fixed", "none"), default=["loader"],
                    help="train on the loader's batches, or take them and train on a fixed batch (the loader's "
                         "activity beside the step without its data path), or train on a fixed batch as many steps "
@@ -491,7 +491,7 @@ def main(argv=None):
 # the value as profile() takes it). A new such option is a line here and its argparse line.
 _SWEPT = (("train_cores", "train_cores", None), ("gil_probe", "gil_probe", lambda v: v == "on"),
           ("feed", "feed", None), ("side_priority", "side_priority", None), ("loader_device", "loader_device", None),
-          ("gil_load", "gil_load", None), ("gc_mode", "gc", None))
+          ("gil_load", "gil_load", None), ("gc_mode", "gc", None), ("workers", "workers", None))
 
 
 def _swept_settings(args):
@@ -510,8 +510,8 @@ def _run_all(args, runs, rows, default_split, library_pinned):
             decoders.HYBRID_ENGINE_BATCHES, decoders.HYBRID_PERIOD = engines, period
             set_cuda_wait(wait)
             row, spies = profile(args.data, args.model, args.size, d, args.batch_size, args.epochs, args.py_spy,
-                                 interval, threads, args.workers, args.reserve, args.warmup_epochs,
-                                 args.transform, train_stream=ts, cuda_graph=args.cuda_graph,
+                                 interval, threads, reserve=args.reserve, warmup_epochs=args.warmup_epochs,
+                                 transform=args.transform, train_stream=ts, cuda_graph=args.cuda_graph,
                                  engine_priority=args.engine_priority, trace=args.trace,
                                  producer_times=args.producer_times, loader_only=args.loader_only,
                                  planning=planning, plan_batches=plan_batches, **settings)

@@ -85,11 +85,13 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
     engines' setting restored after (the harness itself, with the profile of one run faked: it needs a GPU)."""
     calls, planned, intervals, pinned = [], [], [], []
 
-    probes, sides, loads, collectors = [], [], [], []
+    probes, sides, loads, collectors, producers = [], [], [], [], []
 
     def fake_profile(data, model, size, decoder, batch_size, epochs, spy, switch, threads, *rest, train_cores,
                      gil_probe, feed, side_priority, loader_device, gil_load, gc_mode, planning, plan_batches,
-                     **other):
+                     workers, **other):
+        assert not rest  # every option past threads by keyword
+        producers.append(workers)
         probes.append((gil_probe, feed))
         sides.append((side_priority, loader_device))
         loads.append(gil_load)
@@ -156,8 +158,12 @@ def test_train_profile_runs_every_combination_in_alternating_rounds(monkeypatch,
             train_profile.main(["data", "--gil-load", bad])
     assert set(collectors) == {"default"}  # the collector as it is unless asked
     collectors.clear()
-    train_profile.main(["data", "--gc", "default", "freeze", "--rounds", "2"])
-    assert collectors == ["default", "freeze", "freeze", "default"]
+    train_profile.main(["data", "--gc", "default", "collect", "freeze", "--rounds", "2"])
+    assert collectors == ["default", "collect", "freeze", "freeze", "collect", "default"]
+    assert set(producers) == {None}  # the library's producer count unless asked
+    producers.clear()
+    train_profile.main(["data", "--workers", "4", "2", "--rounds", "2"])
+    assert producers == [4, 2, 2, 4]
 
 
 @pytest.mark.skipif(len(train_profile.physical_cores()) < 2, reason="needs two physical cores")
