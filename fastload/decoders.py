@@ -710,9 +710,11 @@ def _hybrid(maker):
 KINDS = {
     # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
     # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
-    # CUDA").
+    # CUDA"). Two producers, not four: fewer Python threads take the GIL from the training thread, whose eager step
+    # then ran 0.95-0.99 of its ceiling against 0.92-0.98, and the decode-bound ResNet-18 got as many images
+    # (bench/RESULTS.md, "Two producers").
     "cpu": Kind("cpu", _cores, False,
-                workers=lambda cores, cuda: min(4, max(2, cores // 4)) if cuda else 2,
+                workers=lambda cores, cuda: 2,
                 threads=lambda cores, workers, cuda: max(1, cores // max(1, workers)) if cuda else cores),
     # One producer has the engines while the other reads and plans; more contend for the GIL and the engines
     # (bench/RESULTS.md, "The JPEG engines"). The cores decode only the few samples the engines cannot take.

@@ -89,8 +89,9 @@ class FastLoader:
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
             torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
             training loop's own thread keeps a core when all are busy).
-        workers: producer threads, each with a batch in flight (default 2; on CUDA up to 4 with many cores, so
-            Python work overlaps decoding; 2 with decoder="nvjpeg", 5 with "hybrid"). Each has a planner thread
+        workers: producer threads, each with a batch in flight (default 2; 5 with decoder="hybrid"). More
+            producers overlap more Python work with decoding, but take the GIL from the training thread more
+            often: on CUDA four fed an eager ResNet-50 less than two (bench/RESULTS.md). Each has a planner thread
             that prepares its next batches' crops and per-sample parameters while it decodes the current one.
         cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
             may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
