@@ -711,7 +711,7 @@ KINDS = {
     # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
     # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
     # CUDA"). Two producers, not four: fewer Python threads take the GIL from the training thread, whose eager step
-    # then ran 0.95-0.99 of its ceiling against 0.92-0.98, and the decode-bound ResNet-18 got as many images
+    # then ran a median 0.958 of its ceiling against 0.929, and the decode-bound ResNet-18 got as many images
     # (bench/RESULTS.md, "Two producers").
     "cpu": Kind("cpu", _cores, False,
                 workers=lambda cores, cuda: 2,
