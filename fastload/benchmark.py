@@ -4,8 +4,8 @@ Every number is measured in the run that prints it: one warm-up epoch (page cach
 context, allocator), then ``epochs`` timed epochs. Before each clock starts, a full garbage collection (as timeit and
 pyperf keep the collector out of their timings): importing torch leaves ~340,000 objects that the first full
 collection of a process walks, holding the GIL for 0.1-0.2 s. A training run pays that once in hours; inside a
-few seconds' timing it would weigh as a 2-5% (at 176 px) or 10-20% (ResNet-18 at 160 px) loss of whichever
-contender happens to set it off. The torchvision baseline is what users run today:
+few seconds' timing it weighs on whichever contender happens to set it off (6% of a 3 s run of the 2-core CPU
+loader, bench/RESULTS.md). The torchvision baseline is what users run today:
 ImageFolder (or PIL over the LMDB records) + RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize
 in a DataLoader with ``workers`` processes, pinned and copied to the GPU when the device is CUDA.
 
