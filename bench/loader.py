@@ -6,8 +6,8 @@ on the folder itself and on the store `fastload pack --seekable` makes of it (pa
     python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json F]
 
 Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
-loaders: fastload.benchmark.pipelines); torchvision's workers = --cores, and FastLoader's threads = --cores, in its
-own default layout for a CPU (2 producers of that many threads each, sharing the cores). --rounds N measures every loader N times in
+loaders: fastload.benchmark.pipelines); torchvision's workers = --cores, and FastLoader's layout its default for
+--cores cores (2 producers sharing them: one decode thread per core in all). --rounds N measures every loader N times in
 alternating order (round r runs them in turn, starting one later each round) and prints each loader's median with
 its range: on a shared 2-core machine one run of torchvision's DataLoader varies by up to +-30%, so a ratio of
 single runs says little (bench/RESULTS.md, "Machines, corpora and `bench/device_run.sh`").
@@ -41,7 +41,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=1, help="measure each loader this many times, alternating; report "
                                                            "medians")
     p.add_argument("--cores", type=int, default=usable_cores(),
-                   help="fastload threads (per producer) and torchvision workers (default: this process's cores)")
+                   help="the cores FastLoader's default layout shares out, and torchvision's workers (default: this "
+                        "process's cores)")
     p.add_argument("--transform", default=None, choices=benchmark.TRANSFORMS,
                    help="the same torchvision v2 pipeline in both loaders (default: the crop= shorthand and "
                         "torchvision's classic transforms)")
@@ -66,9 +67,10 @@ def main(argv=None):
         ds = FolderDataset(root)
         store = LMDBDataset(corpus.seekable_store(root))
         producers = KINDS["cpu"].workers(args.cores, False)
-        loaders = [(f"fastload FastLoader (cpu, {producers} x {args.cores} threads, {what})",
+        threads = KINDS["cpu"].threads(args.cores, producers, False)
+        loaders = [(f"fastload FastLoader (cpu, {producers} x {threads} threads, {what})",
                     lambda dataset=dataset: benchmark.fastload_rate(
-                        dataset, batch_size=args.batch_size, threads=args.cores, epochs=args.epochs,
+                        dataset, batch_size=args.batch_size, threads=threads, epochs=args.epochs,
                         transform=args.transform))
                    for what, dataset in (("folder", ds), ("pack --seekable", store))]
         loaders.append((f"torchvision DataLoader ({args.cores} workers, folder)",

@@ -314,8 +314,8 @@ def add_bench(sub):
                    help="where batches are delivered (default: cuda when available, else cpu)")
     p.add_argument("--batch-size", type=_positive, default=256, metavar="B", help="images per batch (default 256)")
     p.add_argument("--threads", type=_positive, default=None, metavar="N",
-                   help="FastLoader decode threads per producer (default: FastLoader's: one per core, shared out "
-                        "among the producers on CUDA)")
+                   help="FastLoader decode threads per producer (default: FastLoader's: the cores shared out "
+                        "among its producers)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="torchvision DataLoader worker processes (default: one per core; 0: in the main process)")
     p.add_argument("--epochs", type=_positive, default=2, metavar="E",

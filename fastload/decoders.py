@@ -708,14 +708,15 @@ def _hybrid(maker):
 
 
 KINDS = {
-    # On CUDA the producers decode at once and share the cores (one decode thread per core in all, not one per
-    # core each): the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
-    # CUDA"). Two producers, not four: fewer Python threads take the GIL from the training thread, whose eager step
-    # then ran a median 0.958 of its ceiling against 0.929, and the decode-bound ResNet-18 got as many images
-    # (bench/RESULTS.md, "Two producers").
+    # The producers decode at once and share the cores (one decode thread per core in all, not one per core each):
+    # on CUDA the training loop's thread then keeps its core (bench/RESULTS.md, "Decode threads per producer on
+    # CUDA"); on the CPU the stage's threads do (3.8-4.6% more images on 2 cores, "With a policy"). Two producers,
+    # not four: fewer Python threads take the GIL from the training thread, whose eager step then ran a median
+    # 0.958 of its ceiling against 0.929, and the decode-bound ResNet-18 got as many images (bench/RESULTS.md,
+    # "Two producers").
     "cpu": Kind("cpu", _cores, False,
                 workers=lambda cores, cuda: 2,
-                threads=lambda cores, workers, cuda: max(1, cores // max(1, workers)) if cuda else cores),
+                threads=lambda cores, workers, cuda: max(1, cores // max(1, workers))),
     # One producer has the engines while the other reads and plans; more contend for the GIL and the engines
     # (bench/RESULTS.md, "The JPEG engines"). The cores decode only the few samples the engines cannot take.
     "nvjpeg": Kind("nvjpeg", _engines, True, workers=lambda cores, cuda: 2,

@@ -87,8 +87,8 @@ class FastLoader:
         channels_last: output memory format.
         device: "cpu" (default) or "cuda[:n]"; "cuda" without an index means cuda:LOCAL_RANK under torchrun.
         threads: native decode threads per batch (default: the CPU cores, divided by LOCAL_WORLD_SIZE under
-            torchrun; on CUDA also divided among the producers, which decode at once. They run at nice +5 so the
-            training loop's own thread keeps a core when all are busy).
+            torchrun, then among the producers, which decode at once: one decode thread per core in all. They run at
+            nice +5 so the training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; 5 with decoder="hybrid"). More
             producers overlap more Python work with decoding, but take the GIL from the training thread more
             often: on CUDA four fed an eager ResNet-50 less than two (bench/RESULTS.md). Each has a planner thread

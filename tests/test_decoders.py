@@ -177,8 +177,9 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
     k = decoders.KINDS
     assert (k["cpu"].workers(16, False), k["cpu"].workers(16, True), k["nvjpeg"].workers(16, True),
             k["hybrid"].workers(16, True)) == (2, 2, 2, 5)
-    assert (k["cpu"].threads(16, 2, True), k["cpu"].threads(16, 2, False), k["nvjpeg"].threads(16, 2, True),
-            k["hybrid"].threads(16, 5, True), k["hybrid"].threads(2, 5, True)) == (8, 16, 16, 5, 1)
+    assert (k["cpu"].threads(16, 2, True), k["cpu"].threads(16, 2, False), k["cpu"].threads(1, 2, False),
+            k["nvjpeg"].threads(16, 2, True), k["hybrid"].threads(16, 5, True),
+            k["hybrid"].threads(2, 5, True)) == (8, 8, 1, 16, 5, 1)
 
 
 def test_hybrid_split_follows_its_two_constants(monkeypatch, imagenet_dir):

@@ -799,13 +799,16 @@ def test_interrupt_while_producers_start_stops_those_started(coded_dir, monkeypa
 
 
 def test_default_threads_share_the_cores(coded_dir, monkeypatch):
-    """One decode thread per core by default; under torchrun the local processes share the machine's cores."""
+    """One decode thread per core in all by default, shared out among the producers, which decode at once; under
+    torchrun the local processes share the machine's cores."""
     ds = fl.FolderDataset(coded_dir)
-    cores = os.cpu_count()
+    cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert fl.FastLoader(ds).threads == cores
+    loader = fl.FastLoader(ds)
+    assert loader.workers == 2 and loader.threads == max(1, cores // 2)
+    assert fl.FastLoader(ds, workers=1).threads == cores
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert fl.FastLoader(ds).threads == max(1, cores // 2)
+    assert fl.FastLoader(ds).threads == max(1, cores // 2 // 2)
     assert fl.FastLoader(ds, threads=3).threads == 3
 
 def test_bad_arguments():
