@@ -6,7 +6,7 @@ on the folder itself and on the store `fastload pack --seekable` makes of it (pa
     python -m bench.loader [--data data] [--batch-size 64] [--epochs 2] [--rounds 1] [--transform SPEC] [--json F]
 
 Same batch size, same transforms (RandomResizedCrop 224, flip, normalise; --transform adds a policy to both
-loaders: fastload.benchmark.pipelines); torchvision's workers = --cores, and FastLoader's layout its default for
+loaders: fastload.benchmark.pipelines); torchvision runs --cores workers, and FastLoader its default layout for
 --cores cores (2 producers sharing them: one decode thread per core in all). --rounds N measures every loader N times in
 alternating order (round r runs them in turn, starting one later each round) and prints each loader's median with
 its range: on a shared 2-core machine one run of torchvision's DataLoader varies by up to +-30%, so a ratio of
