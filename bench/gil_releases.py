@@ -5,7 +5,7 @@ A counting thread loops on ``time.sleep(0)`` (which releases the GIL) with the s
 never granted the GIL by force: it runs only when some thread gives the GIL up long enough for it to wake. It
 counts a turn when another thread has run Python since its last one (a handover to it and back, not its own
 loop while the GIL is free). ``sys.setprofile`` / ``threading.setprofile`` hooks mark that Python activity and
-count, per thread kind (the thread taking the batches, planners, producers) and call site (the C function and the
+count, per thread kind (the thread taking the batches, producers) and call site (the C function and the
 Python line calling it), the C calls during which the counter had a turn: the calls that handed the GIL to a
 waiting thread. Each such call counts once, however often it gave the GIL up inside (py-lmdb's getmulti does per
 key); a release too short for the counter to wake is not counted (nor would it reach a waiting training thread);
@@ -61,8 +61,6 @@ class ReleaseCounter:
 
 
 def _kind(name):
-    if name.startswith("fastload.planner"):
-        return "planner"
     if name.startswith("fastload-"):
         return "producer"
     return "training thread" if name == "MainThread" else name

@@ -96,8 +96,8 @@ def allocator_counts(device):
 
 class ThreadCpu:
     """CPU seconds of every Python thread that runs while installed, by name, ended threads included: each thread's
-    run() adds its thread_time() when it returns, and ``total()`` adds the live ones'. The loader's producers and
-    planners start and end every epoch, so a /proc snapshot at the end misses them. Their CPU bounds what they hold
+    run() adds its thread_time() when it returns, and ``total()`` adds the live ones'. The loader's producers (and,
+    before the thirty-fourth session, their planners) start and end every epoch, so a /proc snapshot at the end misses them. Their CPU bounds what they hold
     the GIL: their native work (the cores' decode, on threads of its own) runs elsewhere."""
 
     def __init__(self):

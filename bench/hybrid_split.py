@@ -3,7 +3,7 @@
 A split E/P gives the engines batch k when k % P < E and the cores the others, one producer per batch of the period
 (decoders.HYBRID_ENGINE_BATCHES / HYBRID_PERIOD, set here for each run); E/P:T also sets the loader's threads (per
 producer: the cores' decode threads, and the engines' producers' read and check threads) to T for that run;
-E/P:T@C pins the cores' producers (their planners and decode threads) to the last C cores this process may use and the
+E/P:T@C pins the cores' producers (and their decode threads) to the last C cores this process may use and the
 engines' producers to the others, so the crop decoders and the engines' host-side submit do not share cores. "cpu"
 and "nvjpeg" run beside them. Every run in turn, the order reversed each round, all in this one process; img/s over
 --epochs after a warm-up epoch.
@@ -24,7 +24,7 @@ from fastload import loader as loader_module
 
 @contextlib.contextmanager
 def pinned(engine_batches, period, cores):
-    """Producer w of a hybrid loader (one per batch of the period, so w = k % period) and its planner on the last
+    """Producer w of a hybrid loader (one per batch of the period, so w = k % period) on the last
     ``cores`` cores when w makes the cores' batches (w >= engine_batches), else on the others."""
     if not cores:
         yield

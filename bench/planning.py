@@ -1,4 +1,4 @@
-"""What planning a batch costs the planner thread (its Python holds the GIL the training loop's thread waits for):
+"""What planning a batch costs the producer thread (its Python holds the GIL the training loop's thread waits for):
 thread CPU time per batch of 256 of ``BatchMaker.prepare_many`` one batch at a time against loader.PLAN_BATCHES
 at a time (the library's), per --transform spec, best of --rounds. ``--device cuda cpu`` plans for a loader on
 each device in turn: on CUDA the parameter tables are made in page-locked memory (BatchMaker._pins), which the

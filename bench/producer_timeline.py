@@ -5,12 +5,15 @@ whether the engines (or the cores) are saturated or starved.
 Phases (ms per batch, per producer thread (each epoch's are new threads), mean over the batches it made while
 installed):
 - ``slot``: waiting for a free slot (all its batches queued: the loader is ahead);
-- ``plan``: waiting for its planner's result (the crop plan and parameters of the batch);
+- ``plan``: planning its next batches (the crop plans and parameters, PLAN_BATCHES at a time, while a batch
+  decodes);
 - ``reusable``: waiting for the GPU to be done with the slot's buffers (the stage of the slot's last batch);
 - ``read``: the engines' read of the batch's files (``Engines._buffers``); ``verify``: ``engine_ready``;
 - ``lock``: waiting for the JPEG engines (another producer holds them); ``submit``: nvJPEG's batched decode call;
   ``sync``: waiting for the engines' streams to finish the batch;
-- ``cores``: ``Cores.make`` (the crop decoders; inside the engines' path, the samples they cannot take);
+- ``cores``: ``Cores.start`` (with several decode threads: reading the batch's records and starting the crop
+  decoders; inside the engines' path, for the samples they cannot take); ``decode``: waiting for the crop decoders
+  (several threads), or the decode itself (one thread, on the producer's own);
 - ``stage``: queueing the copy and the stage on the side stream; ``put``: waiting for room in its queue.
 ``engines busy``: the share of the installed wall time some producer held the engines.
 
@@ -23,7 +26,7 @@ import time
 
 from fastload import decoders, loader as loader_mod, nvjpeg, producer
 
-PHASES = ("slot", "plan", "reusable", "read", "verify", "lock", "submit", "sync", "cores", "stage", "put")
+PHASES = ("slot", "plan", "reusable", "read", "verify", "lock", "submit", "sync", "cores", "decode", "stage", "put")
 
 
 class _TimedLock:
@@ -93,10 +96,11 @@ class Timeline:
         P = loader_mod._Producers
         patches = [(producer.Slot, "wait_reusable", "reusable"), (decoders.Engines, "_buffers", "read"),
                    (decoders, "engine_ready", "verify"), (nvjpeg.HardwareDecoder, "decode", "submit"),
-                   (decoders, "wait_for", "sync"), (decoders.Cores, "make", "cores"), (P, "submit", "stage"),
-                   (P, "result", "plan")]
+                   (decoders, "wait_for", "sync"), (decoders.Cores, "start", "cores"),
+                   (decoders.JpegCrops, "finish", "decode"), (decoders.JpegCrops, "decode", "decode"),
+                   (P, "submit", "stage"), (loader_mod._Plans, "ahead", "plan")]
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-        take, put, make = P.take, P.put, producer.BatchMaker.make
+        take, put, start = P.take, P.put, producer.BatchMaker.start
         timeline = self
 
         def take_slot(self_, q):  # free slots only: the consumer's own takes are not the producers'
@@ -105,13 +109,13 @@ class Timeline:
         def counted(self_, *a, **k):
             with timeline.lock:
                 timeline.batches[_thread()] += 1
-            return make(self_, *a, **k)
+            return start(self_, *a, **k)
         lock = maker._hardware_lock
         self.t0 = time.perf_counter()
         try:
             for owner, name, phase in patches:
                 setattr(owner, name, self.timed(phase, getattr(owner, name)))
-            P.take, P.put, producer.BatchMaker.make = take_slot, self.timed("put", put), counted
+            P.take, P.put, producer.BatchMaker.start = take_slot, self.timed("put", put), counted
             maker._hardware_lock = _TimedLock(lock, self)
             yield self
         finally:
@@ -119,7 +123,7 @@ class Timeline:
             maker._hardware_lock = lock
             for owner, name, fn in saved:
                 setattr(owner, name, fn)
-            P.take, P.put, producer.BatchMaker.make = take, put, make
+            P.take, P.put, producer.BatchMaker.start = take, put, start
 
     def summary(self):
         """{"NAME#ID" of a producer thread: {phase: ms per batch, "wall": the time from its first timed call to its

@@ -24,7 +24,8 @@ engines' lock; reading, submitting, syncing, queueing) and how busy the JPEG eng
 ``--feed none`` trains as many steps with the loader idle (the control); ``--loader-device cpu`` runs the loader on
 the host (its work without CUDA); ``--gil-load N:MS:SHARE`` adds N threads taking the GIL in chunks (how the loop
 answers more of it taken). Columns planner_cpu_ms / producer_cpu_ms / loader_py_share: the loader's Python threads'
-CPU per step (ended threads included), which bounds the GIL they hold.
+CPU per step (ended threads included), which bounds the GIL they hold (planner_cpu_ms is 0 since the thirty-fourth
+session: the producers plan, and the planner threads are gone).
 ``--train-cores N`` pins the training thread (and autograd's) to the first N physical cores and the loader to the
 others; ``--switch-interval`` sets Python's GIL switch interval for a run. ``--cuda-wait auto sleep --rounds 2``
 compares the CUDA driver's wait policies inside this one process (bench.cuda_wait), each (policy, decoder) run in
@@ -200,7 +201,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if gc_mode == "freeze":  # every object alive now out of the collector's reach: full collections walk only
             stack.callback(gc.unfreeze)  # what the loop makes (gc.freeze, as long-running servers do)
             gc.freeze()
-        if plan_batches is not None:  # batches a planner prepares in one pass (the library's: loader.PLAN_BATCHES)
+        if plan_batches is not None:  # batches a producer plans in one pass (the library's: loader.PLAN_BATCHES)
             stack.callback(setattr, fastload.loader, "PLAN_BATCHES", fastload.loader.PLAN_BATCHES)
             fastload.loader.PLAN_BATCHES = plan_batches
         if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
@@ -229,7 +230,7 @@ def _gil_load(text):
 
 def _plan_ahead(loader, epochs):
     """--planning ahead: every batch of ``epochs`` prepared now (BatchMaker.prepare, its pure function of seed,
-    epoch, indices and k), so that the planner threads only look them up while timed: what the loop would gain
+    epoch, indices and k), so that the producers only look them up while timed: what the loop would gain
     if planning cost the process no GIL at all."""
     maker, live = loader._maker, loader._maker.prepare
     ready = {(e, k): live(b, e, k) for e in epochs for k, b in enumerate(loader._epoch_batches(e))}
@@ -456,11 +457,11 @@ def main(argv=None):
     p.add_argument("--producer-times", action="store_true",
                    help="each producer's time per batch by phase over the timed epochs (bench/producer_timeline.py)")
     p.add_argument("--planning", nargs="+", choices=("live", "ahead"), default=["live"],
-                   help="live: the planner threads prepare each batch while the loop runs (the library); ahead: "
+                   help="live: the producers plan each batch while the loop runs (the library); ahead: "
                         "every timed batch prepared before the timed epochs (what planning's GIL time costs), "
                         "each in turn")
     p.add_argument("--plan-batches", type=int, nargs="+", default=[None],
-                   help="batches a planner prepares in one pass (default: the library's loader.PLAN_BATCHES), each "
+                   help="batches a producer plans in one pass (default: the library's loader.PLAN_BATCHES), each "
                         "in turn")
     p.add_argument("--hybrid", nargs="+", default=[None], metavar="E/P",
                    help="decoder=hybrid's split: the engines take E of every P batches (decoders.HYBRID_*), each "

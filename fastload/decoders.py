@@ -1,4 +1,6 @@
-"""The decoders behind BatchMaker, one interface: ``make(indices, epoch, slot, k) -> RaggedBatch``.
+"""The decoders behind BatchMaker, one interface: ``make(indices, epoch, slot, k) -> RaggedBatch``, and ``start``
+with the same arguments, which returns a ``Pending`` batch whose ``finish()`` gives it: the producer's own Python
+work overlaps the decode there (the cores decode on native threads of their own meanwhile).
 
 Per-sample decoders (they fill a host buffer and report per sample):
   * ``JpegCrops``: libjpeg-turbo on the cores, one native call per batch (``_C.decode_batch``) that reads the
@@ -279,13 +281,30 @@ class JpegCrops:
         unreadable.update({k: text for k, text in wrong.items() if k not in unreadable})
         return sources, crcs, unreadable
 
+    def start(self, indices, sources, crcs, windows, out):
+        """decode() on native threads of their own, returning at once: ``finish`` waits for it and gives decode()'s
+        result. ``sources`` must stay valid until then (the reader's transaction open)."""
+        whole = self.checks.wanted(indices)
+        return ops.C.decode_batch_start(*self._arguments(sources, windows, out, crcs, whole)), whole
+
+    def finish(self, indices, started, unreadable=None):
+        job, whole = started
+        return self._decoded(indices, whole, job.wait(), unreadable)
+
     def decode(self, indices, sources, crcs, windows, out, unreadable=None):
         """Decodes the windows [n, 5] of ``sources`` (samples ``indices``) into ``out`` (1-D uint8, laid out in
         order from 0)."""
         whole = self.checks.wanted(indices)
-        offsets, shapes, status, messages, warned = ops.C.decode_batch(  # checks windows: int64 [n, 5]
-            sources, windows, out, self.maker.threads, self.maker.strict, self.maker.max_pixels, ops.MAX_BYTES,
-            None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole)
+        return self._decoded(indices, whole, ops.C.decode_batch(*self._arguments(sources, windows, out, crcs, whole)),
+                             unreadable)
+
+    def _arguments(self, sources, windows, out, crcs, whole):
+        m = self.maker
+        return (sources, windows, out, m.threads, m.strict, m.max_pixels, ops.MAX_BYTES,  # checks windows: [n, 5]
+                None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole)
+
+    def _decoded(self, indices, whole, result, unreadable):
+        offsets, shapes, status, messages, warned = result
         self.checks.record(indices, whole, status)
         for k, message in (unreadable or {}).items():  # decoded as empty buffers: report them as what they are
             status[k] = ops.CORRUPT
@@ -357,6 +376,53 @@ def without_windows(windows, mask):
 
 # ---- batch decoders -----------------------------------------------------------------------------------------
 
+class Pending:
+    """A batch being made (a decoder's ``start``): ``finish()`` gives it, a RaggedBatch, raising what making it
+    raised. ``work`` is a generator that yields once, where its caller may do other work (the producer plans and
+    hands over its previous batch while the JPEGs decode on native threads, GIL released), and returns the batch;
+    ``start`` runs it up to there. ``close()`` abandons it (the producer stopping): the generator's cleanup waits
+    for the native work and closes the reader."""
+
+    def __init__(self, work):
+        self.work, self.batch = work, None
+        try:
+            next(work)
+        except StopIteration as done:  # nothing to overlap: the batch is made already
+            self.work, self.batch = None, done.value
+
+    @classmethod
+    def later(cls, make, *args):
+        """``make(*args)`` run by finish(), for a decoder whose work blocks its thread throughout (the engines):
+        the producer hands its previous batch over first, as it would before making this one."""
+        def work():
+            yield
+            return make(*args)
+        return cls(work())
+
+    @classmethod
+    def failed(cls, error):
+        """A batch that could not be begun: finish() raises ``error``, in the batch's turn."""
+        def work():
+            yield
+            raise error
+        return cls(work())
+
+    def finish(self):
+        if self.work is None:
+            return self.batch
+        work, self.work = self.work, None
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("fastload: a decoder's work yielded twice")  # a bug: the generator's contract
+
+    def close(self):
+        if self.work is not None:
+            work, self.work = self.work, None
+            work.close()
+
+
 class Cores:
     """decoder="cpu": the JPEGs by JpegCrops, then the other formats by Pillow laid out behind them (the native
     layout gives no room to a window no JPEG can have, a side over 65535, and Pillow's would overwrite the samples
@@ -369,12 +435,26 @@ class Cores:
         self.pillow = PillowImages(maker.ds, maker.max_pixels)
 
     def make(self, indices, epoch, slot, k=0, plan=None):
-        """``plan``: BatchMaker.plan(indices, epoch), when the producer's planner thread made it ahead."""
+        """``plan``: BatchMaker.plan(indices, epoch), when the producer made it ahead."""
+        return self.start(indices, epoch, slot, k, plan).finish()
+
+    def start(self, indices, epoch, slot, k=0, plan=None):
+        """make() begun: the batch's records read and its JPEGs decoding on native threads (a Pending)."""
+        return Pending(self._make(indices, epoch, slot, plan))
+
+    def _make(self, indices, epoch, slot, plan):
+        """make() as a generator: yields once, while the JPEGs decode or before anything is done."""
         m = self.maker
-        t0 = time.perf_counter()
         windows, matrices, other = plan if plan is not None else m.plan(indices, epoch)
-        n = len(indices)
         fallback = int(other.sum())
+        # A batch of JPEGs decoded on several threads decodes on threads of its own while the caller works (the
+        # yield below). One thread is the producer's own: it decodes when finish() asks (a thread of its own per
+        # batch made 6% fewer images on 2 cores), and so does a batch with other formats.
+        overlap = m.threads > 1 and not fallback
+        if not overlap:
+            yield
+        t0 = time.perf_counter()
+        n = len(indices)
         jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
         with m.ds.reader() as reader:
             sources, crcs, unreadable = self.crops.read(reader, indices[jpeg] if fallback else indices)
@@ -389,7 +469,16 @@ class Cores:
             nbytes = decoded_nbytes(windows)
             used = int(nbytes.sum())
             buffer = slot.reserve(used)
-            if not fallback:  # the usual batch: all JPEGs, laid out by the native call as the batch is
+            if overlap:  # the usual batch: all JPEGs, laid out by the native call as the batch is
+                started = self.crops.start(indices, sources, crcs, windows, buffer)
+                try:
+                    yield  # the caller's own work, while the JPEGs decode
+                except GeneratorExit:  # abandoned: the decode done before the reader's records go
+                    started[0].close()
+                    raise
+                d = self.crops.finish(indices, started, unreadable)
+                offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
+            elif not fallback:  # the same on the producer's own thread
                 d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
                 offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
             else:
@@ -560,6 +649,10 @@ class Engines:
     def make(self, indices, epoch, slot, k=0, plan=None):
         return self._make(indices, epoch, slot, plan) or self.cores.make(indices, epoch, slot, plan=plan)
 
+    def start(self, indices, epoch, slot, k=0, plan=None):
+        """make(), run by the Pending's finish(): the engines' batched call holds its thread throughout."""
+        return Pending.later(self.make, indices, epoch, slot, k, plan)
+
     def _make(self, indices, epoch, slot, plan=None):
         m = self.maker
         t0 = time.perf_counter()
@@ -676,8 +769,11 @@ class Alternating:
         self.first_batches = period - 1 if first_batches is None else first_batches
 
     def make(self, indices, epoch, slot, k=0, plan=None):
+        return self.start(indices, epoch, slot, k, plan).finish()
+
+    def start(self, indices, epoch, slot, k=0, plan=None):
         chosen = self.first if k % self.period < self.first_batches else self.second
-        return chosen.make(indices, epoch, slot, k, plan)
+        return chosen.start(indices, epoch, slot, k, plan)
 
 
 # ---- names ----------------------------------------------------------------------------------------------------

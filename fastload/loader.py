@@ -1,15 +1,14 @@
 """FastLoader: ``for x, y in FastLoader(dataset)`` -> normalised [B, 3, H, W] batches on the device.
 
-Producer threads (``workers``, default 2) take batch k = w, w + W, ... of the epoch: decode its crops natively
-into a reusable slot (producer.py), planned ahead by its planner thread (PLAN_BATCHES at a time) while the
-producer decodes the one before, and, on the CPU path, run the affine/normalise stage. The
+Producer threads (``workers``) take batch k = w, w + W, ... of the epoch: decode its crops natively into a reusable
+slot (producer.py), and while it decodes, plan their next batches (PLAN_BATCHES at a time) and hand the previous
+one over (on the CPU path, the affine/normalise stage; on CUDA, the copy and stage queued on a side stream). The
 consumer takes batches in order (batch k from worker k % W), so results never depend on timing. On CUDA the
 consumer ships each ragged batch to the GPU one batch ahead on a side stream (prefetch/pipe.py). When an epoch's
 producers are on their last round, the next epoch's producers start (its batches are a pure function of seed and
 epoch), so the training loop meets no empty pipeline between epochs.
 """
 import atexit
-import concurrent.futures
 import copy
 import numbers
 import os
@@ -91,8 +90,8 @@ class FastLoader:
             nice +5 so the training loop's own thread keeps a core when all are busy).
         workers: producer threads, each with a batch in flight (default 2; 5 with decoder="hybrid"). More
             producers overlap more Python work with decoding, but take the GIL from the training thread more
-            often: on CUDA four fed an eager ResNet-50 less than two (bench/RESULTS.md). Each has a planner thread
-            that prepares its next batches' crops and per-sample parameters while it decodes the current one.
+            often: on CUDA four fed an eager ResNet-50 less than two (bench/RESULTS.md). While its batch decodes, each
+            plans its next batches' crops and per-sample parameters and hands its previous batch over.
         cpus: the CPU cores (ids, as ``os.sched_getaffinity`` lists them) the producers and their decode threads
             may run on, e.g. ``set(range(2, 16))`` to leave cores 0-1 to the training loop's thread and autograd's
             (Linux); the default thread counts then follow its size. Default None: wherever the OS puts them.
@@ -661,55 +660,43 @@ def usable_cores():
 
 
 def _enter_thread(cpus, device):
-    """A producer's or planner's thread setup."""
+    """A producer's thread setup."""
     if cpus is not None:  # this thread, and the decode threads it starts (they inherit the mask)
         os.sched_setaffinity(0, cpus)
     if device.type == "cuda":  # pinned allocations belong to this rank's GPU, not GPU 0
         torch.cuda.set_device(device)
 
 
-# Batches a planner prepares in one pass (BatchMaker.prepare_many): its producer's next ones. Planning four
-# batches together costs about half the Python (and GIL) time per batch of planning each alone (0.37-0.53x over the
-# bench specs), and the training thread waits for that GIL (bench/RESULTS.md, "Planning several batches at once").
+# Batches a producer prepares in one pass (BatchMaker.prepare_many): its next ones. Planning four batches together
+# costs about half the Python (and GIL) time per batch of planning each alone (0.37-0.53x over the bench specs), and
+# the training thread waits for that GIL (bench/RESULTS.md, "Planning several batches at once").
 PLAN_BATCHES = 4
 
 
-class _Planner:
-    """One producer's planner: a thread that prepares the batches its producer asks for (every ``stride``-th: k,
-    k + stride, ...), one request ahead: the first alone (the producer waits for it), then PLAN_BATCHES at a time.
-    Its thread holds the maker and the batch list, never the _Producers (a live thread holding that would keep
-    every slot's buffers alive), and stop() only puts on a SimpleQueue, which is safe from a __del__
-    that the garbage collector runs on any thread (a ThreadPoolExecutor's shutdown takes a lock that its own
-    submit() holds while starting the thread: a collection there deadlocked)."""
+class _Plans:
+    """A producer's plans (BatchMaker.prepare) for its batches k, k + stride, ...: made in the producer's own
+    thread while its previous batch decodes (``ahead``), the first alone (nothing decodes yet), then PLAN_BATCHES
+    at a time. A batch whose planning failed raises when it is asked for (``get``), in its turn."""
 
-    def __init__(self, maker, batches, epoch, w, stride, cpus, device):
-        self.requests = queue.SimpleQueue()
-        self.thread = threading.Thread(target=_Planner._run,
-                                       args=(self.requests, maker, batches, epoch, stride, cpus, device),
-                                       daemon=True, name=f"fastload.planner-{w}")
+    def __init__(self, maker, batches, epoch, stride):
+        self.maker, self.batches, self.epoch, self.stride = maker, batches, epoch, stride
+        self.ready, self.failed, self.many = {}, {}, 1  # k -> Prepared / exception; batches the next pass plans
 
-    def submit(self, k):
-        future = concurrent.futures.Future()
-        self.requests.put((k, future))
-        return future
+    def ahead(self, k):
+        if k in self.ready or k in self.failed or k >= len(self.batches):
+            return
+        ks = range(k, min(len(self.batches), k + self.stride * self.many), self.stride)
+        self.many = PLAN_BATCHES
+        try:  # prepare_many stops at the first batch that fails, or raises where that is the first
+            self.ready = dict(zip(ks, self.maker.prepare_many([self.batches[j] for j in ks], self.epoch, ks)))
+        except Exception as e:
+            self.failed[k] = e
 
-    def stop(self):
-        self.requests.put(None)
-
-    @staticmethod
-    def _run(requests, maker, batches, epoch, stride, cpus, device):
-        _enter_thread(cpus, device)
-        ready, many = {}, 1  # k -> Prepared, made with an earlier request's; batches the next pass plans
-        while (request := requests.get()) is not None:
-            k, future = request
-            try:
-                if k not in ready:
-                    ks = range(k, min(len(batches), k + stride * many), stride)
-                    many = PLAN_BATCHES
-                    ready = dict(zip(ks, maker.prepare_many([batches[j] for j in ks], epoch, ks)))
-                future.set_result(ready.pop(k))
-            except BaseException as e:  # raised in the producer that asked, and from there in the training loop
-                future.set_exception(e)
+    def get(self, k):
+        self.ahead(k)
+        if k in self.failed:
+            raise self.failed.pop(k)
+        return self.ready.pop(k)
 
 
 class _Producers:
@@ -731,17 +718,13 @@ class _Producers:
         on_gpu = loader.device.type == "cuda"
         n = min(loader.workers, max(1, len(batches) - start))
         self.queues = [queue.Queue(maxsize=loader.prefetch) for _ in range(n)]
-        # Slots per producer: one being filled, plus (GPU) the ones queued or still being copied.
+        # Slots per producer: one being filled, plus (GPU) one being handed over while the next decodes (produce)
+        # and the ones queued or still being copied.
         nslots = loader.prefetch + 2 if on_gpu else 1
         self.free = [queue.Queue() for _ in range(n)]
         for f in self.free:
             for _ in range(nslots):
                 f.put(Slot(pin=on_gpu))
-        # Each producer's planner thread prepares its next batches (BatchMaker.prepare_many: crop plans, per-sample
-        # parameters) while the producer decodes, so its decode threads do not wait on this Python work. One per
-        # producer, not one for all: a planner also waits for the GIL, and one alone fell behind four producers
-        # (bench/RESULTS.md, "Loaders alone with a policy").
-        self.planners = [_Planner(self.maker, batches, epoch, w, n, self.cpus, self.device) for w in range(n)]
         self.threads = [threading.Thread(target=self.run, args=(w, start), daemon=True, name=f"fastload-{w}")
                         for w in range(n)]
         # Threads inside run(). A Ctrl-C can cut Thread.start() short after the thread began but before it counts
@@ -750,7 +733,7 @@ class _Producers:
         self.changed = threading.Condition()
         _live.add(self)
         try:
-            for t in [p.thread for p in self.planners] + self.threads:
+            for t in self.threads:
                 t.start()
         except BaseException:  # e.g. Ctrl-C between two starts: stop those already running
             self.close()
@@ -784,45 +767,61 @@ class _Producers:
                 self.running.discard(threading.current_thread())
                 self.changed.notify_all()
 
-    def prepare(self, w, k):
-        """The future of batch k's BatchMaker.prepare on producer w's planner, None past the epoch's end."""
-        return self.planners[w].submit(k) if k < len(self.batches) else None
-
-    def result(self, future):
-        """The future's result (its exception raised), or None once the producers are stopped."""
-        while not self.stop.is_set():
-            try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                pass
-        return None
-
     def produce(self, w, start):
+        """Makes this producer's batches in a pipeline of its own: while batch k decodes (the cores' native threads,
+        GIL released), the producer plans its next batches, and on CUDA, while batch k + n decodes, it hands batch
+        k over (the copy and stage queued on the GPU). So one Python thread keeps its decode threads busy, with no
+        thread of its own for planning (fewer Python threads take the GIL from the training thread,
+        bench/RESULTS.md, "One Python thread per producer"). On the CPU the hand-over is the stage, itself work
+        for the same cores: it runs before the next decode starts (overlapped, TrivialAugmentWide made 3% fewer
+        images on 2 cores). Errors go to the consumer in the batch's turn."""
         n = len(self.queues)
         _enter_thread(self.cpus, self.device)
+        plans = _Plans(self.maker, self.batches, self.epoch, n)
+        # The consumer reads batch k from queue k % n: this worker's batches from the first at or after `start`.
+        ks = range(start + (w - start) % n, len(self.batches), n)
+        current = None  # the batch being made: a decoders.Pending
         try:
-            # The consumer reads batch k from queue k % n: this worker's first batch at or after `start`.
-            ks = range(start + (w - start) % n, len(self.batches), n)
-            ahead = self.prepare(w, ks[0]) if ks else None
-            for k in ks:
-                slot = self.take(self.free[w])
-                if slot is None:
+            overlap = self.stage is None  # CUDA: the next batch decodes while this one is handed over
+            for i, k in enumerate(ks):
+                if current is None and (current := self.begin(w, k, plans)) is None:
+                    return  # stopped
+                following = ks[i + 1] if i + 1 < len(ks) else None
+                if following is not None:
+                    plans.ahead(following)  # while batch k decodes
+                batch, current = current.finish(), None
+                if overlap and following is not None and (current := self.begin(w, following, plans)) is None:
                     return
-                prepared = self.result(ahead)
-                if prepared is None:
-                    return
-                ahead = self.prepare(w, k + n)
-                slot.wait_reusable()
-                batch = self.maker.make(self.batches[k], self.epoch, slot, k, prepared)
-                if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
-                    item = (*self.stage(batch), batch.counts)
-                else:  # CUDA: queued on the side stream; the slot is reusable once the copy (or kernel) read it
-                    item = (self.submit(batch), batch.counts)
-                self.free[w].put(slot)
-                if not self.put(self.queues[w], item):
+                if not self.hand_over(w, batch):
                     return
         except BaseException as e:  # handed to the consumer, raised in the training loop
             self.put(self.queues[w], e)
+        finally:
+            if current is not None:  # stopped or failed with a batch in the making: its decode waited for
+                current.close()
+
+    def begin(self, w, k, plans):
+        """Batch k begun in a free slot (a decoders.Pending; one that raises in its turn where it could not be
+        begun), or None once the producers are stopped."""
+        slot = self.take(self.free[w])
+        if slot is None:
+            return None
+        try:
+            slot.wait_reusable()
+            return self.maker.start(self.batches[k], self.epoch, slot, k, plans.get(k))
+        except Exception as e:
+            self.free[w].put(slot)
+            return decoders.Pending.failed(e)
+
+    def hand_over(self, w, batch):
+        """Puts the batch in the consumer's queue: on the CPU finished by the stage here, on CUDA queued on the
+        side stream; its slot is free again then. False once the producers are stopped."""
+        if self.stage is not None:  # CPU: finish the batch here; the slot is free again at once
+            item = (*self.stage(batch), batch.counts)
+        else:  # CUDA: queued on the side stream; the slot is reusable once the copy (or kernel) read it
+            item = (self.submit(batch), batch.counts)
+        self.free[w].put(batch.slot)
+        return self.put(self.queues[w], item)
 
     def submit(self, batch):
         t = time.perf_counter()
@@ -835,20 +834,18 @@ class _Producers:
 
     def close(self, timeout=5.0):
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run() and the
-        planners have ended, so none is in native code when the interpreter exits (a thread that returns from a
+        so none is in native code when the interpreter exits (a thread that returns from a
         GIL-free torch op then is ended by the interpreter, unwinding through noexcept C++ frames: std::terminate;
         fastload's own native calls stay put instead, bindings.cpp's ReleasedGil). A thread that enters run()
         later sees `stop`."""
         self.stop.set()
-        for planner in self.planners:
-            planner.stop()
         if _exiting:  # _stop_all has waited for them already
             timeout = 0.0
         me = threading.current_thread()  # the garbage collector may run a __del__ on a producer thread
         deadline = time.monotonic() + timeout
         with self.changed:
             idle = self.changed.wait_for(lambda: not self.running - {me}, timeout)
-        for t in self.threads + [p.thread for p in self.planners]:
+        for t in self.threads:
             if t.is_alive() and t is not me:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         if idle:  # else the exit's _stop_all waits for them again
@@ -860,7 +857,7 @@ class _Producers:
         self.stop = threading.Event()
         self.stop.set()
         self.running, self.changed = set(), threading.Condition()
-        self.threads, self.planners = [], []
+        self.threads = []
 
 
 class _EpochIterator:

@@ -1,8 +1,9 @@
 """Turning a list of sample indices into a decoded ragged batch: plan, then the loader's decoder (decoders.py).
 
 Per batch, ``BatchMaker.prepare(indices, epoch, k)``: the crop plan of every sample (vectorised), the stage's
-per-sample parameters and the batch ops' draws, which the loader's planner thread makes ahead of each producer
-(``prepare_many``: several batches in one pass); then ``make``: the decoder named by ``decoder=``
+per-sample parameters and the batch ops' draws, which each producer makes ahead for its next batches while its
+current one decodes (``prepare_many``: several batches in one pass); then ``make`` (or ``start``, whose result's
+``finish()`` gives the batch): the decoder named by ``decoder=``
 (fastload.decoders: "cpu", the cores, reads and decodes the batch in one native call without the GIL straight into
 the slot's buffer, pinned when the batch goes to a GPU; "nvjpeg" the GPU's JPEG engines; "hybrid" both on different
 batches). Pillow decodes the few non-JPEG samples, and with ``on_error="skip"`` broken samples get deterministic
@@ -169,9 +170,9 @@ class BatchMaker:
 
     def prepare(self, indices, epoch, k=0):
         """What batch k needs before its decode, all pure functions of (seed, epoch, indices, k): the crop plan, the
-        stage's per-sample parameters and the batch ops' draws. The loader's planner thread makes it ahead of each
-        producer (prepare_many, several batches at once), so this Python work overlaps the decode instead of idling
-        the decode threads (bench/RESULTS.md, "Loaders alone with a policy")."""
+        stage's per-sample parameters and the batch ops' draws. Each producer makes it ahead for its next batches
+        (prepare_many, several at once) while its current batch decodes, so this Python work overlaps the decode
+        instead of idling the decode threads (bench/RESULTS.md, "Loaders alone with a policy")."""
         indices = np.asarray(indices, dtype=np.int64)
         return Prepared(indices, self.plan(indices, epoch), self._params(epoch, indices),
                         self.pipeline.batch_plan(self.seed, epoch, k * self.world_size + self.rank, len(indices)))
@@ -227,9 +228,23 @@ class BatchMaker:
     def make(self, indices, epoch, slot, k=0, prepared=None):
         """Batch k of the epoch (k picks the decoder with decoder="hybrid"); ``prepared``: prepare()'s result for
         it, when made ahead."""
+        return self.start(indices, epoch, slot, k, prepared).finish()
+
+    def start(self, indices, epoch, slot, k=0, prepared=None):
+        """make() begun (a decoders.Pending, whose finish() gives the batch): the producer's own work overlaps the
+        decode until then."""
         if prepared is None:
             prepared = self.prepare(indices, epoch, k)
-        batch = self.decoder.make(prepared.indices, epoch, slot, k, plan=prepared.plan)
+        return decoders.Pending(self._finished(self.decoder.start(prepared.indices, epoch, slot, k,
+                                                                  plan=prepared.plan), prepared, epoch))
+
+    def _finished(self, pending, prepared, epoch):
+        try:
+            yield
+        except GeneratorExit:
+            pending.close()
+            raise
+        batch = pending.finish()
         # on_error="skip" may have replaced samples: their parameters are drawn for what was decoded
         replaced = batch.indices is not prepared.indices and not np.array_equal(batch.indices, prepared.indices)
         batch.params = self._params(epoch, batch.indices) if replaced else prepared.params

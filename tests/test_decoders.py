@@ -81,6 +81,42 @@ def test_decode_batch_validates_before_touching_memory(batch_inputs):
         ops.C.decode_batch([b"", np.frombuffer(b"abcd", np.uint8)[::-2]], windows[:2], big, 1, True, 0, 0, None)
 
 
+def test_decode_batch_start_returns_at_once_and_waits_for_decode_batch_s_result(batch_inputs, imagenet_dir):
+    """The producers' call: decode_batch on native threads of their own, its result from wait(); an unwaited job
+    dropped waits for its decode first (the buffers it writes and the views it reads stay valid until then)."""
+    sources, windows, crcs = batch_inputs
+    args = (2, True, ops.MAX_PIXELS, ops.MAX_BYTES, crcs)
+    out_a = torch.full((1 << 24,), 7, dtype=torch.uint8)
+    expected = ops.C.decode_batch(sources, windows, out_a, *args)
+    out_b = torch.full_like(out_a, 7)
+    job = ops.C.decode_batch_start(sources, windows, out_b, *args)
+    got = job.wait()
+    for a, b in zip(expected[:3], got[:3]):
+        assert torch.equal(a, b)
+    assert got[3:] == expected[3:] and torch.equal(out_a, out_b)
+    with pytest.raises(ValueError, match="wait\\(\\) was called already"):
+        job.wait()
+    out_c = torch.full_like(out_a, 7)
+    del job
+    job = ops.C.decode_batch_start(sources, windows, out_c, *args)
+    del job  # dropped unwaited: joined, so the buffer is complete once it is gone
+    assert torch.equal(out_a, out_c)
+    # it returns while the decode runs: the native threads are there after it returns (a batch of ~0.3 s)
+    files = sorted(str(p) for p in Path(imagenet_dir).rglob("*.jpg")) * 5
+    heads = [ops.C.read_header(f) for f in files]
+    big = torch.tensor([[0, 0, h["height"], h["width"], 1] for h in heads], dtype=torch.int64)
+    room = torch.empty(int((big[:, 2] * big[:, 3] * 3).sum()), dtype=torch.uint8)
+    before = len(os.listdir("/proc/self/task"))
+    job = ops.C.decode_batch_start(files, big, room, 1, True, ops.MAX_PIXELS, ops.MAX_BYTES, None)
+    running = len(os.listdir("/proc/self/task"))
+    status = job.wait()[2]
+    assert running > before and (status == ops.OK).all()
+    assert len(os.listdir("/proc/self/task")) == before
+    # the same checks as decode_batch, before any thread starts
+    with pytest.raises(Exception, match="decode_batch_start: out holds 10 bytes"):
+        ops.C.decode_batch_start(sources, windows, torch.empty(10, dtype=torch.uint8), *args)
+
+
 def _maker(dataset, decoder="cpu", on_error="raise", threads=2, size=48):
     from fastload.transforms.pipeline import Pipeline
     pipeline = Pipeline.shorthand(fl.RandomResizedCrop(size), None, None, 1.0 / 255, torch.float32)
@@ -157,11 +193,12 @@ def test_hybrid_keeps_todays_assignment_and_auto_resolves_in_one_place():
         def __init__(self, name):
             self.name = name
 
-        def make(self, indices, epoch, slot, k=0, plan=None):
+        def start(self, indices, epoch, slot, k=0, plan=None):
             made.append((self.name, k))
+            return decoders.Pending.later(lambda: k)
     hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), decoders.HYBRID_PERIOD)
     for k in range(10):
-        hybrid.make(None, 0, None, k)
+        assert hybrid.make(None, 0, None, k) == k
     assert [name for name, _ in made] == ["engines"] * 4 + ["cores"] + ["engines"] * 4 + ["cores"]
     cpu = torch.device("cpu")
     assert decoders.resolve("auto", cpu) is decoders.KINDS["cpu"] and decoders.resolve("cpu", cpu).name == "cpu"
@@ -191,8 +228,9 @@ def test_hybrid_split_follows_its_two_constants(monkeypatch, imagenet_dir):
         def __init__(self, name):
             self.name = name
 
-        def make(self, indices, epoch, slot, k=0, plan=None):
+        def start(self, indices, epoch, slot, k=0, plan=None):
             made.append(self.name)
+            return decoders.Pending.later(lambda: k)
     hybrid = decoders.Alternating(Recorder("engines"), Recorder("cores"), 4, 1)
     for k in range(8):
         hybrid.make(None, 0, None, k)
@@ -319,14 +357,17 @@ def test_engines_and_hybrid_build_through_the_interface(imagenet_dir):
         assert gpu == (len(ds) if name == "nvjpeg" else by_engines), (name, gpu)
 
 
-def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(imagenet_dir, monkeypatch):
+@pytest.mark.parametrize("threads, call", [(1, "decode_batch"), (2, "decode_batch_start")])
+def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(imagenet_dir, monkeypatch, threads,
+                                                                              call):
     """Each torch kernel a producer calls gives the GIL up and must get it back behind the training loop's Python
     (up to the 5 ms switch interval each time): the batch path of decoders.py and producer.py calls none, only
-    tensor accessors, and reads + decodes the whole batch in one native call."""
+    tensor accessors, and reads + decodes the whole batch in one native call: on the producer's thread with one
+    decode thread, on threads of their own with several (the producer's own work overlaps them)."""
     import sys
     from torch.overrides import TorchFunctionMode
     ds = fl.FolderDataset(imagenet_dir)
-    maker = _maker(ds)
+    maker = _maker(ds, threads=threads)
     calls, ours = [], ("decoders.py", "producer.py")
 
     class Count(TorchFunctionMode):
@@ -339,15 +380,16 @@ def test_a_clean_batch_costs_its_producer_one_native_call_and_no_torch_kernels(i
                 calls.append(getattr(func, "__name__", str(func)))
             return func(*args, **(kwargs or {}))
     native = []
-    decode_batch = ops.C.decode_batch
-    monkeypatch.setattr(ops.C, "decode_batch", lambda *a: native.append(len(a[0])) or decode_batch(*a))
+    for name in ("decode_batch", "decode_batch_start"):
+        monkeypatch.setattr(ops.C, name, lambda *a, name=name, real=getattr(ops.C, name):
+                            native.append((name, len(a[0]))) or real(*a))
     slot = Slot(pin=False)
     maker.make(np.arange(len(ds)), 0, slot)  # the slot's buffer allocated once (torch.empty), then reused
     native.clear()
     with Count():
         batch = maker.make(np.arange(len(ds))[::-1].copy(), 1, slot)
     assert batch.counts == {"fallback": 0, "skipped": 0, "warnings": 0}
-    assert native == [len(ds)] and set(calls) <= {"numpy", "numel"}, calls
+    assert native == [(call, len(ds))] and set(calls) <= {"numpy", "numel"}, calls
 
 
 def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tmp_path):

@@ -18,6 +18,8 @@ from skimage import data as photos
 
 import fastload as fl
 from fastload import loader as loader_module
+from fastload import transforms as T
+from fastload.producer import Slot
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLASSES = 6
@@ -112,8 +114,31 @@ def loader_threads(loader):
 
 
 def fastload_threads():
-    """Producer threads (fastload-N) and their planners (fastload.planner-N)."""
-    return [t for t in threading.enumerate() if t.name.startswith(("fastload-", "fastload.planner"))]
+    """Producer threads (fastload-N)."""
+    return [t for t in threading.enumerate() if t.name.startswith("fastload")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_producer_is_one_python_thread(imagenet_dir, workers):
+    """A producer plans its next batches and hands its previous one over in its own thread while its batch
+    decodes: the loader runs ``workers`` Python threads and no others (each takes the GIL from the training
+    thread), and its batches are those of the one-at-a-time path."""
+    assert_no_fastload_threads()  # other tests' loaders gone: the threads below are this one's
+    transform = T.Compose([T.RandomResizedCrop(32), T.TrivialAugmentWide()])
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, workers=workers, transform=transform)
+    it = iter(loader)
+    first = next(it)
+    # this epoch's producers (and the next epoch's, started ahead as this one ends): no thread of another kind
+    assert {t.name for t in fastload_threads()} == {f"fastload-{w}" for w in range(workers)}
+    assert len(loader._iterator().producers.threads) == workers
+    rest = list(it)
+    maker = loader._maker
+    for k, (x, y) in enumerate([first] + rest):
+        batch = maker.make(loader._epoch_batches(0)[k], 0, Slot(pin=False), k)
+        x_ref, y_ref = loader._stage_cpu()(batch)
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref), f"batch {k}"
+    loader.close()
+    assert_no_fastload_threads()
 
 
 def assert_no_fastload_threads(timeout=10.0):

@@ -282,12 +282,12 @@ def test_cpus_pins_the_producers_and_keeps_the_batches(ds):
     loader = fl.FastLoader(ds, batch_size=4, shuffle=True, seed=3, cpus={core}, crop=fl.RandomResizedCrop(32))
     assert loader.threads == 1  # the default thread count follows the cores given
     seen = {}
-    make = loader._maker.make
+    start = loader._maker.start
 
     def recording(*args, **kwargs):
         seen[threading.current_thread().name] = os.sched_getaffinity(0)
-        return make(*args, **kwargs)
-    loader._maker.make = recording
+        return start(*args, **kwargs)
+    loader._maker.start = recording
     pinned = [x for x, _ in loader]
     loader.close()
     assert seen and all(mask == {core} for mask in seen.values())

@@ -135,13 +135,11 @@ def test_the_loader_refuses_a_quietly_damaged_file_in_every_epoch(damaged, image
 def test_whole_scans_are_read_once_per_sample(imagenet_dir, tmp_path, monkeypatch):
     root = photo_tree(imagenet_dir, tmp_path / "photos", png=False)
     seen = []
-    native = ops.C.decode_batch
-
-    def spy(*args):
-        seen.append(0 if args[-1] is None else int(args[-1].sum()))
-        return native(*args)
-
-    monkeypatch.setattr(ops.C, "decode_batch", spy)
+    for name in ("decode_batch", "decode_batch_start"):  # one decode thread: the first; several: the second
+        def spy(*args, native=getattr(ops.C, name)):
+            seen.append(0 if args[-1] is None else int(args[-1].sum()))
+            return native(*args)
+        monkeypatch.setattr(ops.C, name, spy)
     ds = fl.FolderDataset(root)
     loader = fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(64), threads=2)
 
@@ -175,8 +173,9 @@ def test_a_strict_pack_checks_every_scan_and_its_store_says_so(damaged, imagenet
     assert ds.scans_checked and len(ds) == result.files - 1
     # the loader trusts such a store: no whole-scan reads
     seen = []
-    native = ops.C.decode_batch
-    monkeypatch.setattr(ops.C, "decode_batch", lambda *a: seen.append(a[-1]) or native(*a))
+    natives = {name: getattr(ops.C, name) for name in ("decode_batch", "decode_batch_start")}
+    for name, native in natives.items():  # one decode thread calls the first, several the second
+        monkeypatch.setattr(ops.C, name, lambda *a, native=native: seen.append(a[-1]) or native(*a))
     for _ in fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(64)):
         pass
     assert seen and all(w is None for w in seen)
@@ -184,7 +183,8 @@ def test_a_strict_pack_checks_every_scan_and_its_store_says_so(damaged, imagenet
     loose = pack(root, tmp_path / "loose.lmdb", strict=False, progress=False, log=lambda m: None)
     ds = fl.LMDBDataset(loose.path)
     assert not ds.scans_checked and len(ds) == loose.files
-    monkeypatch.setattr(ops.C, "decode_batch", native)
+    for name, native in natives.items():
+        monkeypatch.setattr(ops.C, name, native)
     for epoch in range(2):
         loader = fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(64), seed=epoch)
         with pytest.raises(fl.DecodeError, match="Corrupt JPEG data"):

@@ -492,66 +492,88 @@ py::tuple decode_crop_py(const py::object& data, int64_t top, int64_t left, int6
   return py::make_tuple(status, std::string(message), status == kOk ? py::cast(out) : py::none());
 }
 
-// Batch decode into a caller-provided ragged buffer, shared by decode_crops and decode_batch: windows int64
-// [B, 5] = (top, left, height, width, downscale); the layout is made before anything is decoded, the reads
-// (files or buffers), CRC checks and decodes run on native threads without the GIL.
+// Batch decode into a caller-provided ragged buffer, shared by decode_crops, decode_batch and decode_batch_start:
+// windows int64 [B, 5] = (top, left, height, width, downscale); the layout is made before anything is decoded, the
+// reads (files or buffers), CRC checks and decodes run on native threads without the GIL.
 struct CropBatch {
   explicit CropBatch(int64_t n) : offsets(at::zeros({n}, at::kLong)), shapes(at::zeros({n, 3}, at::kLong)), outcomes(n) {}
   at::Tensor offsets, shapes;
   Outcomes outcomes;
 };
 
-// whole_scan: bool [B], the samples whose decode reads the scan to its end (Limits::whole_scan), or none.
-std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
-                                             int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
-                                             const c10::optional<at::Tensor>& crcs, const char* op,
-                                             const c10::optional<at::Tensor>& whole_scan = c10::nullopt) {
-  if (max_bytes <= 0) max_bytes = kDefaultMaxBytes;
-  at::Tensor crc_values;
-  // CRC-32 of each buffer as stored, or -1: checked before decoding
-  const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), op, &crc_values);
-  BufferViews views(buffers, op, true);
-  const int64_t n = static_cast<int64_t>(views.size());
-  FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 && windows.scalar_type() == at::kLong &&
-               windows.device().is_cpu(),
-           "%s: windows must be an int64 CPU tensor of shape [%lld, 5]", op, static_cast<long long>(n));
-  TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(), op,
-              ": out must be a contiguous uint8 CPU tensor");
-  at::Tensor whole;
-  if (whole_scan.has_value()) {
-    FL_CHECK(whole_scan->dim() == 1 && whole_scan->size(0) == n && whole_scan->scalar_type() == at::kBool &&
-                 whole_scan->device().is_cpu(),
-             "%s: whole_scan must be a bool CPU tensor of shape [%lld]", op, static_cast<long long>(n));
-    whole = whole_scan->contiguous();
+// What the native threads read and write, checked and laid out with the GIL held (CropJob::make); run() then
+// touches no Python object, so it may run on a thread of its own while the caller goes on (PendingDecode).
+struct CropJob {
+  CropJob(const py::sequence& buffers, const char* op) : views(buffers, op, true) {}
+  BufferViews views;     // holds the buffers' views: released with the GIL held, when the job is
+  at::Tensor crc_values, whole, win, out;
+  const int64_t* expected = nullptr;
+  const bool* whole_of = nullptr;
+  int threads = 1;
+  int64_t max_bytes = 0;
+  Limits limits;
+  std::unique_ptr<CropBatch> batch;
+
+  // whole_scan: bool [B], the samples whose decode reads the scan to its end (Limits::whole_scan), or none.
+  static std::unique_ptr<CropJob> make(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
+                                       int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
+                                       const c10::optional<at::Tensor>& crcs, const char* op,
+                                       const c10::optional<at::Tensor>& whole_scan) {
+    at::Tensor crc_values;
+    // CRC-32 of each buffer as stored, or -1: checked before decoding
+    const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), op, &crc_values);
+    auto job = std::make_unique<CropJob>(buffers, op);
+    job->crc_values = crc_values;
+    job->expected = expected;
+    const int64_t n = static_cast<int64_t>(job->views.size());
+    FL_CHECK(windows.dim() == 2 && windows.size(0) == n && windows.size(1) == 5 &&
+                 windows.scalar_type() == at::kLong && windows.device().is_cpu(),
+             "%s: windows must be an int64 CPU tensor of shape [%lld, 5]", op, static_cast<long long>(n));
+    TORCH_CHECK(out.scalar_type() == at::kByte && out.device().is_cpu() && out.is_contiguous(), op,
+                ": out must be a contiguous uint8 CPU tensor");
+    if (whole_scan.has_value()) {
+      FL_CHECK(whole_scan->dim() == 1 && whole_scan->size(0) == n && whole_scan->scalar_type() == at::kBool &&
+                   whole_scan->device().is_cpu(),
+               "%s: whole_scan must be a bool CPU tensor of shape [%lld]", op, static_cast<long long>(n));
+      job->whole = whole_scan->contiguous();
+      job->whole_of = job->whole.data_ptr<bool>();
+    }
+    job->win = windows.contiguous();
+    job->out = out;
+    job->threads = threads;
+    job->max_bytes = max_bytes <= 0 ? kDefaultMaxBytes : max_bytes;
+    job->limits = make_limits(strict, max_pixels);
+    const int64_t* wp = job->win.data_ptr<int64_t>();
+    job->batch = std::make_unique<CropBatch>(n);
+    int64_t* op_ = job->batch->offsets.data_ptr<int64_t>();
+    int64_t* sp = job->batch->shapes.data_ptr<int64_t>();
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
+      const Window w = window_at(wp, i);
+      int64_t h = 0, wd = 0;
+      // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
+      if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
+      op_[i] = total;
+      sp[i * 3] = h;
+      sp[i * 3 + 1] = wd;
+      sp[i * 3 + 2] = 3;
+      total += h * wd * 3;
+    }
+    FL_CHECK(total <= out.numel(), "%s: out holds %lld bytes, the batch needs %lld", op,
+             static_cast<long long>(out.numel()), static_cast<long long>(total));
+    return job;
   }
-  const bool* whole_of = whole.defined() ? whole.data_ptr<bool>() : nullptr;
-  const at::Tensor win = windows.contiguous();
-  const int64_t* wp = win.data_ptr<int64_t>();
-  auto batch = std::make_unique<CropBatch>(n);
-  int64_t* op_ = batch->offsets.data_ptr<int64_t>();
-  int64_t* sp = batch->shapes.data_ptr<int64_t>();
-  int64_t total = 0;
-  for (int64_t i = 0; i < n; ++i) {  // lay the batch out before decoding anything
-    const Window w = window_at(wp, i);
-    int64_t h = 0, wd = 0;
-    // Out-of-range windows take no room (decode_window then reports them): their byte counts could overflow.
-    if (window_in_range(w) && w.downscale > 0) scaled_extent(w, &h, &wd);
-    op_[i] = total;
-    sp[i * 3] = h;
-    sp[i * 3 + 1] = wd;
-    sp[i * 3 + 2] = 3;
-    total += h * wd * 3;
-  }
-  FL_CHECK(total <= out.numel(), "%s: out holds %lld bytes, the batch needs %lld", op,
-           static_cast<long long>(out.numel()), static_cast<long long>(total));
-  Outcomes& outcomes = batch->outcomes;
-  {
-    ReleasedGil nogil;
+
+  // The reads, checks and decodes. Without the GIL, touching no Python object.
+  void run() {
+    const int64_t* wp = win.data_ptr<int64_t>();
+    const int64_t* op_ = batch->offsets.data_ptr<int64_t>();
+    const int64_t* sp = batch->shapes.data_ptr<int64_t>();
     uint8_t* base = out.data_ptr<uint8_t>();
+    Outcomes& outcomes = batch->outcomes;
     int32_t* st = outcomes.st();
-    const Limits limits = make_limits(strict, max_pixels);
     run_parallel(
-        n, threads,
+        static_cast<int64_t>(views.size()), threads,
         [&](int64_t i) {
           const Window w = window_at(wp, i);
           char* message = outcomes.message(i);
@@ -566,7 +588,18 @@ std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const 
         },
         [&](int64_t i, const char* what) { outcomes.fail(i, what); });
   }
-  return batch;
+};
+
+std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
+                                             int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
+                                             const c10::optional<at::Tensor>& crcs, const char* op,
+                                             const c10::optional<at::Tensor>& whole_scan = c10::nullopt) {
+  auto job = CropJob::make(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, op, whole_scan);
+  {
+    ReleasedGil nogil;
+    job->run();
+  }
+  return std::move(job->batch);
 }
 
 // Returns (offsets int64 [B], shapes int64 [B, 3], status int32 [B], messages list[str]).
@@ -576,24 +609,85 @@ py::tuple decode_crops_py(const py::sequence& buffers, const at::Tensor& windows
   return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, b->outcomes.message_list());
 }
 
-// The loader's per-batch call: as decode_crops, but only the samples with something to say come back as Python
-// objects. Returns (offsets, shapes, status, {i: message} for the failed and warned samples, count of OK samples
-// with a warning): a batch that decodes cleanly costs its producer no per-sample Python work.
-py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
-                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
-                          const c10::optional<at::Tensor>& whole_scan) {
-  auto b = decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, "decode_batch",
-                             whole_scan);
-  const int32_t* st = b->outcomes.st();
+// decode_batch's result: (offsets, shapes, status, {i: message} for the failed and warned samples, count of OK
+// samples with a warning): a batch that decodes cleanly costs its producer no per-sample Python work.
+py::tuple batch_result(const CropBatch& b) {
+  const int32_t* st = b.outcomes.status.data_ptr<int32_t>();
   py::dict said;
   int64_t warned = 0;
-  for (size_t i = 0; i < b->outcomes.messages.size(); ++i) {
-    const char* m = b->outcomes.messages[i].data();
+  for (size_t i = 0; i < b.outcomes.messages.size(); ++i) {
+    const char* m = b.outcomes.messages[i].data();
     if (st[i] == kOk && m[0] == '\0') continue;
     if (st[i] == kOk) ++warned;  // an OK sample's message is a warning let through (see read_header_py)
     said[py::int_(i)] = std::string(m);
   }
-  return py::make_tuple(b->offsets, b->shapes, b->outcomes.status, said, warned);
+  return py::make_tuple(b.offsets, b.shapes, b.outcomes.status, said, warned);
+}
+
+// The loader's per-batch call: as decode_crops, returning batch_result.
+py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
+                          bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
+                          const c10::optional<at::Tensor>& whole_scan) {
+  return batch_result(*decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs,
+                                         "decode_batch", whole_scan));
+}
+
+// decode_batch started on a native thread of its own: the caller (a producer) plans and hands over its previous
+// batch while the batch decodes, then wait() gives decode_batch's result. The job keeps what it reads and writes
+// alive (the buffers' views, windows, out) until it is done; dropping an unwaited one waits for it first. In a
+// forked child the thread is not there: nothing is joined (its memory is left as it is).
+class PendingDecode {
+ public:
+  explicit PendingDecode(std::unique_ptr<CropJob> job) : job_(std::move(job)), pid_(::getpid()) {
+    CropJob* j = job_.get();
+    try {
+      // With one thread the runner decodes itself, at the caller's priority as decode_batch's caller would
+      // (run_parallel's own threads lower theirs).
+      runner_ = std::make_unique<std::thread>([j] { j->run(); });
+    } catch (const std::system_error&) {  // no thread to be had: decode now, as decode_batch would
+      ReleasedGil nogil;
+      j->run();
+    }
+  }
+  PendingDecode(const PendingDecode&) = delete;
+  PendingDecode& operator=(const PendingDecode&) = delete;
+  ~PendingDecode() { close(); }
+  // Waits for the decode without its result (an abandoned batch); never raises, and in a forked child does nothing.
+  void close() {
+    if (!runner_) return;
+    if (::getpid() != pid_) {
+      (void)runner_.release();  // a forked child: that thread is the parent's, and its job's memory stays put
+      return;
+    }
+    if (runner_->joinable()) {
+      ReleasedGil nogil;
+      runner_->join();
+    }
+  }
+  py::tuple wait() {
+    if (!job_) throw py::value_error("decode_batch_start: wait() was called already");
+    FL_CHECK(::getpid() == pid_, "decode_batch_start: wait() in a forked child: the decode ran in the parent");
+    if (runner_ && runner_->joinable()) {
+      ReleasedGil nogil;
+      runner_->join();
+    }
+    py::tuple result = batch_result(*job_->batch);
+    job_.reset();  // the views released now, with the GIL held
+    return result;
+  }
+
+ private:
+  std::unique_ptr<CropJob> job_;
+  std::unique_ptr<std::thread> runner_;
+  pid_t pid_;
+};
+
+std::unique_ptr<PendingDecode> decode_batch_start_py(const py::sequence& buffers, const at::Tensor& windows,
+                                                     at::Tensor& out, int threads, bool strict, int64_t max_pixels,
+                                                     int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
+                                                     const c10::optional<at::Tensor>& whole_scan) {
+  return std::make_unique<PendingDecode>(CropJob::make(buffers, windows, out, threads, strict, max_pixels, max_bytes,
+                                                       crcs, "decode_batch_start", whole_scan));
 }
 
 // The engines' read: every sample's bytes in host memory, in one call per batch without the GIL. File paths are
@@ -877,6 +971,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none());
   m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
+        py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
+        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
+  py::class_<PendingDecode>(m, "PendingDecode", "decode_batch_start's decode, running: wait() for its result")
+      .def("wait", &PendingDecode::wait,
+           "decode_batch's result (offsets, shapes, status, {i: message}, warned), once the decode is done")
+      .def("close", &PendingDecode::close, "waits for the decode, without its result (never raises)");
+  m.def("decode_batch_start", &decode_batch_start_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
   m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,

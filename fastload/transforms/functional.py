@@ -646,7 +646,7 @@ def apply_table(x, ops, params):
 
 def _check_table(table, x, name):
     """The table's shapes and op codes, then the public functions' checks of its parameters, on the whole host
-    table at once, naming sample and slot. In numpy: the loader checks a table per batch in its planner threads,
+    table at once, naming sample and slot. In numpy: the loader checks a table per batch in its producer threads,
     and every small torch call there would hand the GIL over and wait to get it back."""
     b = x.shape[0]
     if table.ops.ndim != 2 or table.ops.shape[0] != b or table.params.shape != table.ops.shape + (3,):
@@ -759,7 +759,7 @@ class CheckedTable(NamedTuple):
 
 def checked_table(table, height, width, *, batch=None, pin=False):
     """``table`` checked as apply_table checks it, for uint8 images of height x width (done once per batch where
-    the loader makes it, in a planner thread, rather than in the training loop's thread)."""
+    the loader makes it, in a producer thread, rather than in the training loop's thread)."""
     batch = table.ops.shape[0] if batch is None else batch
     shape = torch.empty((batch, 3, height, width), dtype=torch.uint8, device="meta")  # shape and dtype only
     _check_table(table, shape, "photometric")

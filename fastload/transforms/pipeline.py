@@ -529,9 +529,9 @@ class Pipeline:
         return NearestMaps.make(samples, matrices[:, :2, :], slots, pin=pin)
 
     def _policy_plan(self, policy, seed, epoch, indices, h, w):
-        """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's planner,
-        in BatchMaker.prepare) asks for the same draws again for its table (a producer asks again only when
-        on_error="skip" replaced samples, with other indices: a new key). The last result per policy is kept per
+        """policy.plan, computed once per batch: the thread that plans a batch's geometry (the loader's producer,
+        in BatchMaker.prepare) asks for the same draws again for its table (and again only when on_error="skip"
+        replaced samples, with other indices: a new key). The last result per policy is kept per
         thread."""
         indices = np.asarray(indices, dtype=np.int64)
         return self._once_per_batch(id(policy), (seed, epoch, h, w, indices.tobytes()),
