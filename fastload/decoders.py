@@ -384,7 +384,7 @@ class Pending:
     for the native work and closes the reader."""
 
     def __init__(self, work):
-        self.work, self.batch = work, None
+        self.work, self.batch, self.closed = work, None, False
         try:
             next(work)
         except StopIteration as done:  # nothing to overlap: the batch is made already
@@ -408,6 +408,8 @@ class Pending:
         return cls(work())
 
     def finish(self):
+        if self.closed:
+            raise RuntimeError("fastload: finish() on a batch that was abandoned (close()): it has no result")
         if self.work is None:
             return self.batch
         work, self.work = self.work, None
@@ -418,6 +420,7 @@ class Pending:
         raise RuntimeError("fastload: a decoder's work yielded twice")  # a bug: the generator's contract
 
     def close(self):
+        self.closed = True
         if self.work is not None:
             work, self.work = self.work, None
             work.close()

@@ -124,6 +124,32 @@ def _maker(dataset, decoder="cpu", on_error="raise", threads=2, size=48):
     return BatchMaker(dataset, pipeline, 0, threads, on_error, True, ops.MAX_PIXELS, LoaderStats(), decoder=decoder)
 
 
+def test_a_batch_abandoned_while_it_decodes_waits_for_its_threads_before_its_records_go(imagenet_dir, tmp_path,
+                                                                                       monkeypatch):
+    """A producer that stops with a batch decoding on its threads (Pending.close) waits for them before the store's
+    read transaction ends (the native threads read the records where LMDB keeps them): when close() returns, no
+    decode thread is left and the transaction is over; finishing it then is an error, not a batch."""
+    pack(imagenet_dir, tmp_path / "s.lmdb", progress=False, log=lambda m: None)
+    ds = LMDBDataset(tmp_path / "s.lmdb")
+    maker = _maker(ds, threads=2, size=224)
+    from fastload.datasets import lmdb as lmdb_module
+    closed = []
+    real_close = lmdb_module._LMDBReader.close
+
+    def close(reader):
+        closed.append(len(os.listdir("/proc/self/task")))  # the threads alive as the transaction ends
+        real_close(reader)
+    monkeypatch.setattr(lmdb_module._LMDBReader, "close", close)
+    before = len(os.listdir("/proc/self/task"))
+    indices = np.tile(np.arange(len(ds)), 4)  # ~0.1 s of decoding on 2 threads
+    pending = maker.start(indices, 0, Slot(pin=False))
+    assert not closed and len(os.listdir("/proc/self/task")) > before  # decoding, the transaction open
+    pending.close()
+    assert closed == [before] and len(os.listdir("/proc/self/task")) == before
+    with pytest.raises(RuntimeError, match="finish"):
+        pending.finish()
+
+
 @pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
 def test_cores_batch_is_the_native_decode_of_the_plan(imagenet_dir, tmp_path, store):
     """decoder="cpu" makes exactly the pixels ops.decode_crops gives for the planned windows, with the plan's

@@ -188,8 +188,36 @@ def test_next_epoch_starts_early_with_the_same_batches(coded_dir):
     del loader, ahead, unwanted  # a dropped loader stops the producers it started ahead
     assert_no_fastload_threads()
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_error_beginning_a_batch_reaches_the_loop_in_its_turn(imagenet_dir, monkeypatch, device, threads):
+    """A batch whose records cannot be read for a reason of the process's (no file descriptor left) raises when
+    the loop reaches it, after the batches before it, though its producer reads it early: while handing the batch
+    before it over (CUDA, several decode threads) or before it decodes. No thread is left behind."""
+    import errno
+    from fastload.datasets.folder import _FolderReader
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    loader = fl.FastLoader(fl.FolderDataset(imagenet_dir), batch_size=4, shuffle=False, workers=1, threads=threads,
+                           device=device, crop=fl.RandomResizedCrop(32))
+    real = _FolderReader.sources
+
+    def sources(self, indices):
+        if 9 in indices:  # batch 2
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(self, indices)
+    monkeypatch.setattr(_FolderReader, "sources", sources)
+    got = []
+    with pytest.raises(OSError, match="Too many open files"):
+        for _, y in loader:
+            got.append(y.tolist())
+    assert got == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    del loader
+    assert_no_fastload_threads()
+
+
 def test_an_error_while_planning_ahead_reaches_the_loop_at_its_batch(coded_dir):
-    """The planner threads prepare batches ahead of the decode, several in one pass; an exception planning one
+    """The producers plan batches ahead of the decode, several in one pass; an exception planning one
     surfaces in the training loop when that batch's turn comes (the batches before it arrive, in order, including
     those planned in a pass with it), and no thread is left behind."""
     ds = fl.FolderDataset(coded_dir)
