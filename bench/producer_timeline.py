@@ -8,7 +8,8 @@ installed):
 - ``plan``: planning its next batches (the crop plans and parameters, PLAN_BATCHES at a time, while a batch
   decodes);
 - ``reusable``: waiting for the GPU to be done with the slot's buffers (the stage of the slot's last batch);
-- ``read``: the engines' read of the batch's files (``Engines._buffers``); ``verify``: ``engine_ready``;
+- ``read``: the engines' read of the batch's files (``Engines._buffers``), or the cores' read of its records
+  (``read_sources``) where it is not part of ``cores``; ``verify``: ``engine_ready``;
 - ``lock``: waiting for the JPEG engines (another producer holds them); ``submit``: nvJPEG's batched decode call;
   ``sync``: waiting for the engines' streams to finish the batch;
 - ``cores``: ``Cores.start`` (with several decode threads: reading the batch's records and starting the crop
@@ -95,6 +96,7 @@ class Timeline:
         """The phases above timed for the block (module and class attributes patched, then restored)."""
         P = loader_mod._Producers
         patches = [(producer.Slot, "wait_reusable", "reusable"), (decoders.Engines, "_buffers", "read"),
+                   (decoders, "read_sources", "read"),
                    (decoders, "engine_ready", "verify"), (nvjpeg.HardwareDecoder, "decode", "submit"),
                    (decoders, "wait_for", "sync"), (decoders.Cores, "start", "cores"),
                    (decoders.JpegCrops, "finish", "decode"), (decoders.JpegCrops, "decode", "decode"),

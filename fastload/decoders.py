@@ -456,7 +456,7 @@ class Cores:
         overlap = m.threads > 1 and not fallback
         if not overlap:
             yield
-        t0 = time.perf_counter()
+        t0, away = time.perf_counter(), 0.0
         n = len(indices)
         jpeg, others = np.flatnonzero(~other), np.flatnonzero(other)
         with m.ds.reader() as reader:
@@ -475,11 +475,12 @@ class Cores:
             if overlap:  # the usual batch: all JPEGs, laid out by the native call as the batch is
                 started = self.crops.start(indices, sources, crcs, windows, buffer)
                 try:
-                    yield  # the caller's own work, while the JPEGs decode
-                except GeneratorExit:  # abandoned: the decode done before the reader's records go
-                    started[0].close()
-                    raise
-                d = self.crops.finish(indices, started, unreadable)
+                    away = time.perf_counter()
+                    yield  # the caller's own work, while the JPEGs decode: not this batch's time
+                    away = time.perf_counter() - away
+                    d = self.crops.finish(indices, started, unreadable)
+                finally:  # done already, or abandoned (close()) or interrupted: the decode over before the
+                    started[0].close()  # reader's records go
                 offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
             elif not fallback:  # the same on the producer's own thread
                 d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
@@ -517,7 +518,7 @@ class Cores:
             buffer, offsets, shapes, matrices, used = self._repair(bad, indices, matrices, slot, offsets, shapes,
                                                                    status, messages, epoch, used, counts)
         labels = torch.from_numpy(m.labels[indices])
-        m.stats.add(read=t1 - t0, decode=time.perf_counter() - t1)
+        m.stats.add(read=t1 - t0, decode=time.perf_counter() - t1 - away)
         return RaggedBatch(buffer, offsets, shapes, matrices, labels, used, slot, counts, indices)
 
     def _repair(self, bad, indices, matrices, slot, offsets, shapes, status, messages, epoch, used, counts):
@@ -658,7 +659,7 @@ class Engines:
 
     def _make(self, indices, epoch, slot, plan=None):
         m = self.maker
-        t0 = time.perf_counter()
+        t0, away = time.perf_counter(), 0.0
         n = len(indices)
         verdicts = self.verdict_key[indices]
         chosen = np.flatnonzero((m.formats[indices] == FORMAT_JPEG) & (self.decodable[verdicts] != CORES))

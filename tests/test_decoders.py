@@ -150,6 +150,22 @@ def test_a_batch_abandoned_while_it_decodes_waits_for_its_threads_before_its_rec
         pending.finish()
 
 
+def test_the_decode_time_of_a_batch_leaves_out_the_producer_s_own_work_meanwhile(imagenet_dir):
+    """loader.stats()'s decode_s is the batch's: the producer's planning and hand-over while its threads decode
+    (here 0.5 s of sleep between start and finish) are not counted in it, and the batch is the one make() gives."""
+    import time
+    ds = fl.FolderDataset(imagenet_dir)
+    maker = _maker(ds, threads=2)
+    indices = np.arange(len(ds))
+    expected = maker.make(indices, 0, Slot(pin=False))
+    before = maker.stats.summary()["decode_s"]
+    pending = maker.start(indices, 0, Slot(pin=False))
+    time.sleep(0.5)
+    batch = pending.finish()
+    assert 0 < maker.stats.summary()["decode_s"] - before < 0.25  # 48 small crops: a few ms
+    assert torch.equal(batch.data[:batch.nbytes], expected.data[:expected.nbytes])
+
+
 @pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
 def test_cores_batch_is_the_native_decode_of_the_plan(imagenet_dir, tmp_path, store):
     """decoder="cpu" makes exactly the pixels ops.decode_crops gives for the planned windows, with the plan's

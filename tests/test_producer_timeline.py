@@ -36,7 +36,8 @@ def _check(summary, workers, busy_phase):
         assert t[busy_phase] > 0 and sum(t[p] for p in PHASES) <= t["wall"] * 1.01
 
 
-_PATCHED = ((producer.Slot, "wait_reusable"), (decoders.Engines, "_buffers"), (decoders, "engine_ready"),
+_PATCHED = ((producer.Slot, "wait_reusable"), (decoders.Engines, "_buffers"), (decoders, "read_sources"),
+            (decoders, "engine_ready"),
             (fl.nvjpeg.HardwareDecoder, "decode"), (decoders, "wait_for"), (decoders.Cores, "start"),
             (decoders.JpegCrops, "finish"), (decoders.JpegCrops, "decode"), (loader_mod._Producers, "submit"),
             (loader_mod._Plans, "ahead"),

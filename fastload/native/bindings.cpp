@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
+#include <exception>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -538,7 +539,9 @@ struct CropJob {
       job->whole = whole_scan->contiguous();
       job->whole_of = job->whole.data_ptr<bool>();
     }
-    job->win = windows.contiguous();
+    // A copy: the layout below is made from it, and a caller changing its table before the threads read it
+    // (decode_batch_start returns at once) must not move a window off its room.
+    job->win = windows.contiguous().clone();
     job->out = out;
     job->threads = threads;
     job->max_bytes = max_bytes <= 0 ? kDefaultMaxBytes : max_bytes;
@@ -634,16 +637,24 @@ py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows
 
 // decode_batch started on a native thread of its own: the caller (a producer) plans and hands over its previous
 // batch while the batch decodes, then wait() gives decode_batch's result. The job keeps what it reads and writes
-// alive (the buffers' views, windows, out) until it is done; dropping an unwaited one waits for it first. In a
-// forked child the thread is not there: nothing is joined (its memory is left as it is).
+// alive (the buffers' views, a copy of windows, out) until it is done; dropping an unwaited one waits for it
+// first. `out` must not be resized or freed by other means until then (as with any asynchronous out= op). In a
+// forked child the thread is not there: nothing is joined.
 class PendingDecode {
  public:
   explicit PendingDecode(std::unique_ptr<CropJob> job) : job_(std::move(job)), pid_(::getpid()) {
     CropJob* j = job_.get();
     try {
       // With one thread the runner decodes itself, at the caller's priority as decode_batch's caller would
-      // (run_parallel's own threads lower theirs).
-      runner_ = std::make_unique<std::thread>([j] { j->run(); });
+      // (run_parallel's own threads lower theirs). What escapes run() (std::bad_alloc making its threads) is
+      // raised by wait(), as decode_batch would raise it, instead of ending the process.
+      runner_ = std::make_unique<std::thread>([this, j] {
+        try {
+          j->run();
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+      });
     } catch (const std::system_error&) {  // no thread to be had: decode now, as decode_batch would
       ReleasedGil nogil;
       j->run();
@@ -656,7 +667,7 @@ class PendingDecode {
   void close() {
     if (!runner_) return;
     if (::getpid() != pid_) {
-      (void)runner_.release();  // a forked child: that thread is the parent's, and its job's memory stays put
+      (void)runner_.release();  // a forked child: the thread is the parent's, there is none here to join
       return;
     }
     if (runner_->joinable()) {
@@ -671,6 +682,10 @@ class PendingDecode {
       ReleasedGil nogil;
       runner_->join();
     }
+    if (error_) {
+      job_.reset();
+      std::rethrow_exception(error_);
+    }
     py::tuple result = batch_result(*job_->batch);
     job_.reset();  // the views released now, with the GIL held
     return result;
@@ -679,6 +694,7 @@ class PendingDecode {
  private:
   std::unique_ptr<CropJob> job_;
   std::unique_ptr<std::thread> runner_;
+  std::exception_ptr error_;  // written by the runner, read after it is joined
   pid_t pid_;
 };
 
