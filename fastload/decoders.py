@@ -659,7 +659,7 @@ class Engines:
 
     def _make(self, indices, epoch, slot, plan=None):
         m = self.maker
-        t0, away = time.perf_counter(), 0.0
+        t0 = time.perf_counter()
         n = len(indices)
         verdicts = self.verdict_key[indices]
         chosen = np.flatnonzero((m.formats[indices] == FORMAT_JPEG) & (self.decodable[verdicts] != CORES))

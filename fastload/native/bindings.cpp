@@ -541,7 +541,7 @@ struct CropJob {
     }
     // A copy: the layout below is made from it, and a caller changing its table before the threads read it
     // (decode_batch_start returns at once) must not move a window off its room.
-    job->win = windows.contiguous().clone();
+    job->win = windows.clone(at::MemoryFormat::Contiguous);
     job->out = out;
     job->threads = threads;
     job->max_bytes = max_bytes <= 0 ? kDefaultMaxBytes : max_bytes;
