@@ -23,9 +23,9 @@ engines' lock; reading, submitting, syncing, queueing) and how busy the JPEG eng
 ``--feed fixed`` takes the loader's batches and trains on a fixed one (the loader's activity without its data path),
 ``--feed none`` trains as many steps with the loader idle (the control); ``--loader-device cpu`` runs the loader on
 the host (its work without CUDA); ``--gil-load N:MS:SHARE`` adds N threads taking the GIL in chunks (how the loop
-answers more of it taken). Columns planner_cpu_ms / producer_cpu_ms / loader_py_share: the loader's Python threads'
-CPU per step (ended threads included), which bounds the GIL they hold (planner_cpu_ms is 0 since the thirty-fourth
-session: the producers plan, and the planner threads are gone).
+answers more of it taken). Columns producer_cpu_ms / loader_py_share: the loader's Python threads' CPU per step
+(ended threads included), which bounds the GIL they hold (until the thirty-fourth session planner threads had a
+column of their own, planner_cpu_ms; the producers plan now).
 ``--train-cores N`` pins the training thread (and autograd's) to the first N physical cores and the loader to the
 others; ``--switch-interval`` sets Python's GIL switch interval for a run. ``--cuda-wait auto sleep --rounds 2``
 compares the CUDA driver's wait policies inside this one process (bench.cuda_wait), each (policy, decoder) run in
@@ -301,7 +301,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
                 cpu_before = thread_cpu()
                 sched_before = sched(threading.get_native_id())
                 autograd_before = autograd_cpu_ns()
-                loader_py_before = meter.total("fastload.planner"), meter.total("fastload-")
+                loader_py_before = meter.total("fastload-")
                 timeline.enter_context(pauses.installed())  # the timed epochs' collections
                 allocator_before = allocator_counts(device)
                 if producer_times:
@@ -337,8 +337,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         # (the epoch after the last starts early too: its first batches count here, a few of the timed epochs')
-        planner_s, producer_s = (meter.total(prefix) - before for prefix, before in
-                                 zip(("fastload.planner", "fastload-"), loader_py_before))
+        producer_s = meter.total("fastload-") - loader_py_before
         allocator = {k: v - allocator_before[k] for k, v in allocator_counts(device).items()}
     if tracer is not None and traced is None:  # fewer timed steps than the window: what there was
         traced = _write_trace(tracer, trace, f"{decoder}_{train_stream}_{int(cuda_graph)}")
@@ -354,8 +353,7 @@ def _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, w
              "autograd_cpu_alone_ms": autograd_alone, "train_cpu_free_ms": cpu_free,
              "autograd_cpu_free_ms": autograd_free,
              # the loader's Python threads' CPU per step (an upper bound on the GIL they hold) and its share of the wall
-             "planner_cpu_ms": planner_s * 1e3 / steps, "producer_cpu_ms": producer_s * 1e3 / steps,
-             "loader_py_share": (planner_s + producer_s) / seconds,
+             "producer_cpu_ms": producer_s * 1e3 / steps, "loader_py_share": producer_s / seconds,
              **allocator,  # the allocators' CUDA calls over the timed epochs
              **pauses.summary(), "gc": gc_mode}
     if probe is not None:
@@ -539,7 +537,7 @@ def _print(rows):
             "decode_s", "stage_s", "gil_late_mean_ms", "gil_late_p99_ms", "train_cpu_ms", "train_runq_ms",
             "train_blocked_ms", "train_vcsw", "train_ivcsw", "train_cpu_alone_ms", "train_vcsw_alone",
             "autograd_cpu_ms", "autograd_cpu_alone_ms", "train_cpu_free_ms", "autograd_cpu_free_ms",
-            "planner_cpu_ms", "producer_cpu_ms", "loader_py_share", *_ALLOCATOR_COUNTS, "gc", *GcPauses.FIELDS)
+            "producer_cpu_ms", "loader_py_share", *_ALLOCATOR_COUNTS, "gc", *GcPauses.FIELDS)
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

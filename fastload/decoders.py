@@ -442,7 +442,8 @@ class Cores:
         return self.start(indices, epoch, slot, k, plan).finish()
 
     def start(self, indices, epoch, slot, k=0, plan=None):
-        """make() begun: the batch's records read and its JPEGs decoding on native threads (a Pending)."""
+        """make() begun (a Pending): with several decode threads, the batch's records read and its JPEGs decoding
+        on threads of their own; with one, or other formats in the batch, nothing yet (finish() makes it)."""
         return Pending(self._make(indices, epoch, slot, plan))
 
     def _make(self, indices, epoch, slot, plan):

@@ -834,10 +834,10 @@ class _Producers:
 
     def close(self, timeout=5.0):
         """Stops the threads and waits (at most `timeout` seconds in all) until none is inside run() (a batch in
-        the making is waited for there), so none is in native code when the interpreter exits (a thread that returns from a
-        GIL-free torch op then is ended by the interpreter, unwinding through noexcept C++ frames: std::terminate;
-        fastload's own native calls stay put instead, bindings.cpp's ReleasedGil). A thread that enters run()
-        later sees `stop`."""
+        the making is waited for there), so none is in native code when the interpreter exits (a thread that
+        returns from a GIL-free torch op then is ended by the interpreter, unwinding through noexcept C++ frames:
+        std::terminate; fastload's own native calls stay put instead, bindings.cpp's ReleasedGil). A thread that
+        enters run() later sees `stop`."""
         self.stop.set()
         if _exiting:  # _stop_all has waited for them already
             timeout = 0.0

@@ -208,7 +208,7 @@ def test_train_profile_pins_the_training_thread_apart_from_the_loader(imagenet_d
 
 def test_train_profile_plans_ahead_what_the_loader_plans(imagenet_dir, monkeypatch):
     """bench.train_profile --planning ahead: every batch of the timed epochs prepared before them, so that while
-    they run the planners plan nothing (whatever PLAN_BATCHES), and the batches are those planned live."""
+    they run the producers plan nothing (whatever PLAN_BATCHES), and the batches are those planned live."""
     import fastload.transforms as T
     from bench.train_profile import _plan_ahead
     ds = FolderDataset(imagenet_dir)

@@ -678,10 +678,7 @@ class PendingDecode {
   py::tuple wait() {
     if (!job_) throw py::value_error("decode_batch_start: wait() was called already");
     FL_CHECK(::getpid() == pid_, "decode_batch_start: wait() in a forked child: the decode ran in the parent");
-    if (runner_ && runner_->joinable()) {
-      ReleasedGil nogil;
-      runner_->join();
-    }
+    close();  // the decode done
     if (error_) {
       job_.reset();
       std::rethrow_exception(error_);
