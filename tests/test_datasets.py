@@ -4,6 +4,7 @@ import os
 import pickle
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -16,6 +17,7 @@ from PIL import Image
 import fastload
 from fastload.datasets import DataError, DatasetError, FolderDataset, LMDBDataset, pack
 from fastload.datasets import folder as folder_mod
+from fastload.datasets import lmdb as lmdb_reader
 from fastload.datasets.record import HEADER_SIZE, META_KEY, dumps, loads, record_key
 from pack_corpus import add_broken, jpeg_files, photo_tree
 
@@ -404,6 +406,61 @@ def test_damaged_record_raises_decode_error_naming_it(ds_store, tmp_path):
     assert e.value.sample == f"{damaged}[2] (from {folder.paths[2]})" and "damaged store" in str(e.value)
     assert ds[4][0].shape[0] == 3
     assert HEADER_SIZE == 24
+
+
+def _lookups(monkeypatch):
+    """The record indices the store's readers look up in LMDB from now on."""
+    looked_up = []
+    real = lmdb_reader._LMDBReader._value
+    monkeypatch.setattr(lmdb_reader._LMDBReader, "_value", lambda self, i: looked_up.append(i) or real(self, i))
+    return looked_up
+
+
+def test_the_loaders_second_read_of_a_record_is_the_same_bytes_without_a_lookup(ds_store, monkeypatch):
+    """The loader's path (reader.sources) locates each record in the mapped data file at its first read: later
+    reads give the same bytes and CRC-32s, those LMDB gives (raw), without looking the record up again."""
+    ds = LMDBDataset(ds_store)
+    n = len(ds)
+    with ds.reader() as r:
+        first, first_crcs = r.sources(list(range(n)))
+        first = [bytes(v) for v in first]
+    looked_up = _lookups(monkeypatch)
+    order = list(range(n))[::-1]
+    with ds.reader() as r:
+        again, crcs = r.sources(order)
+    assert looked_up == []
+    assert [bytes(v) for v in again] == [first[i] for i in order] and crcs == [first_crcs[i] for i in order]
+    with ds.reader() as r:
+        for i in range(n):
+            (_, _, _, _, _, crc), data = r.raw(i)
+            assert bytes(data) == first[i] and crc == first_crcs[i] == zlib.crc32(data)
+
+
+def test_a_record_lmdb_keeps_inside_a_page_is_read_through_lmdb_every_time(tmp_path, imagenet_dir, monkeypatch):
+    """A value small enough to sit inside a B-tree page (a tiny JPEG) fails the location's byte check and stays
+    unlocated: read correctly, through LMDB, each time; the large records beside it are located."""
+    tree = tmp_path / "photos" / "a"
+    tree.mkdir(parents=True)
+    big = jpeg_files(imagenet_dir)[:2]
+    for k, path in enumerate(big):
+        shutil.copy(path, tree / f"big_{k}.jpg")
+    Image.new("RGB", (8, 8), (200, 30, 90)).save(tree / "tiny.jpg", quality=50)
+    assert (tree / "tiny.jpg").stat().st_size < 1000  # LMDB keeps values under ~2 KB (4 KB pages) in the page
+    ds = LMDBDataset(pack(tmp_path / "photos", tmp_path / "s.lmdb", progress=False, log=lambda m: None).path)
+    files = {i: (tree / os.path.basename(ds.source_path(i))).read_bytes() for i in range(len(ds))}
+    tiny = next(i for i in range(len(ds)) if ds.source_path(i).endswith("tiny.jpg"))
+    for _ in range(2):
+        with ds.reader() as r:
+            views, _ = r.sources(list(range(len(ds))))
+        assert [bytes(v) for v in views] == [files[i] for i in range(len(ds))]
+    looked_up = _lookups(monkeypatch)
+    with ds.reader() as r:
+        views, _ = r.sources(list(range(len(ds))))
+    assert [bytes(v) for v in views] == [files[i] for i in range(len(ds))]
+    assert looked_up == list(range(len(ds)))  # a batch with an unlocated record is read through LMDB whole
+    with ds.reader() as r:
+        r.sources([i for i in range(len(ds)) if i != tiny])
+    assert looked_up == list(range(len(ds)))  # the large ones alone: no lookup
 
 
 def _strict_cases(good):

@@ -129,6 +129,87 @@ def test_damage_that_still_decodes_is_noticed_by_the_loader(store, tmp_path):
     assert ds[6][0].shape[0] == 3
 
 
+# ---- records located in the mapped data file (datasets/lmdb.py, _Locations) --------------------------------------
+
+def _dqt_step(value):
+    """A byte of record ``value``'s first quantisation table (the image still decodes, with other pixels)."""
+    return value.index(b"\xff\xdb", HEADER_SIZE) + 5 + 10
+
+
+def test_bytes_damaged_on_disk_after_the_first_read_still_fail_their_checksum(store, tmp_path):
+    """The loader's later reads of a record slice the mapped data file: a byte changed there after the first
+    epoch (in place, as a failing disk would) fails the CRC-32 check naming the record, as on the first read."""
+    damaged = copy_store(store, tmp_path)
+    ds = fl.LMDBDataset(damaged)
+    assert run_epoch(ds)[0] == len(ds)  # every record read (and located) once
+    with ds.reader() as r:
+        value = bytes(r._value(7)[1])
+    data_file = damaged / "data.mdb"
+    content = data_file.read_bytes()
+    at = content.index(value) + _dqt_step(bytearray(value))
+    assert content.count(value) == 1
+    with open(data_file, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([content[at] ^ 0x20]))
+    with pytest.raises(fl.DecodeError, match=r"\[7\]( \(from [^)]*\))?: checksum mismatch"):
+        run_epoch(ds)
+    n, stats = run_epoch(ds, on_error="skip")
+    assert n == len(ds) and stats["skipped"] == 1
+
+
+def test_a_store_written_after_its_records_were_read_gives_the_new_bytes(store, tmp_path):
+    """A finished store is not written; if something writes it anyway (here another process, through LMDB), the
+    next reads follow LMDB's new snapshot, not where the records were before: record 7 with a changed
+    quantisation step and a matching CRC-32 reads as the new bytes, the other records as before."""
+    copy = copy_store(store, tmp_path)
+    ds = fl.LMDBDataset(copy)
+    n = len(ds)
+    with ds.reader() as r:
+        before = [bytes(v) for v in r.sources(list(range(n)))[0]]
+    result = child(f"""
+        import lmdb, zlib
+        from fastload.datasets.record import HEADER, HEADER_SIZE, record_key
+        env = lmdb.open({str(copy)!r})
+        with env.begin(write=True) as txn:
+            value = bytearray(txn.get(record_key(7)))
+            at = value.index(b"\\xff\\xdb", HEADER_SIZE) + 5 + 10
+            value[at] ^= 0x20
+            fields = list(HEADER.unpack_from(value, 0))
+            fields[-1] = zlib.crc32(value[HEADER_SIZE:])
+            HEADER.pack_into(value, 0, *fields)
+            txn.put(record_key(7), bytes(value))
+        env.close()
+    """)
+    assert result.returncode == 0, result.stderr
+    with ds.reader() as r:
+        after, crcs = r.sources(list(range(n)))
+        after = [bytes(v) for v in after]
+    changed = bytearray(before[7])
+    changed[_dqt_step(bytearray(HEADER_SIZE) + changed) - HEADER_SIZE] ^= 0x20
+    assert after[7] == bytes(changed) and crcs[7] == zlib.crc32(changed)
+    assert after[:7] + after[8:] == before[:7] + before[8:]
+    assert run_epoch(ds)[0] == n  # and the loader decodes them all (the new CRC-32 matches)
+
+
+def test_a_record_whose_header_disagrees_with_the_index_is_refused_at_every_read(store, tmp_path):
+    """Only records whose header passed the index check are located: one that fails it raises on every read of
+    the loader's path, alone or after the batch's other records were located."""
+    damaged = copy_store(store, tmp_path)
+
+    def relabel(value):
+        fields = list(HEADER.unpack_from(value, 0))
+        fields[6] += 1  # the label
+        HEADER.pack_into(value, 0, *fields)
+
+    rewrite_record(damaged, 2, relabel)
+    ds = fl.LMDBDataset(damaged)
+    for batch in ([2], [0, 1, 2], [0, 1, 2]):
+        with ds.reader() as r, pytest.raises(fl.DecodeError, match=r"\[2\]( \(from [^)]*\))?: record header disagrees"):
+            r.sources(batch)
+    with ds.reader() as r:
+        assert len(r.sources([0, 1])[0]) == 2
+
+
 # ---- files that change between the scan and the read ----------------------------------------------------------
 
 @pytest.mark.parametrize("fault", ["deleted", "directory"])
