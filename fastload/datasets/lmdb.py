@@ -72,9 +72,7 @@ class _Locations:
     LMDB: the loader's later reads of it slice a read-only memory map of the file. A B-tree lookup under the GIL
     costs ~1 us a record with the pages in cache and ~6 us amid decoding, when the decoders have evicted them (py-spy
     on 2 cores: a quarter of the producers' GIL time); the table costs a gather a batch. The table holds for one
-    snapshot of the store (LMDB's transaction id): a store written since is located afresh. Each location is checked
-    byte for byte against LMDB's own view before it is used, so a value laid out otherwise (a small one inside a
-    B-tree page) is only left unlocated, read through LMDB every time."""
+    snapshot of the store (LMDB's transaction id): a store written since is located afresh (_Table: how)."""
 
     def __init__(self, path, key, page_size):
         self.path, self.key, self.page_size = path, key, page_size
@@ -103,10 +101,15 @@ class _Locations:
 
 
 class _Table:
-    """_Locations' table for one snapshot: record i's image bytes are file[offsets[i]:offsets[i] + lengths[i]]."""
+    """_Locations' table for one snapshot: record i's image bytes are file[offsets[i]:offsets[i] + lengths[i]].
 
-    # LMDB's page header (MDB_page: the page number, then 8 bytes of flags and bounds) precedes a large value's bytes
-    # on its first overflow page: the page number there gives the value's offset in the file.
+    LMDB maps the whole data file at one address (its base), so a value's offset in the file is its address less the
+    base. The base is learnt from large values, whose first overflow page starts with its own page number just
+    before the value: two records whose offsets from their page numbers check byte for byte against LMDB's views and
+    agree on the base. After that a record's offset is arithmetic (a value inside a B-tree page too); an address
+    outside the file's bytes leaves it unlocated, read through LMDB."""
+
+    # LMDB's page header (MDB_page: the page number, then 8 bytes of flags and bounds) before an overflow value
     PAGE_HEADER = struct.calcsize("P") + 8
 
     def __init__(self, file, n, snapshot, page_size):
@@ -114,21 +117,39 @@ class _Table:
         self.offsets = np.full(n, -1, dtype=np.int64)  # -1: not located (yet)
         self.lengths = np.zeros(n, dtype=np.uint32)  # 16 bytes a record in all: 20 MB for ImageNet's 1.28M
         self.crcs = np.zeros(n, dtype=np.uint32)  # the CRC-32 the record's header holds
+        self.base = None  # the address LMDB maps the file at, once two records agree on it
+        self.seen = {}  # candidate base -> the record that gave it
 
     def learn(self, i, value, crc):
         """Locates record i, given its value as LMDB returned it in this snapshot (its header checked)."""
         image = len(value) - HEADER_SIZE
-        address = np.frombuffer(value, dtype=np.uint8).ctypes.data
-        # Where the value is a large one, its page's header sits just before it; otherwise the bytes read there are
-        # part of the same page (a node's header and key come first), and the comparison below fails.
-        page = int.from_bytes(ctypes.string_at(address - self.PAGE_HEADER, self.PAGE_HEADER - 8), sys.byteorder)
-        offset = page * self.page_size + self.PAGE_HEADER + HEADER_SIZE
-        if not 0 < image < 1 << 32 or offset + image > len(self.file) or not np.array_equal(
-                np.frombuffer(self.file, dtype=np.uint8, count=image, offset=offset),
-                np.frombuffer(value, dtype=np.uint8, offset=HEADER_SIZE)):
+        if not 0 < image < 1 << 32:
             return
+        address = np.frombuffer(value, dtype=np.uint8).ctypes.data
+        if self.base is None:
+            offset = self._from_page(address, value)
+            if offset is None:
+                return
+            other = self.seen.setdefault(address - offset, i)
+            if other != i:
+                self.base = address - offset
+        else:
+            offset = address - self.base
+            if not 0 <= offset <= len(self.file) - len(value):
+                return
         self.lengths[i], self.crcs[i] = image, crc
-        self.offsets[i] = offset  # last: a located record's length and CRC are there before its offset
+        self.offsets[i] = offset + HEADER_SIZE  # last: a located record's length and CRC are there before it
+
+    def _from_page(self, address, value):
+        """The value's offset in the file from its page's number, where the bytes there are the value's; else None.
+        (Where the value sits inside a B-tree page, the bytes before it are a node's, not a page header.)"""
+        page = int.from_bytes(ctypes.string_at(address - self.PAGE_HEADER, self.PAGE_HEADER - 8), sys.byteorder)
+        offset = page * self.page_size + self.PAGE_HEADER
+        if offset + len(value) > len(self.file) or not np.array_equal(
+                np.frombuffer(self.file, dtype=np.uint8, count=len(value), offset=offset),
+                np.frombuffer(value, dtype=np.uint8)):
+            return None
+        return offset
 
 
 class _Shared(NamedTuple):
