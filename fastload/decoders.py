@@ -4,9 +4,9 @@ work overlaps the decode there (the cores decode on native threads of their own 
 
 Per-sample decoders (they fill a host buffer and report per sample):
   * ``JpegCrops``: libjpeg-turbo on the cores, one native call per batch (``_C.decode_batch``) that reads the
-    samples (file paths opened by its own threads, or LMDB views), checks their packed CRC-32, and decodes only
-    each crop window, DCT-downscaled, into the slot, all without the GIL; only the samples that failed or warned
-    come back as Python objects.
+    samples (file paths opened by its own threads, or views of a store's mapped file), checks their packed CRC-32,
+    and decodes only each crop window, DCT-downscaled, into the slot, all without the GIL; only the samples that
+    failed or warned come back as Python objects.
   * ``PillowImages``: the few non-JPEG samples, at full resolution.
 Batch decoders (what ``decoder=`` names; each makes whole batches):
   * ``Cores`` ("cpu"): JPEGs to JpegCrops, other formats to Pillow, then ``on_error`` for broken samples (raise a
@@ -131,7 +131,7 @@ def _raise_if_process_limit(error, cause):
 
 
 def read_sources(reader, indices, unreadable=None):
-    """(sources, crcs) of these samples for the native decoder: zero-copy views and their packed CRC-32 for LMDB,
+    """(sources, crcs) of these samples for the native decoder: zero-copy views and their packed CRC-32 for a store,
     file paths (read by the native threads) and no checksums for folders. A record that cannot be read (a damaged
     store) gets an empty buffer and its reason goes to ``unreadable`` {position: message}: on_error then treats it
     like a failed decode."""
@@ -648,7 +648,8 @@ class Engines:
     # 9.5-11.4 ms a batch of 256 against 11.7-14.6 from pageable memory (one H100 host; inside training the
     # gain was within run-to-run spread: bench/RESULTS.md, "The engines inside training"). Each slot's buffer is
     # a power of two over the largest batch of files read so far, so torch's caching host allocator hands the
-    # same blocks to the next epoch's slots. A store's records are LMDB views, never copied: nothing is pinned.
+    # same blocks to the next epoch's slots. A store's records are views of its mapped file, never copied: nothing
+    # is pinned.
     pinned_bitstreams = True
 
     def make(self, indices, epoch, slot, k=0, plan=None):

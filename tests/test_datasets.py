@@ -1,5 +1,6 @@
 """FolderDataset and LMDBDataset on real photos: indexes, decoding, caching, broken files, errors, DataLoader."""
 import io
+import mmap
 import os
 import pickle
 import shutil
@@ -436,35 +437,78 @@ def test_the_loaders_second_read_of_a_record_is_the_same_bytes_without_a_lookup(
             assert bytes(data) == first[i] and crc == first_crcs[i] == zlib.crc32(data)
 
 
-def test_a_record_lmdb_keeps_inside_a_page_is_located_once_the_files_base_is_known(tmp_path, imagenet_dir,
-                                                                                     monkeypatch):
-    """A value small enough to sit inside a B-tree page (a tiny JPEG, read first) has no page header of its own to
-    be located by: it is read through LMDB until two large records have fixed where LMDB maps the file, and
-    located from its address after that. Every read gives the files' bytes."""
+def _small_store(tmp_path, imagenet_dir, tiny=3, big=1):
+    """A store of ``tiny`` 8x8 JPEGs (values LMDB keeps inside a B-tree page, read first) and ``big`` photos;
+    (dataset, each record's file bytes)."""
     tree = tmp_path / "photos" / "a"
     tree.mkdir(parents=True)
-    Image.new("RGB", (8, 8), (200, 30, 90)).save(tree / "0_tiny.jpg", quality=50)
-    assert (tree / "0_tiny.jpg").stat().st_size < 1000  # LMDB keeps values under ~2 KB (4 KB pages) in the page
-    for k, path in enumerate(jpeg_files(imagenet_dir)[:2]):
+    for k in range(tiny):
+        Image.new("RGB", (8, 8), (200, 30 * k, 90)).save(tree / f"0_tiny_{k}.jpg", quality=50)
+        assert (tree / f"0_tiny_{k}.jpg").stat().st_size < 1000  # under ~2 KB: inside the page (4 KB pages)
+    for k, path in enumerate(jpeg_files(imagenet_dir)[:big]):
         shutil.copy(path, tree / f"big_{k}.jpg")
     ds = LMDBDataset(pack(tmp_path / "photos", tmp_path / "s.lmdb", progress=False, log=lambda m: None).path)
-    files = [(tree / os.path.basename(ds.source_path(i))).read_bytes() for i in range(len(ds))]
-    assert len(files[0]) < 1000 and len(ds) == 3
+    return ds, [(tree / os.path.basename(ds.source_path(i))).read_bytes() for i in range(len(ds))]
 
-    def read(indices):
-        with ds.reader() as r:
-            views, crcs = r.sources(indices)
-        assert [bytes(v) for v in views] == [files[i] for i in indices]
-        assert crcs == [zlib.crc32(files[i]) for i in indices]
 
-    read([0, 1, 2])  # the tiny record first: not located; the two large ones fix the base
+def _read_checked(ds, files, indices):
+    with ds.reader() as r:
+        views, crcs = r.sources(indices)
+    assert [bytes(v) for v in views] == [files[i] for i in indices]
+    assert crcs == [zlib.crc32(files[i]) for i in indices]
+
+
+def test_records_lmdb_keeps_inside_its_pages_are_located_too(tmp_path, imagenet_dir, monkeypatch):
+    """Values small enough to sit inside a B-tree page (tiny JPEGs) are located from their page's number as the
+    large ones are: the second read looks nothing up, and every read gives the files' bytes."""
+    ds, files = _small_store(tmp_path, imagenet_dir)
+    everything = list(range(len(ds)))
+    _read_checked(ds, files, everything)
     looked_up = _lookups(monkeypatch)
-    read([1, 2])
+    _read_checked(ds, files, everything[::-1])
     assert looked_up == []
-    read([0, 1, 2])
-    assert looked_up == [0, 1, 2]  # a batch with an unlocated record is read through LMDB whole
-    read([0, 1, 2])
-    assert looked_up == [0, 1, 2]  # all located now
+
+
+def test_a_store_whose_records_cannot_be_located_is_read_through_lmdb_and_stops_trying(ds_store, monkeypatch):
+    """Where no record's place in the file can be confirmed (here every check made to fail), every read goes
+    through LMDB with the right bytes, and after a bounded number of tries the reads stop trying to locate."""
+    tries = []
+    monkeypatch.setattr(lmdb_reader._Table, "_from_page", lambda self, address, value: tries.append(1))  # None
+    ds = LMDBDataset(ds_store)
+    everything = list(range(len(ds)))
+    with ds.reader() as r:
+        expected = [bytes(r.raw(i)[1]) for i in everything]
+        r._locations.current = None  # a table of its own: other tests have located this store's records
+    counts = []
+    for _ in range(4):
+        with ds.reader() as r:
+            assert [bytes(v) for v in r.sources(everything)[0]] == expected
+        counts.append(len(tries))
+    assert counts[1] == counts[2] == counts[3] <= len(ds) + lmdb_reader._Table.ATTEMPTS
+    looked_up = _lookups(monkeypatch)
+    with ds.reader() as r:
+        r.sources(everything)
+    assert looked_up == everything
+
+
+def test_the_mapped_file_is_read_at_random_like_lmdbs_own_map(ds_store):
+    """The store is opened with readahead=False (LMDB advises its map MADV_RANDOM: a store larger than memory must
+    not fault in each record's neighbours too); the loader's mapping of the same file is advised the same."""
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists() or not hasattr(mmap.mmap, "madvise"):
+        pytest.skip("needs /proc/self/smaps and mmap.madvise")
+    ds = LMDBDataset(ds_store)
+    with ds.reader() as r:
+        r.sources([0, 1])
+        data_file = os.path.realpath(os.path.join(ds_store, "data.mdb"))
+        flags, current = [], None
+        for line in smaps.read_text().splitlines():
+            if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:  # a mapping's first line
+                current = line.split()[-1] if len(line.split()) >= 6 else None
+            elif line.startswith("VmFlags:") and current == data_file:
+                flags.append(line.split()[1:])
+    assert len(flags) >= 2  # LMDB's map and the loader's
+    assert all("rr" in f for f in flags), flags
 
 
 def _strict_cases(good):

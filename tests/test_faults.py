@@ -144,6 +144,7 @@ def test_bytes_damaged_on_disk_after_the_first_read_still_fail_their_checksum(st
     assert run_epoch(ds)[0] == len(ds)  # every record read (and located) once
     with ds.reader() as r:
         value = bytes(r._value(7)[1])
+        assert r._locations.current.offsets[7] >= 0  # the next reads of record 7 slice the mapped file
     data_file = damaged / "data.mdb"
     content = data_file.read_bytes()
     at = content.index(value) + _dqt_step(bytearray(value))

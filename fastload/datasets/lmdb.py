@@ -80,14 +80,15 @@ class _Locations:
         self.current = None  # _Table
 
     def table(self, n, snapshot):
-        """The _Table of the store as of transaction ``snapshot``, or None where its file cannot be mapped."""
+        """The _Table of the store's n records as of transaction ``snapshot``, or None where there is none to use
+        (the file cannot be mapped, or its records cannot be located)."""
         table = self.current
-        if table is None or table.snapshot != snapshot:
+        if table is None or table.snapshot != snapshot or table.n != n:
             with self.lock:
                 table = self.current
-                if table is None or table.snapshot != snapshot:
+                if table is None or table.snapshot != snapshot or table.n != n:
                     table = self.current = _Table(self._map(), n, snapshot, self.page_size)
-        return table if table.file is not None else None
+        return table if table.usable() else None
 
     def _map(self):
         try:
@@ -95,33 +96,42 @@ class _Locations:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != self.key:  # replaced on disk since the environment opened
                     return None
-                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):
             return None  # read through LMDB alone
+        if hasattr(mapped, "madvise"):  # random reads, as LMDB's own map (open_env's readahead=False): a store
+            mapped.madvise(mmap.MADV_RANDOM)  # larger than memory must not fault in its neighbours' pages too
+        return memoryview(mapped)
 
 
 class _Table:
     """_Locations' table for one snapshot: record i's image bytes are file[offsets[i]:offsets[i] + lengths[i]].
 
     LMDB maps the whole data file at one address (its base), so a value's offset in the file is its address less the
-    base. The base is learnt from large values, whose first overflow page starts with its own page number just
-    before the value: two records whose offsets from their page numbers check byte for byte against LMDB's views and
-    agree on the base. After that a record's offset is arithmetic (a value inside a B-tree page too); an address
-    outside the file's bytes leaves it unlocated, read through LMDB."""
+    base. The base is learnt from the pages values lie in: a page starts at a multiple of the page size from the
+    base, with its own page number (LMDB's MDB_page header), which gives a value's offset in the file; two records
+    whose offsets found so check byte for byte against LMDB's views and agree on the base fix it. After that a
+    record's offset is arithmetic, its header's bytes compared. A record that fails any check is read through LMDB;
+    a table whose base cannot be learnt gives up (``usable``), so the loader reads through LMDB alone."""
 
-    # LMDB's page header (MDB_page: the page number, then 8 bytes of flags and bounds) before an overflow value
-    PAGE_HEADER = struct.calcsize("P") + 8
+    PAGE_NUMBER = struct.calcsize("P")  # bytes: an MDB_page header starts with its page number (pgno_t, a size_t)
+    ATTEMPTS = 64  # records tried without a base before giving up
 
     def __init__(self, file, n, snapshot, page_size):
-        self.file, self.snapshot, self.page_size = file, snapshot, page_size
-        self.offsets = np.full(n, -1, dtype=np.int64)  # -1: not located (yet)
-        self.lengths = np.zeros(n, dtype=np.uint32)  # 16 bytes a record in all: 20 MB for ImageNet's 1.28M
-        self.crcs = np.zeros(n, dtype=np.uint32)  # the CRC-32 the record's header holds
+        self.file, self.n, self.snapshot, self.page_size = file, n, snapshot, page_size
         self.base = None  # the address LMDB maps the file at, once two records agree on it
         self.seen = {}  # candidate base -> the record that gave it
+        self.failed = 0  # records not located while the base is unknown
+        if file is not None:
+            self.offsets = np.full(n, -1, dtype=np.int64)  # -1: not located (yet)
+            self.lengths = np.zeros(n, dtype=np.uint32)  # 16 bytes a record in all: 20 MB for ImageNet's 1.28M
+            self.crcs = np.zeros(n, dtype=np.uint32)  # the CRC-32 the record's header holds
+
+    def usable(self):
+        return self.file is not None and (self.base is not None or self.failed < self.ATTEMPTS)
 
     def learn(self, i, value, crc):
-        """Locates record i, given its value as LMDB returned it in this snapshot (its header checked)."""
+        """Locates record i, given its value as LMDB returned it in this table's snapshot (its header checked)."""
         image = len(value) - HEADER_SIZE
         if not 0 < image < 1 << 32:
             return
@@ -129,22 +139,25 @@ class _Table:
         if self.base is None:
             offset = self._from_page(address, value)
             if offset is None:
+                self.failed += 1
                 return
-            other = self.seen.setdefault(address - offset, i)
-            if other != i:
+            if self.seen.setdefault(address - offset, i) != i:
                 self.base = address - offset
         else:
             offset = address - self.base
-            if not 0 <= offset <= len(self.file) - len(value):
+            if not 0 <= offset <= len(self.file) - len(value) or \
+                    self.file[offset:offset + HEADER_SIZE] != value[:HEADER_SIZE]:
                 return
         self.lengths[i], self.crcs[i] = image, crc
         self.offsets[i] = offset + HEADER_SIZE  # last: a located record's length and CRC are there before it
 
     def _from_page(self, address, value):
-        """The value's offset in the file from its page's number, where the bytes there are the value's; else None.
-        (Where the value sits inside a B-tree page, the bytes before it are a node's, not a page header.)"""
-        page = int.from_bytes(ctypes.string_at(address - self.PAGE_HEADER, self.PAGE_HEADER - 8), sys.byteorder)
-        offset = page * self.page_size + self.PAGE_HEADER
+        """The value's offset in the file from the number of the page it lies in, where the bytes there are the
+        value's; else None. (The map starts at a multiple of the system's page size: where LMDB's page size is
+        larger, the page found may be wrong, and the comparison says so.)"""
+        page = address & ~(self.page_size - 1)
+        number = int.from_bytes(ctypes.string_at(page, self.PAGE_NUMBER), sys.byteorder)
+        offset = number * self.page_size + (address - page)
         if offset + len(value) > len(self.file) or not np.array_equal(
                 np.frombuffer(self.file, dtype=np.uint8, count=len(value), offset=offset),
                 np.frombuffer(value, dtype=np.uint8)):
@@ -327,6 +340,7 @@ class _LMDBReader:
         except lmdb.Error as e:  # a damaged B-tree page: LMDB fails the transaction, so the next reads get a new one
             self._spent.append(self._txn)
             self._txn = self._env.begin(buffers=True)
+            self._snapshot = None  # the new transaction's, for the records located from now on
             name = self._ds.sample_name(i)
             if isinstance(e, lmdb.MemoryError):  # ENOMEM: the process's limit, not a damaged store
                 raise process_limit_error(f"{name}: cannot read the record: {e}") from None
@@ -359,9 +373,9 @@ class _LMDBReader:
         before in this snapshot of the store (its header checked then) is a slice of the mapped file (_Locations);
         the others are read through LMDB, checked, and located for the next time."""
         table = self._table()
-        idx = np.asarray(indices, dtype=np.int64)
-        if table is None or not len(idx) or idx.min() < 0 or idx.max() >= self._n:
-            return self._read(indices)
+        idx = np.asarray(indices)
+        if table is None or not len(idx) or idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= self._n:
+            return self._read(indices)  # (its reads raise for an index out of range)
         start = table.offsets[idx]
         if (start >= 0).all():
             file = table.file
