@@ -420,31 +420,44 @@ def test_a_cpu_op_that_returns_during_the_exit_does_not_abort_it():
     the GIL around it) when the script ends, and the op returns during the finalisation while the main thread has
     let go of the GIL (here a __del__ that sleeps, as a close() waiting on threads does): the thread used to take
     the GIL back and be ended by pthread_exit through torch's C++ frames, aborting the process (exit 134). The op
-    now stays in native code once the interpreter is exiting (native/exit_guard.h)."""
+    now stays in native code once the interpreter is exiting (native/exit_guard.h).
+    How the script makes that happen on busy cores too (thirty-fifth session; without the guard it aborts 5 of 5,
+    idle and beside two busy loops): the thread calls the op with arguments made beforehand and the script ends
+    once it is inside, since torch's own calls on the way (ops.warp_ragged's Tensor.to) take the GIL inside C++ as
+    well, and a thread the finalisation catches there aborts through torch alone (a core dump showed it); the op
+    takes ~1-2 s, so it is still running when the finalisation begins; and the sleeping object hangs off a module
+    of its own, cleared by the finalisation (one in __main__'s globals was not while the thread lived)."""
     proc = child("""
-        import threading, time, torch
+        import sys, threading, time, types, torch
         from fastload import ops
         torch.set_num_threads(1)
-        B, S = 8, 3000
+        B, S, O = 128, 3000, 100
         data = torch.zeros(S * S * 3, dtype=torch.uint8)
         offsets = torch.zeros(B, dtype=torch.int64)
         shapes = torch.tensor([[S, S, 3]] * B, dtype=torch.int64)
-        mats = torch.tensor([[[1.0, 0.3, 0.0], [0.2, 1.0, 0.0]]] * B)  # sheared: the general path
+        k = S / O  # sheared and 30x smaller: the general path, many taps a pixel, 15 MB out
+        mats = torch.tensor([[[k, 0.3 * k, 0.0], [0.2 * k, k, 0.0]]] * B)
+        args = (data, offsets, shapes, mats, torch.ones(3), torch.zeros(3), 3, O, O, True, torch.float32, False,
+                ops.fill_values(0.0))
         t = time.monotonic()
-        ops.warp_ragged(data, offsets, shapes, mats, S)
+        torch.ops.fastload.warp_normalize(*args)
         took = time.monotonic() - t
 
-        class Linger:  # cleared with the module's globals, after the finalisation began
-            def __del__(self):
-                time.sleep(took + 1.0)  # the GIL let go of while the other thread's op returns
-        keep = Linger()
+        class Linger:  # cleared with its module, after the finalisation began
+            def __del__(self, sleep=time.sleep, took=took):
+                sleep(took + 1.0)  # the GIL let go of while the other thread's op returns
+        holder = types.ModuleType("linger")
+        holder.keep = Linger()
+        sys.modules["linger"] = holder
+        del holder
         started = threading.Event()
 
         def work():
             started.set()
-            ops.warp_ragged(data, offsets, shapes, mats, S)
+            torch.ops.fastload.warp_normalize(*args)
         threading.Thread(target=work, daemon=True).start()
         started.wait()
+        time.sleep(0.2)  # the thread into the op (GIL released there)
         print("script ends", flush=True)
     """, timeout=120)
     assert proc.returncode == 0 and "script ends" in proc.stdout, (proc.returncode, proc.stderr[-2000:])

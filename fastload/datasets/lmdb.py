@@ -154,7 +154,8 @@ class _Table:
     def _from_page(self, address, value):
         """The value's offset in the file from the number of the page it lies in, where the bytes there are the
         value's; else None. (The map starts at a multiple of the system's page size: where LMDB's page size is
-        larger, the page found may be wrong, and the comparison says so.)"""
+        larger, the page found may be the wrong one, and the comparison says so; it still lies inside the map,
+        since values are never in the first two pages, LMDB's meta pages.)"""
         page = address & ~(self.page_size - 1)
         number = int.from_bytes(ctypes.string_at(page, self.PAGE_NUMBER), sys.byteorder)
         offset = number * self.page_size + (address - page)
