@@ -473,18 +473,18 @@ class Cores:
             nbytes = decoded_nbytes(windows)
             used = int(nbytes.sum())
             buffer = slot.reserve(used)
-            if overlap:  # the usual batch: all JPEGs, laid out by the native call as the batch is
-                started = self.crops.start(indices, sources, crcs, windows, buffer)
-                try:
-                    away = time.perf_counter()
-                    yield  # the caller's own work, while the JPEGs decode: not this batch's time
-                    away = time.perf_counter() - away
-                    d = self.crops.finish(indices, started, unreadable)
-                finally:  # done already, or abandoned (close()) or interrupted: the decode over before the
-                    started[0].close()  # reader's records go
-                offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
-            elif not fallback:  # the same on the producer's own thread
-                d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
+            if not fallback:  # the usual batch: all JPEGs, laid out by the native call as the batch is
+                if overlap:  # on threads of their own, while the caller works
+                    started = self.crops.start(indices, sources, crcs, windows, buffer)
+                    try:
+                        away = time.perf_counter()
+                        yield  # the caller's own work, while the JPEGs decode: not this batch's time
+                        away = time.perf_counter() - away
+                        d = self.crops.finish(indices, started, unreadable)
+                    finally:  # done already, or abandoned (close()) or interrupted: the decode over before the
+                        started[0].close()  # reader's records go
+                else:  # on the producer's own thread
+                    d = self.crops.decode(indices, sources, crcs, windows, buffer, unreadable)
                 offsets, shapes, status, messages = d.offsets, d.shapes, d.status, d.messages
             else:
                 offsets = torch.zeros(n, dtype=torch.int64)

@@ -314,7 +314,7 @@ def read_meta(path, user=None):
 class _LMDBReader:
     """Inside one read transaction: views of record values, valid until the transaction ends."""
 
-    def __init__(self, ds, env, locations=None):
+    def __init__(self, ds, env, locations):
         self._ds = ds
         self._env = env
         self._locations = locations
@@ -385,8 +385,6 @@ class _LMDBReader:
         return self._read(indices, table, learn=start < 0)
 
     def _table(self):
-        if self._locations is None:
-            return None
         if self._snapshot is None:
             self._snapshot = self._txn.id()
         return self._locations.table(self._n, self._snapshot)
