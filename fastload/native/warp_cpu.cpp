@@ -298,7 +298,7 @@ inline void store_rgb(out_t* o, int64_t os_c, __m128 v, const float* alpha, cons
 
 #if FL_SSE2
 // One output pixel's K taps of an accumulated RGB row, its three sums in lanes 0-2 (reads a[3 * K]: the accumulator
-// row has one float of padding). Shared by horizontal_rgb and horizontal_sums, so both builds sum alike.
+// row has one float of padding). Shared by horizontal_rgb and horizontal_row_avx2, so both builds sum alike.
 template <int K>
 inline __m128 rgb_taps(const float* a, const float* wu) {
   __m128 sum = _mm_setzero_ps();
@@ -336,26 +336,48 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
 
 #if FL_SSE2 && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FL_AVX2_ROWS 1
-// The AVX2 build's way out of the horizontal pass (planar output, uint8 or float32): horizontal_sums leaves each
-// pixel's three sums in a row buffer (one 16-byte store, the same operations as horizontal_rgb), then store_row_avx2
-// finishes eight pixels at a time: store_rgb's operations in every lane (v * alpha + beta; for uint8 the clamp, + 0.5
-// and truncation), then channels regrouped in registers and written as 8-value runs per plane. Per pixel, store_rgb's
-// conversions and three scattered stores were about half of the horizontal pass's time (bench/RESULTS.md, "CPU
-// kernels, one thread"). Same bits: tests/test_cpu_fastpaths.py compares it with the baseline build.
+// The AVX2 build's horizontal pass (planar output, uint8 or float32): two pixels per register, pixel u in the low
+// half and u + 1 in the high one, each half rgb_taps' operations on its pixel (the same bits as horizontal_rgb);
+// eight pixels are then finished together: store_rgb's operations in every lane (v * alpha + beta; for uint8 the
+// clamp, + 0.5 and truncation), channels regrouped in registers and written as 8-value runs per plane. Per pixel,
+// store_rgb's conversions and three scattered stores were about half of the pass's time, and the 4-lane taps a
+// quarter idle (bench/RESULTS.md, "CPU kernels, one thread"). tests/test_cpu_fastpaths.py compares it with the
+// baseline build.
+
+// pair_weights[(p * K + k) * 8 + 0..3] = w[2p][k], [.. + 4..7] = w[2p + 1][k]: each tap's weights for a pair of
+// pixels, as one register.
 template <int K>
-void horizontal_sums(const float* acc, const int* lo, const float* w, int out_w, float* sums) {
-  for (int u = 0; u < out_w; ++u) _mm_storeu_ps(sums + 4 * u, rgb_taps<K>(acc + lo[u] * 3, w + u * K));
+void pair_weights(const float* w, int out_w, std::vector<float>* pairs) {
+  pairs->resize(static_cast<size_t>(out_w / 2) * K * 8);
+  float* p = pairs->data();
+  for (int u = 0; u + 1 < out_w; u += 2)
+    for (int k = 0; k < K; ++k, p += 8)
+      for (int i = 0; i < 4; ++i) p[i] = w[u * K + k], p[4 + i] = w[(u + 1) * K + k];
 }
 
-template <typename out_t>
-__attribute__((target("avx2"))) void store_row_avx2(const float* sums, int out_w, const float* alpha,
-                                                    const float* beta, out_t* o, int64_t os_c) {
+template <int K>
+__attribute__((target("avx2"))) inline __m256 rgb_taps_pair(const float* a0, const float* a1, const float* wp) {
+  __m256 sum = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k)
+    sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(wp + 8 * k), _mm256_loadu2_m128(a1 + 3 * k, a0 + 3 * k)));
+  return sum;
+}
+
+template <int K, typename out_t>
+__attribute__((target("avx2"))) void horizontal_row_avx2(const float* acc, const int* lo, const float* w,
+                                                         const float* wp, int out_w, const float* alpha,
+                                                         const float* beta, out_t* o, int64_t os_c) {
   const __m256 a = _mm256_setr_ps(alpha[0], alpha[1], alpha[2], 0.f, alpha[0], alpha[1], alpha[2], 0.f);
   const __m256 b = _mm256_setr_ps(beta[0], beta[1], beta[2], 0.f, beta[0], beta[1], beta[2], 0.f);
   int u = 0;
   for (; u + 8 <= out_w; u += 8) {
     __m256 v[4];  // v[j]: pixels u + 2j (low half) and u + 2j + 1 (high half), each R, G, B, unused
-    for (int j = 0; j < 4; ++j) v[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(sums + 4 * (u + 2 * j)), a), b);
+    for (int j = 0; j < 4; ++j) {
+      const int p = u + 2 * j;
+      const __m256 sums = rgb_taps_pair<K>(acc + lo[p] * 3, acc + lo[p + 1] * 3, wp + static_cast<size_t>(p / 2) * K * 8);
+      v[j] = _mm256_add_ps(_mm256_mul_ps(sums, a), b);
+    }
     if constexpr (std::is_same_v<out_t, uint8_t>) {
       __m256i q[4];
       for (int j = 0; j < 4; ++j) {
@@ -385,7 +407,7 @@ __attribute__((target("avx2"))) void store_row_avx2(const float* sums, int out_w
       _mm256_storeu_ps(o + 2 * os_c + u, bl);
     }
   }
-  for (; u < out_w; ++u) store_rgb(o + u, os_c, _mm_loadu_ps(sums + 4 * u), alpha, beta);
+  for (; u < out_w; ++u) store_rgb(o + u, os_c, rgb_taps<K>(acc + lo[u] * 3, w + u * K), alpha, beta);
 }
 #endif
 
@@ -430,6 +452,20 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
       for (int x = sx.lo; x < sx.hi; ++x) fixed_w[u * K + (x - lo)] = wx[sx.first_weight + (x - sx.lo)];
     }
   }
+#if FL_AVX2_ROWS
+  thread_local std::vector<float> pairs;  // the columns [u0, u1)'s weights by pairs, for horizontal_row_avx2
+  if (fixed && avx2_rows && os.x == 1) {
+    const float* fw = fixed_w.data() + static_cast<size_t>(u0) * K;
+    switch (K) {
+      case 1: pair_weights<1>(fw, u1 - u0, &pairs); break;
+      case 2: pair_weights<2>(fw, u1 - u0, &pairs); break;
+      case 3: pair_weights<3>(fw, u1 - u0, &pairs); break;
+      case 4: pair_weights<4>(fw, u1 - u0, &pairs); break;
+      case 5: pair_weights<5>(fw, u1 - u0, &pairs); break;
+      default: pair_weights<6>(fw, u1 - u0, &pairs); break;
+    }
+  }
+#endif
   for (int v = 0; v < out_h; ++v) {
     const AxisSample& sy = ys[v];
     out_t* row_out = out + v * os.y;
@@ -462,17 +498,14 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
 #if FL_AVX2_ROWS
       if constexpr (std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>) {
         if (avx2_rows && os.x == 1) {
-          thread_local std::vector<float> sums;
-          sums.resize(static_cast<size_t>(n) * 4);
           switch (K) {
-            case 1: horizontal_sums<1>(acc.data(), lo, fw, n, sums.data()); break;
-            case 2: horizontal_sums<2>(acc.data(), lo, fw, n, sums.data()); break;
-            case 3: horizontal_sums<3>(acc.data(), lo, fw, n, sums.data()); break;
-            case 4: horizontal_sums<4>(acc.data(), lo, fw, n, sums.data()); break;
-            case 5: horizontal_sums<5>(acc.data(), lo, fw, n, sums.data()); break;
-            default: horizontal_sums<6>(acc.data(), lo, fw, n, sums.data()); break;
+            case 1: horizontal_row_avx2<1>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
+            case 2: horizontal_row_avx2<2>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
+            case 3: horizontal_row_avx2<3>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
+            case 4: horizontal_row_avx2<4>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
+            case 5: horizontal_row_avx2<5>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
+            default: horizontal_row_avx2<6>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
           }
-          store_row_avx2(sums.data(), n, alpha, beta, run, os.c);
           continue;
         }
       }
