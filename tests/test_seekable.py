@@ -121,17 +121,47 @@ def test_region_decode_equals_plain_decode(photos, downscale):
                                           pillow(data)[top:top + wh, left:left + ww])
 
 
+@pytest.mark.parametrize("kind", ["420", "422", "440", "411", "444", "gray"])
+def test_region_decode_is_exact_with_window_edges_at_every_offset_in_their_mcu(kinds, kind):
+    """A region carries context only where the window comes within two pixels (of the 1/d image) of its MCUs'
+    edges (fancy upsampling's reach): windows starting and ending at every offset in their MCU, at every scale,
+    must still decode exactly as the plain file does."""
+    data = kinds[kind].read_bytes()
+    seekable = ops.add_restart_markers(data)
+    layout = ops.restart_layout(seekable)
+    mh, mw = layout["mcu_height"], layout["mcu_width"]
+    h, w = ops.read_header(data)[:2]
+    assert h >= 4 * mh and w >= 4 * mw
+    sliced = 0
+    for d in (1, 2, 4, 8):
+        for k in range(mw + 2):  # starts and ends at each offset, crossing into the next MCU
+            top, left = mh + k % mh, mw + k
+            for end in (2 * mh + k, 3 * mh - k):
+                wh, ww = min(end, h) - top, min(end + mw, w) - left
+                if wh <= 0 or ww <= 0:
+                    continue
+                a = ops.decode_crop(data, top, left, wh, ww, d)
+                b = ops.decode_crop(seekable, top, left, wh, ww, d)
+                assert torch.equal(a, b), (kind, d, top, left, wh, ww)
+                sliced += C.jpeg_region(seekable, top, left, wh, ww, d) is not None
+    assert sliced > 0
+
+
 def test_region_really_slices_and_is_a_valid_jpeg(photos):
     data = ops.add_restart_markers(photos[-1])  # 1080p
     h, w = ops.read_header(data)[:2]
+    # 4:2:0, 16 px MCUs, 2-MCU (32 px) segments. Rows 500-699 lie 4 px inside MCU rows 496-703: no context rows;
+    # columns 900-1199 start 4 px inside their MCU (896) and end at an MCU's edge (1200): one MCU of context on
+    # the right (to 1216), then whole segments (896-1215).
     top, left, wh, ww = 500, 900, 200, 300
     region, sub = C.jpeg_region(data, top, left, wh, ww, 1)
-    # One MCU of context around the window, rounded out to whole 2-MCU segments: a small part of the file.
-    assert len(region) < len(data) * 0.12
-    rh, rw = ops.read_header(region)[:2]
-    assert wh + 16 <= rh <= wh + 3 * 16 and ww + 16 <= rw <= ww + 6 * 16
+    assert len(region) < len(data) * 0.12  # a small part of the file
+    assert ops.read_header(region)[:2] == (208, 320) and tuple(sub[:2]) == (4, 4)
     st, sl = sub[0], sub[1]
     np.testing.assert_array_equal(pillow(region)[st:st + wh, sl:sl + ww], pillow(data)[top:top + wh, left:left + ww])
+    # A window on MCU edges gets one MCU of context on each side: rows 480-719.
+    region, sub = C.jpeg_region(data, 496, left, 208, ww, 1)
+    assert ops.read_header(region)[0] == 240 and sub[0] == 16
     # The whole image gains nothing from slicing: the decoder takes the file as it is.
     assert C.jpeg_region(data, 0, 0, h, w, 1) is None
     assert C.jpeg_region(photos[-1], top, left, wh, ww, 1) is None  # no restart markers

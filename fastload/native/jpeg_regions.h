@@ -4,9 +4,9 @@
 // it, including whole rows left and right of the window. Restart markers (RSTn) cut the data into segments that
 // each start from a clean decoder state. When they fall at regular MCU positions, the segments covering a
 // window, renumbered and put behind a copy of the header with smaller dimensions, form a valid JPEG of just
-// that region: libjpeg then decodes the window's MCUs only. The region keeps one MCU of context on every side
-// that has image there, so fancy upsampling sees the same neighbours and the window's pixels are identical to
-// a full decode. `fastload pack --seekable` adds such markers losslessly (jpeg_transcode.h); camera files
+// that region: libjpeg then decodes the window's MCUs only. The region keeps one MCU of context on a side where
+// the window comes within fancy upsampling's reach of its MCUs' edge (and the image goes on), so the upsampling
+// sees the same neighbours and the window's pixels are identical to a full decode. `fastload pack --seekable` adds such markers losslessly (jpeg_transcode.h); camera files
 // often carry them already.
 #pragma once
 #include <cstddef>
