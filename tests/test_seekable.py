@@ -147,6 +147,29 @@ def test_region_decode_is_exact_with_window_edges_at_every_offset_in_their_mcu(k
     assert sliced > 0
 
 
+@pytest.mark.parametrize("subsampling", [0, 1, 2])  # Pillow's 4:4:4, 4:2:2, 4:2:0
+def test_region_decode_is_exact_for_windows_in_a_narrow_last_mcu(photos, subsampling):
+    """libjpeg upsamples chroma with its fancy filter only when the image it is given has chroma more than 2
+    samples wide: a region cut down to the last, partial MCU column (or one MCU at 1/4) would be replicated instead.
+    Windows inside the last MCU column or row, of images whose last MCU is 1-4 px or whole, at every scale."""
+    photo = Image.fromarray(pillow(photos[0]))
+    for w, h in ((97, 66), (99, 131), (100, 35), (108, 64), (112, 50)):
+        buf = io.BytesIO()  # the whole photo shrunk: chroma that changes from pixel to pixel, as the test needs
+        photo.resize((w, h)).save(buf, "JPEG", quality=90, subsampling=subsampling)
+        data = buf.getvalue()
+        seekable = ops.add_restart_markers(data)
+        assert ops.restart_layout(seekable) is not None
+        mcu_w, mcu_h = 8 if subsampling == 0 else 16, 16 if subsampling == 2 else 8
+        last_col, last_row = (w - 1) // mcu_w * mcu_w, (h - 1) // mcu_h * mcu_h
+        for d in (1, 2, 4, 8):
+            windows = [(8, left, 20, w - left) for left in range(last_col, w)]
+            windows += [(top, 9, h - top, 30) for top in range(last_row, h)]
+            for top, left, wh, ww in windows:
+                a = ops.decode_crop(data, top, left, wh, ww, d)
+                b = ops.decode_crop(seekable, top, left, wh, ww, d)
+                assert torch.equal(a, b), (subsampling, w, h, top, left, wh, ww, d)
+
+
 def test_region_really_slices_and_is_a_valid_jpeg(photos):
     data = ops.add_restart_markers(photos[-1])  # 1080p
     h, w = ops.read_header(data)[:2]

@@ -73,8 +73,8 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
   // sample (2 pixels of the 1/d image) of the edge. A window whose first pixel lies at least 2 pixels of the 1/d
   // image inside its MCU (2d here), and whose last lies at least 2 before the MCU's end (3d here: its end is
   // rounded up at scale 1/d), sees no difference; one MCU of context is always enough (at least 2 pixels at
-  // every scale with fancy upsampling, which libjpeg turns off at 1/8). Other sampling ratios upsample without
-  // neighbours. Context left out is entropy decoding saved (a loader crop decodes ~5% faster).
+  // every scale with fancy upsampling, which libjpeg turns off at 1/8); where it replicates, none is needed.
+  // Context left out is entropy decoding saved (a loader crop decodes ~5% faster).
   const int64_t d = std::max<int64_t>(1, window.downscale);
   const auto around = [d](int64_t start, int64_t length, int64_t mcu, int64_t size, int64_t* first, int64_t* end) {
     *first = start / mcu;
@@ -86,6 +86,16 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
   int64_t r0, r1, c0, c1;
   around(window.top, window.height, L.mcu_h, L.height, &r0, &r1);
   around(window.left, window.width, L.mcu_w, L.width, &c0, &c1);
+  // libjpeg picks fancy upsampling only for chroma more than 2 samples wide (jdsample.c), from the image it is
+  // given: a region one MCU across (a last, partial MCU column; one MCU at 1/4) would be upsampled by
+  // replication instead. Two MCUs are always wider. Rows too, in case a libjpeg decides by height.
+  const auto two_wide = [](int64_t* first, int64_t* end, int64_t count) {
+    if (*end - *first >= 2) return;
+    if (*first > 0) --*first;
+    else if (*end < count) ++*end;
+  };
+  two_wide(&r0, &r1, L.mcu_rows);
+  two_wide(&c0, &c1, L.mcus_per_row);
   // Segments in a grid: rows x per_row, each `interval` MCUs wide, or `rows_per` MCU rows tall.
   const bool in_row = L.mcus_per_row % L.interval == 0;
   const int64_t per_row = in_row ? L.mcus_per_row / L.interval : 1;

@@ -5,9 +5,10 @@
 // each start from a clean decoder state. When they fall at regular MCU positions, the segments covering a
 // window, renumbered and put behind a copy of the header with smaller dimensions, form a valid JPEG of just
 // that region: libjpeg then decodes the window's MCUs only. The region keeps one MCU of context on a side where
-// the window comes within fancy upsampling's reach of its MCUs' edge (and the image goes on), so the upsampling
-// sees the same neighbours and the window's pixels are identical to a full decode. `fastload pack --seekable` adds such markers losslessly (jpeg_transcode.h); camera files
-// often carry them already.
+// the window comes within fancy upsampling's reach of its MCUs' edge (and the image goes on), and is at least two
+// MCUs across, so the upsampling is the same and sees the same neighbours: the window's pixels are identical to a
+// full decode. `fastload pack --seekable` adds such markers losslessly (jpeg_transcode.h); camera files often
+// carry them already.
 #pragma once
 #include <cstddef>
 #include <cstdint>

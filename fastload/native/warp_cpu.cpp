@@ -454,7 +454,8 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
   }
 #if FL_AVX2_ROWS
   thread_local std::vector<float> pairs;  // the columns [u0, u1)'s weights by pairs, for horizontal_row_avx2
-  if (fixed && avx2_rows && os.x == 1) {
+  constexpr bool paired_out = std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>;
+  if (paired_out && fixed && avx2_rows && os.x == 1) {
     const float* fw = fixed_w.data() + static_cast<size_t>(u0) * K;
     switch (K) {
       case 1: pair_weights<1>(fw, u1 - u0, &pairs); break;
@@ -496,7 +497,7 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
       const int n = u1 - u0;
       out_t* run = row_out + u0 * os.x;
 #if FL_AVX2_ROWS
-      if constexpr (std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>) {
+      if constexpr (paired_out) {
         if (avx2_rows && os.x == 1) {
           switch (K) {
             case 1: horizontal_row_avx2<1>(acc.data(), lo, fw, pairs.data(), n, alpha, beta, run, os.c); break;
