@@ -182,9 +182,14 @@ def test_region_really_slices_and_is_a_valid_jpeg(photos):
     assert ops.read_header(region)[:2] == (208, 320) and tuple(sub[:2]) == (4, 4)
     st, sl = sub[0], sub[1]
     np.testing.assert_array_equal(pillow(region)[st:st + wh, sl:sl + ww], pillow(data)[top:top + wh, left:left + ww])
-    # A window on MCU edges gets one MCU of context on each side: rows 480-719.
+    # A window on MCU edges gets one MCU of context on each side: rows 480-719. At 1/2 and 1/4 libjpeg scales
+    # 4:2:0's chroma up in its IDCT instead of upsampling it: no context is needed, rows 496-703.
     region, sub = C.jpeg_region(data, 496, left, 208, ww, 1)
     assert ops.read_header(region)[0] == 240 and sub[0] == 16
+    for d in (2, 4):
+        region, sub = C.jpeg_region(data, 496, left, 208, ww, d)
+        assert ops.read_header(region)[0] == 208 and sub[0] == 0
+        assert torch.equal(ops.decode_crop(data, 496, left, 208, ww, d), ops.decode_crop(region, 0, sub[1], 208, ww, d))
     # The whole image gains nothing from slicing: the decoder takes the file as it is.
     assert C.jpeg_region(data, 0, 0, h, w, 1) is None
     assert C.jpeg_region(photos[-1], top, left, wh, ww, 1) is None  # no restart markers

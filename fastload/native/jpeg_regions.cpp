@@ -10,6 +10,25 @@ namespace {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline unsigned be16(const uint8_t* p) { return (static_cast<unsigned>(p[0]) << 8) | p[1]; }
 
+// Whether libjpeg upsamples some component along x / y when decoding at 1/d: it first scales a subsampled
+// component's IDCT up by powers of 2 while that divides out its ratio (jdmaster.c), so 4:2:0 at 1/2 and 1/4 needs
+// no upsampling at all; and it upsamples with neighbours (fancy) only above 1/8.
+void upsampled_axes(const RestartLayout& L, int64_t d, bool* along_x, bool* along_y) {
+  *along_x = *along_y = false;
+  if (L.components < 2 || d >= 8) return;
+  int h_max = 0, v_max = 0;
+  for (int c = 0; c < L.components; ++c) h_max = std::max(h_max, L.h_samp[c]), v_max = std::max(v_max, L.v_samp[c]);
+  const int scaled = static_cast<int>(8 / d);
+  for (int c = 0; c < L.components; ++c) {
+    int size = scaled;
+    while (size < 8 && (h_max * scaled) % (L.h_samp[c] * size * 2) == 0 &&
+           (v_max * scaled) % (L.v_samp[c] * size * 2) == 0)
+      size *= 2;
+    *along_x = *along_x || h_max * scaled > L.h_samp[c] * size;
+    *along_y = *along_y || v_max * scaled > L.v_samp[c] * size;
+  }
+}
+
 }  // namespace
 
 bool parse_restart_layout(const uint8_t* data, size_t size, RestartLayout* out) {
@@ -37,6 +56,8 @@ bool parse_restart_layout(const uint8_t* data, size_t size, RestartLayout* out) 
       for (int c = 0; c < components; ++c) {
         const int h = body[6 + 3 * c + 1] >> 4, v = body[6 + 3 * c + 1] & 15;
         if (h < 1 || h > 4 || v < 1 || v > 4) return false;
+        out->h_samp[c] = h;
+        out->v_samp[c] = v;
         h_max = std::max(h_max, h);
         v_max = std::max(v_max, v);
       }
@@ -56,6 +77,7 @@ bool parse_restart_layout(const uint8_t* data, size_t size, RestartLayout* out) 
     pos += length;
   }
   if (out->height == 0 || out->width == 0 || out->interval == 0) return false;
+  out->components = components;
   // A one-component scan is not interleaved: its MCU is one 8x8 block whatever the sampling factors.
   out->mcu_h = components == 1 ? 8 : 8 * v_max;
   out->mcu_w = components == 1 ? 8 : 8 * h_max;
@@ -73,19 +95,23 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
   // sample (2 pixels of the 1/d image) of the edge. A window whose first pixel lies at least 2 pixels of the 1/d
   // image inside its MCU (2d here), and whose last lies at least 2 before the MCU's end (3d here: its end is
   // rounded up at scale 1/d), sees no difference; one MCU of context is always enough (at least 2 pixels at
-  // every scale with fancy upsampling, which libjpeg turns off at 1/8); where it replicates, none is needed.
+  // every scale with fancy upsampling, which libjpeg turns off at 1/8); where it does not upsample, none is
+  // needed.
   // Context left out is entropy decoding saved (a loader crop decodes ~5% faster).
   const int64_t d = std::max<int64_t>(1, window.downscale);
-  const auto around = [d](int64_t start, int64_t length, int64_t mcu, int64_t size, int64_t* first, int64_t* end) {
+  bool context_x, context_y;  // only along an axis where libjpeg upsamples at this scale
+  upsampled_axes(L, d, &context_x, &context_y);
+  const auto around = [d](bool context, int64_t start, int64_t length, int64_t mcu, int64_t size, int64_t* first,
+                          int64_t* end) {
     *first = start / mcu;
-    if (start - *first * mcu < 2 * d && *first > 0) --*first;
+    if (context && start - *first * mcu < 2 * d && *first > 0) --*first;
     *end = ceil_div(start + length, mcu);
-    if (*end * mcu - (start + length) < 3 * d && *end * mcu < size) ++*end;
+    if (context && *end * mcu - (start + length) < 3 * d && *end * mcu < size) ++*end;
     *end = std::min(*end, ceil_div(size, mcu));
   };
   int64_t r0, r1, c0, c1;
-  around(window.top, window.height, L.mcu_h, L.height, &r0, &r1);
-  around(window.left, window.width, L.mcu_w, L.width, &c0, &c1);
+  around(context_y, window.top, window.height, L.mcu_h, L.height, &r0, &r1);
+  around(context_x, window.left, window.width, L.mcu_w, L.width, &c0, &c1);
   // libjpeg picks fancy upsampling only for chroma more than 2 samples wide (jdsample.c), from the image it is
   // given: a region one MCU across (a last, partial MCU column; one MCU at 1/4) would be upsampled by
   // replication instead. Two MCUs are always wider. Rows too, in case a libjpeg decides by height.

@@ -24,6 +24,8 @@ struct RestartLayout {
   int64_t interval = 0;                      // MCUs per restart segment
   size_t sof_dims_at = 0;                    // offset of the SOF's 16-bit height (width follows)
   size_t entropy_at = 0;                     // first byte after the SOS header
+  int components = 0;
+  int h_samp[4] = {}, v_samp[4] = {};        // each component's sampling factors
 };
 
 // Reads the markers up to SOS (header bytes only). True when the file can be sliced: baseline or extended
