@@ -393,14 +393,18 @@ def test_broken_batch(broken):
 
 # ---- resources --------------------------------------------------------------------------------------------
 
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: resident memory is read as it is
+    _malloc_trim = None
+
+
 def _rss():
     """Resident bytes, after glibc hands free heap pages back (malloc_trim): what earlier tests left free in the
     decode threads' arenas then does not read as growth (it did, 2.5 MB, after tests/test_seekable.py), while
     memory still in use, as a leak's is, stays counted."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    if _malloc_trim is not None:
+        _malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
