@@ -97,7 +97,7 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
   // rounded up at scale 1/d), sees no difference; one MCU of context is always enough (at least 2 pixels at
   // every scale with fancy upsampling, which libjpeg turns off at 1/8); where it does not upsample, none is
   // needed.
-  // Context left out is entropy decoding saved (a loader crop decodes ~5% faster).
+  // Context left out is entropy decoding saved (a loader crop's decode: -7% on the dev machine, bench/RESULTS.md).
   const int64_t d = std::max<int64_t>(1, window.downscale);
   bool context_x, context_y;  // only along an axis where libjpeg upsamples at this scale
   upsampled_axes(L, d, &context_x, &context_y);

@@ -375,7 +375,8 @@ __attribute__((target("avx2"))) void horizontal_row_avx2(const float* acc, const
     __m256 v[4];  // v[j]: pixels u + 2j (low half) and u + 2j + 1 (high half), each R, G, B, unused
     for (int j = 0; j < 4; ++j) {
       const int p = u + 2 * j;
-      const __m256 sums = rgb_taps_pair<K>(acc + lo[p] * 3, acc + lo[p + 1] * 3, wp + static_cast<size_t>(p / 2) * K * 8);
+      const float* pair_w = wp + static_cast<size_t>(p / 2) * K * 8;
+      const __m256 sums = rgb_taps_pair<K>(acc + lo[p] * 3, acc + lo[p + 1] * 3, pair_w);
       v[j] = _mm256_add_ps(_mm256_mul_ps(sums, a), b);
     }
     if constexpr (std::is_same_v<out_t, uint8_t>) {
