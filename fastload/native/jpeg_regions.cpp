@@ -16,8 +16,7 @@ inline unsigned be16(const uint8_t* p) { return (static_cast<unsigned>(p[0]) << 
 void upsampled_axes(const RestartLayout& L, int64_t d, bool* along_x, bool* along_y) {
   *along_x = *along_y = false;
   if (L.components < 2 || d >= 8) return;
-  int h_max = 0, v_max = 0;
-  for (int c = 0; c < L.components; ++c) h_max = std::max(h_max, L.h_samp[c]), v_max = std::max(v_max, L.v_samp[c]);
+  const int h_max = static_cast<int>(L.mcu_w / 8), v_max = static_cast<int>(L.mcu_h / 8);  // interleaved MCU
   const int scaled = static_cast<int>(8 / d);
   for (int c = 0; c < L.components; ++c) {
     int size = scaled;

@@ -346,8 +346,7 @@ void horizontal_rgb(const float* acc, const int* lo, const float* w, int out_w, 
 
 // pair_weights[(p * K + k) * 8 + 0..3] = w[2p][k], [.. + 4..7] = w[2p + 1][k]: each tap's weights for a pair of
 // pixels, as one register.
-template <int K>
-void pair_weights(const float* w, int out_w, std::vector<float>* pairs) {
+void pair_weights(const float* w, int out_w, int K, std::vector<float>* pairs) {
   pairs->resize(static_cast<size_t>(out_w / 2) * K * 8);
   float* p = pairs->data();
   for (int u = 0; u + 1 < out_w; u += 2)
@@ -456,17 +455,8 @@ void warp_separable(const Image<in_t>& img, const float* m, const Visible& vis, 
 #if FL_AVX2_ROWS
   thread_local std::vector<float> pairs;  // the columns [u0, u1)'s weights by pairs, for horizontal_row_avx2
   constexpr bool paired_out = std::is_same_v<out_t, uint8_t> || std::is_same_v<out_t, float>;
-  if (paired_out && fixed && avx2_rows && os.x == 1) {
-    const float* fw = fixed_w.data() + static_cast<size_t>(u0) * K;
-    switch (K) {
-      case 1: pair_weights<1>(fw, u1 - u0, &pairs); break;
-      case 2: pair_weights<2>(fw, u1 - u0, &pairs); break;
-      case 3: pair_weights<3>(fw, u1 - u0, &pairs); break;
-      case 4: pair_weights<4>(fw, u1 - u0, &pairs); break;
-      case 5: pair_weights<5>(fw, u1 - u0, &pairs); break;
-      default: pair_weights<6>(fw, u1 - u0, &pairs); break;
-    }
-  }
+  if (paired_out && fixed && avx2_rows && os.x == 1)
+    pair_weights(fixed_w.data() + static_cast<size_t>(u0) * K, u1 - u0, K, &pairs);
 #endif
   for (int v = 0; v < out_h; ++v) {
     const AxisSample& sy = ys[v];
