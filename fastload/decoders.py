@@ -641,15 +641,14 @@ class Engines:
         # (H200: 18.6k img/s with one, 14.5k with four), and producer threads are new every epoch, where a new
         # stream would strand the allocator's cached blocks.
         self.handles = None
-        self.largest_read = 0  # bytes: the largest batch of files read into a slot so far
+        self.largest_read = 0  # bytes: the largest batch read into a slot so far
 
-    # Files read from a folder land in page-locked memory (in a slot that pins: on CUDA). nvJPEG's batched call
-    # blocks its thread and holds the engines for the batch's host-side work, and with the loader alone it took
-    # 9.5-11.4 ms a batch of 256 against 11.7-14.6 from pageable memory (one H100 host; inside training the
-    # gain was within run-to-run spread: bench/RESULTS.md, "The engines inside training"). Each slot's buffer is
-    # a power of two over the largest batch of files read so far, so torch's caching host allocator hands the
-    # same blocks to the next epoch's slots. A store's records are views of its mapped file, never copied: nothing
-    # is pinned.
+    # The bytes the engines read land in page-locked memory (in a slot that pins: on CUDA): files read from a
+    # folder, and a store's records, copied out of its mapped file. nvJPEG's batched call blocks its thread and
+    # holds the engines for the batch's host-side work, and it stages pageable bitstreams through a copy of its
+    # own: 7.3 ms a batch of 256 page-locked against 10.3 (H200, bench/RESULTS.md, "The JPEG engines"). Each
+    # slot's buffer is a power of two over the largest batch read so far, so torch's caching host allocator
+    # hands the same blocks to the next epoch's slots.
     pinned_bitstreams = True
 
     def make(self, indices, epoch, slot, k=0, plan=None):
@@ -744,8 +743,9 @@ class Engines:
         read or fails its packed CRC-32, a file that cannot be read safely (read_file's rules). One native call
         reads every file (GIL released: no Python open/stat/read/close per file, each of which would give the GIL
         up and wait for it back) and checks every CRC. The CPU path then reads the failed ones again and reports
-        what it finds. The files land in ``slot``'s host buffer for bitstreams (kept: no fresh memory to fault in
-        each batch); the engines are done with them before the slot is reused."""
+        what it finds. The files, and where the slot pins a store's records too, land in ``slot``'s host buffer
+        for bitstreams (kept: no fresh memory to fault in each batch); the engines are done with them before the
+        slot is reused."""
         unreadable = {}
         sources, crcs = read_sources(reader, indices, unreadable)
         pin = slot is not None and slot.pin and self.pinned_bitstreams
@@ -754,15 +754,15 @@ class Engines:
         data, lengths, _, failed = ops.C.read_batch(
             sources, self.maker.threads, ops.MAX_BYTES,
             None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)),
-            None if slot is None else slot.bitstreams)
+            None if slot is None else slot.bitstreams, copy_buffers=pin)
         if slot is not None and data is not slot.bitstreams:  # read_batch grew it (its own memory: pageable)
             slot.bitstreams = data
-            if pin and any(isinstance(source, str) for source in sources):  # files, not views: the next batches
+            if pin:  # the next batches into page-locked memory
                 self.largest_read = max(self.largest_read, data.numel())
                 slot.pin_bitstreams(self.largest_read)
-        files = memoryview(data.numpy())  # the files back to back; views of it keep it alive
+        read = memoryview(data.numpy())  # the samples read or copied, back to back; views of it keep it alive
         ends = np.cumsum(lengths.numpy()).tolist()
-        return [None if k in unreadable or k in failed else files[end - size:end] if isinstance(source, str)
+        return [None if k in unreadable or k in failed else read[end - size:end] if pin or isinstance(source, str)
                 else source for k, (source, end, size) in enumerate(zip(sources, ends, lengths.tolist()))]
 
 

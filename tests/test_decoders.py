@@ -460,11 +460,27 @@ def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tm
     assert failed[4] == "cannot read: No such file or directory" and failed[5] == failed[8] == \
         "cannot read: not a regular file" and failed[6].startswith("checksum mismatch")
     assert failed[9].startswith("checksum mismatch") and set(failed) == {4, 5, 6, 8, 9}
+    # copy_buffers (a store's records for the engines, into page-locked memory): the buffers copied in too, in
+    # order, the same verdicts, each CRC-32 checked on the bytes copied (buffer 6's wrong one still caught)
+    copied, lengths3, status3, failed3 = ops.C.read_batch(sources, 2, 0, crcs, copy_buffers=True)
+    ends3 = np.cumsum(lengths3.numpy())
+    assert torch.equal(status3, status) and failed3 == failed and ends3[-1] <= copied.numel()
+    for i, s in enumerate(sources):
+        if i not in failed:
+            want = s if isinstance(s, bytes) else Path(s).read_bytes()
+            assert lengths3[i] == len(want) and bytes(copied[ends3[i] - len(want):ends3[i]].numpy()) == want
     size = Path(sources[0]).stat().st_size
-    _, lengths, status, failed = ops.C.read_batch([sources[0], b"x" * size], 1, size - 1)
-    assert status.tolist() == [ops.UNREADABLE] * 2 and lengths.tolist() == [0, 0]
-    assert failed == {0: f"file is {size} bytes, over the per-image limit of {size - 1}",
-                      1: f"buffer is {size} bytes, over the per-image limit of {size - 1}"}
+    for copy in (False, True):
+        _, lengths, status, failed = ops.C.read_batch([sources[0], b"x" * size], 1, size - 1, copy_buffers=copy)
+        assert status.tolist() == [ops.UNREADABLE] * 2 and lengths.tolist() == [0, 0]
+        assert failed == {0: f"file is {size} bytes, over the per-image limit of {size - 1}",
+                          1: f"buffer is {size} bytes, over the per-image limit of {size - 1}"}
+
+
+def _inside(view, tensor):
+    """Whether the bytes-like ``view`` lies in ``tensor``'s memory."""
+    address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    return tensor.data_ptr() <= address < tensor.data_ptr() + tensor.numel()
 
 
 @pytest.mark.parametrize("store", [False, True], ids=["folder", "lmdb"])
@@ -472,8 +488,8 @@ def test_read_batch_reads_files_natively_with_the_readers_rules(batch_inputs, tm
 def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, tmp_path, store, pin):
     """Engines._buffers (CPU work, no GPU needed): the bytes of each sample, None for one that cannot go to the
     engines (a file gone, a record whose bytes changed since packing), for the cores to report. From the second
-    read on the files land in the slot's buffer, page-locked where the slot pins (on CUDA: nvJPEG's batched call
-    then spends less time on them, bench/RESULTS.md)."""
+    read on the files, and where the slot pins a store's records too, land in the slot's buffer, page-locked
+    where the slot pins (on CUDA: nvJPEG's batched call then spends less time on them, bench/RESULTS.md)."""
     root = tmp_path / "ds"
     (root / "a").mkdir(parents=True)
     for i, f in enumerate(sorted(Path(imagenet_dir).rglob("*.jpg"))[:8]):
@@ -495,19 +511,22 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
     with ds.reader() as reader:
         kept = []
         for slot in (Slot(pin=pin), Slot(pin=pin)):  # the second slot new, as the next epoch's are
-            for _ in range(2):  # the second time into the slot's buffer from the first
+            for read in range(2):  # the second time into the slot's buffer from the first
                 got = engines._buffers(reader, np.arange(8)[::-1].copy(), slot)[::-1]
                 assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
                 assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
                 kept.append(slot.bitstreams)
-            if not store:
+                copied = not store or pin  # else the store's own views
+                if read:  # the second read: every sample's bytes inside the slot's buffer, or none
+                    assert {_inside(got[i], slot.bitstreams) for i in range(8) if i not in broken} == {copied}
+            if copied:
                 assert slot.bitstreams.numel() >= sum(len(want[i]) for i in range(8) if i not in broken)
                 assert slot.bitstreams.is_pinned() == pin
-        if not store:  # each slot keeps its buffer; a new slot is page-locked before its first read where it pins
+        if copied:  # each slot keeps its buffer; a new slot is page-locked before its first read where it pins
             assert kept[1] is kept[0] and kept[3] is kept[2] and (kept[2].is_pinned() == pin)
             assert 0 < engines.largest_read <= kept[0].numel() if pin else engines.largest_read == 0
-        else:  # a store's records are views of the store: nothing pinned for them
-            assert engines.largest_read == 0
+        else:  # a store read into a slot that does not pin: its records stay views of the store, nothing read
+            assert engines.largest_read == 0 and all(k is None or k.numel() == 0 for k in kept)
 
 
 def test_stats_say_which_decoder_auto_chose(imagenet_dir):
