@@ -101,15 +101,11 @@ class _Timed:
         self.inner.acquire()
         self._t = time.perf_counter()
         self.wait += self._t - t
-        return self.inner
 
     def __exit__(self, *exc):
         self.held += time.perf_counter() - self._t
         self.calls += 1
         self.inner.release()
-
-    def __getattr__(self, name):  # the rest of the decoder slots (decoders.EngineSlots), for a fork's hold
-        return getattr(self.inner, name)
 
     def __call__(self, *args):
         t = time.perf_counter()
@@ -133,7 +129,7 @@ def nvjpeg_workers(ds):
         loader._stats = type(loader._stats)()
         loader._maker.stats = loader._stats
         lock = loader._maker._hardware_lock = _Timed(loader._maker._hardware_lock)
-        decoder = loader._maker.decoder.handles[0][0]  # the loader's first HardwareDecoder: restored below
+        decoder = loader._maker.decoder.handles[0]  # the loader's one HardwareDecoder: restored below
         submit = decoder.decode = _Timed(decoder.decode)
         t, n = time.perf_counter(), 0
         for _ in range(3):

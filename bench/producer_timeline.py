@@ -31,26 +31,26 @@ PHASES = ("slot", "plan", "reusable", "read", "verify", "lock", "submit", "sync"
 
 
 class _TimedLock:
-    """The maker's hardware decoder slots (decoders.EngineSlots), timing how long taking one waits and how long it
-    is held; anything else passed through."""
+    """The maker's hardware lock, timing how long acquiring it waits and how long it is held."""
 
     def __init__(self, lock, timeline):
         self.lock, self.timeline = lock, timeline
-        self.mine = threading.local()
 
     def __enter__(self):
         t = time.perf_counter()
         self.lock.acquire()
-        self.mine.since = time.perf_counter()
-        self.timeline.add("lock", self.mine.since - t)
-        return self.lock
+        self.held_since = time.perf_counter()
+        self.timeline.add("lock", self.held_since - t)
 
     def __exit__(self, *exc):
-        self.timeline.held += time.perf_counter() - self.mine.since
+        self.timeline.held += time.perf_counter() - self.held_since
         self.lock.release()
 
-    def __getattr__(self, name):
-        return getattr(self.lock, name)
+    def acquire(self, *a, **k):
+        return self.lock.acquire(*a, **k)
+
+    def release(self):
+        return self.lock.release()
 
 
 def _thread():

@@ -54,7 +54,7 @@ from bench.host_meters import (_ALLOCATOR_COUNTS, GcPauses, GilProbe, ThreadCpu,
                                training_threads)
 from bench.producer_timeline import Timeline
 import fastload.loader
-from fastload import FastLoader, decoders
+from fastload import FastLoader, decoders, nvjpeg
 from fastload.benchmark import (TRANSFORMS, ceiling_rate, fixed_batch, loader_shape, open_dataset,
                                 training_step)
 
@@ -170,14 +170,20 @@ def _write_trace(tracer, directory, name):
 
 
 @contextlib.contextmanager
-def _engine_streams(priority):
+def _engine_streams(device, priority):
     """The JPEG engines' decode and copy streams made at ``priority`` instead of the library's -1, for the block."""
-    library = decoders.Engines.stream_priority
-    decoders.Engines.stream_priority = priority
+    library = decoders.Engines._handles
+
+    def handles(self, batch):
+        if self.handles is None:
+            self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=priority),
+                            torch.cuda.Stream(device, priority=priority))
+        return self.handles
+    decoders.Engines._handles = handles
     try:
         yield
     finally:
-        decoders.Engines.stream_priority = library
+        decoders.Engines._handles = library
 
 
 def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch_interval=None, threads=None,
@@ -201,7 +207,7 @@ def profile(data, model, size, decoder, batch_size, epochs, spy_dir=None, switch
         if train_stream == "side":  # the whole loop on a non-default (non-blocking) stream instead of the legacy one
             stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
         if engine_priority is not None:
-            stack.enter_context(_engine_streams(engine_priority))
+            stack.enter_context(_engine_streams(device, engine_priority))
         return _profile(data, model, size, decoder, batch_size, epochs, spy_dir, threads, workers, reserve,
                         warmup_epochs, transform, side_priority, train_stream, cuda_graph, engine_priority, trace,
                         producer_times, loader_only, planning, device, train_cores, gil_probe, feed,

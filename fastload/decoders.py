@@ -21,7 +21,6 @@ engines, "auto"'s ``Trial`` then measures every kind inside the training loop an
 """
 import io
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -621,54 +620,6 @@ def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXEL
     return present & (state[indices] == VERIFIED)
 
 
-class EngineSlots:
-    """The engines' handles as ``n`` slots, each used by one producer at a time, behind a Lock's interface
-    (``acquire``, ``release``, ``with``): acquire takes whichever slot is free and ``held`` says which, for this
-    thread. ``hold_all`` / ``release_all``: every slot at once, for a fork (producer._hold_decoders)."""
-
-    def __init__(self, n):
-        self.locks = [threading.Lock() for _ in range(n)]
-        self._permits = threading.Semaphore(n)  # one per free slot: released after its lock
-        self._mine = threading.local()
-
-    def acquire(self, blocking=True, timeout=-1):
-        if not self._permits.acquire(blocking, None if timeout < 0 else timeout):
-            return False
-        # a permit held means a lock free for it: one per permit, each released before its permit
-        self._mine.held = next(k for k, lock in enumerate(self.locks) if lock.acquire(blocking=False))
-        return True
-
-    def release(self):
-        self.locks[self._mine.held].release()
-        self._permits.release()
-
-    @property
-    def held(self):
-        return self._mine.held
-
-    def locked(self):
-        """Whether some producer holds a slot."""
-        return any(lock.locked() for lock in self.locks)
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
-    def hold_all(self, timeout):
-        """Every slot, waiting up to ``timeout`` s for each: how many were taken (release_all gives them back)."""
-        taken = 0
-        while taken < len(self.locks) and self._permits.acquire(True, timeout):
-            taken += 1
-        return taken
-
-    def release_all(self, taken):
-        for _ in range(taken):
-            self._permits.release()
-
-
 class Engines:
     """decoder="nvjpeg": the hardware decoder takes every verified baseline YCbCr JPEG of the batch (crops at full
     resolution, straight into the slot's device buffer), ``cores`` the rest (other JPEG kinds, other formats,
@@ -685,10 +636,11 @@ class Engines:
         # shares one verdict among the keys that read the same sample, so each file is checked once.
         self.verdict_key = sample_keys(maker.ds, len(maker.heights))
         self.decodable = np.full(int(self.verdict_key.max(initial=-1)) + 1, UNKNOWN, dtype=np.int8)
-        # Per slot of the maker's EngineSlots (handles_at_once): an (nvJPEG decoder, decode stream, copy stream)
-        # for the loader's life, used by one producer at a time (a fork also waits for them) while the others
-        # read. Producer threads are new every epoch, where a new stream would strand the allocator's blocks.
-        self.handles = [None] * len(maker._hardware_lock.locks)
+        # One (nvJPEG decoder, CUDA stream) for the loader's life, used by one producer at a time (maker's
+        # hardware lock, which a fork also waits for) while the others read: more handles decode slower in total
+        # (H200: 18.6k img/s with one, 14.5k with four), and producer threads are new every epoch, where a new
+        # stream would strand the allocator's cached blocks.
+        self.handles = None
         self.largest_read = 0  # bytes: the largest batch read into a slot so far
 
     # The bytes the engines read land in page-locked memory (in a slot that pins: on CUDA): files read from a
@@ -698,15 +650,6 @@ class Engines:
     # slot's buffer is a power of two over the largest batch read so far, so torch's caching host allocator
     # hands the same blocks to the next epoch's slots.
     pinned_bitstreams = True
-
-    # nvJPEG handles decoding at once, each with its own state and streams (BatchMaker's EngineSlots). nvJPEG's
-    # batched call does its host-side work (parsing each JPEG) in the calling thread, so a second handle lets a
-    # second producer parse while the first's batch is in the engines. (Older measurements, with 8 hardware
-    # queues: 18.6k img/s with one handle, 14.5k with four.)
-    handles_at_once = 1
-    # The decode and copy streams' priority: high, so that inside a training loop the decode's few kernels and
-    # copies do not queue behind the model's, with the producer waiting on them with the batch half done.
-    stream_priority = -1
 
     def make(self, indices, epoch, slot, k=0, plan=None):
         return self._make(indices, epoch, slot, plan) or self.cores.make(indices, epoch, slot, plan=plan)
@@ -753,8 +696,8 @@ class Engines:
             if part is not None:
                 trusted[rest] = part.indices == indices[rest]
             full_bytes = int((planned_w[:, 2] * planned_w[:, 3] * 3)[torch.from_numpy(trusted)].sum())
-            with m._hardware_lock as slots:  # a free handle, held for the batch
-                decoder, stream, copy_stream = self._handles(slots.held, n)
+            with m._hardware_lock:  # one batch at a time: the engines are shared, and it is the fastest
+                decoder, stream, copy_stream = self._handles(n)
                 with torch.cuda.stream(stream):  # sized for the whole batch at full resolution, whatever the
                     # split: buffer sizes then follow the plan alone, and memory stays flat from epoch to epoch
                     out = slot.reserve_device(max(full_bytes, hw_bytes + (part.nbytes if part else 0)), m.device)
@@ -786,12 +729,14 @@ class Engines:
         return RaggedBatch(out, offsets, shapes, all_matrices, labels, hw_bytes + (part.nbytes if part else 0), slot,
                            counts, final)
 
-    def _handles(self, k, batch):
-        if self.handles[k] is None:
-            device, priority = self.maker.device, self.stream_priority
-            self.handles[k] = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=priority),
-                               torch.cuda.Stream(device, priority=priority))
-        return self.handles[k]
+    def _handles(self, batch):
+        if self.handles is None:
+            # High priority: inside a training loop the decode's few kernels and copies must not queue behind
+            # the model's, or the producer waits on them with the batch half done.
+            device = self.maker.device
+            self.handles = (nvjpeg.HardwareDecoder(batch), torch.cuda.Stream(device, priority=-1),
+                            torch.cuda.Stream(device, priority=-1))
+        return self.handles
 
     def _buffers(self, reader, indices, slot=None):
         """The bytes of these samples for the engines, or None where they cannot go: a record that cannot be

@@ -10,6 +10,7 @@ batches). Pillow decodes the few non-JPEG samples, and with ``on_error="skip"`` 
 replacements; see decoders.py.
 """
 import os
+import threading
 import warnings
 import weakref
 from typing import Any, NamedTuple
@@ -90,14 +91,14 @@ _held = []
 
 
 def _hold_decoders():
-    for maker in list(_makers):  # waits (GIL released) for the decodes in flight, ~10 ms
-        _held.append((maker._hardware_lock, maker._hardware_lock.hold_all(timeout=30)))
+    for maker in list(_makers):
+        if maker._hardware_lock.acquire(timeout=30):  # waits (GIL released) for a decode in flight, ~10 ms
+            _held.append(maker._hardware_lock)
 
 
 def _release_decoders():
     while _held:
-        slots, taken = _held.pop()
-        slots.release_all(taken)
+        _held.pop().release()
 
 
 os.register_at_fork(before=_hold_decoders, after_in_parent=_release_decoders, after_in_child=_release_decoders)
@@ -129,8 +130,8 @@ class BatchMaker:
         self.labels = targets(dataset.labels)
         self.formats = np.asarray(dataset.formats, dtype=np.uint8)
         self.device = device
-        # The hardware decoder's handles, each held by one producer at a time, and all by a fork (_hold_decoders).
-        self._hardware_lock = decoders.EngineSlots(decoders.Engines.handles_at_once)
+        # Held by the one producer inside the hardware decoder at a time, and by a fork (_hold_decoders).
+        self._hardware_lock = threading.Lock()
         self._parts = {}  # part(): the cores, the engines
         self._warned_together = False  # prepare_many's warning, once
         self.use(decoders.KINDS[decoder] if isinstance(decoder, str) else decoder, threads)

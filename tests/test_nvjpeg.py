@@ -317,30 +317,25 @@ def test_native_decoder_drives_nvjpeg_as_documented(tmp_path, monkeypatch):
     assert calls() == [f"params_destroy {made[2][1]}", f"state_destroy {made[1][1]}", f"destroy {made[0][-1]}"]
 
 
-@pytest.mark.parametrize("handles", [1, 2])
-def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir, monkeypatch, handles):
+def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir):
     """A fork (a DataLoader starting its workers) never happens while a producer is inside the hardware decoder:
-    it waits for every handle's producer (decoders.EngineSlots), and the child gets them all free."""
+    it waits for the decoder's lock, and the child gets it unlocked."""
     import threading
     import time
     from fastload.loader import LoaderStats
     from fastload.producer import BatchMaker
-    monkeypatch.setattr(decoders.Engines, "handles_at_once", handles)
     maker = BatchMaker(fl.FolderDataset(imagenet_dir), fl.RandomResizedCrop(32), 0, 1, "raise", True, 10**8,
                        LoaderStats())
-    inside, released, slots = threading.Barrier(handles + 1), [], []
+    inside, released = threading.Event(), []
 
-    def decode(seconds):  # stands for a producer inside nvjpegDecodeBatchedEx
-        with maker._hardware_lock as taken:
-            slots.append(taken.held)
-            inside.wait()
-            time.sleep(seconds)
+    def decode():  # stands for a producer inside nvjpegDecodeBatchedEx
+        with maker._hardware_lock:
+            inside.set()
+            time.sleep(0.3)
             released.append(time.monotonic())
-    threads = [threading.Thread(target=decode, args=(0.2 + 0.2 * k,)) for k in range(handles)]
-    for t in threads:
-        t.start()
+    t = threading.Thread(target=decode)
+    t.start()
     inside.wait()
-    assert sorted(slots) == list(range(handles))  # each producer in a slot of its own, at once
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -348,39 +343,9 @@ def test_fork_waits_for_a_hardware_decode_in_flight(imagenet_dir, monkeypatch, h
         os._exit(0)
     os.waitpid(pid, 0)
     forked_at, locked = os.read(read, 100).decode().split()
-    for t in threads:
-        t.join()
-    assert float(forked_at) >= max(released) and locked == "0"
+    t.join()
+    assert float(forked_at) >= released[0] and locked == "0"
     assert not maker._hardware_lock.locked()
-
-
-def test_engine_slots_take_a_free_handle_and_wait_when_none_is():
-    """decoders.EngineSlots: a thread gets a slot no other thread holds; with every slot held, acquire waits (or
-    times out) until one is released, and then gets that one."""
-    import threading
-    slots = decoders.EngineSlots(2)
-    got, go = [], threading.Event()
-
-    def hold():
-        with slots as s:
-            got.append(s.held)
-            go.wait()
-    threads = [threading.Thread(target=hold) for _ in range(2)]
-    for t in threads:
-        t.start()
-    while len(got) < 2:
-        threading.Event().wait(0.01)
-    assert sorted(got) == [0, 1] and slots.locked()
-    assert not slots.acquire(timeout=0.05) and not slots.acquire(blocking=False)
-    go.set()
-    for t in threads:
-        t.join()
-    assert not slots.locked() and slots.acquire(blocking=False) and slots.held in (0, 1)
-    slots.release()
-    assert slots.hold_all(timeout=0.05) == 2 and not slots.acquire(timeout=0.05)  # a fork holds every slot
-    slots.release_all(2)
-    assert slots.acquire(timeout=0.05)
-    slots.release()
 
 
 # ---- strict mode for the engines: damaged JPEGs take the CPU path (issue 19, item 1) --------------------------
