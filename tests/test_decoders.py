@@ -508,6 +508,7 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
     broken = {3}
     engines = _maker(ds, decoder=decoders.KINDS["nvjpeg"]).decoder
     assert isinstance(engines, decoders.Engines) and isinstance(engines.cores, decoders.Cores)
+    copied = not store or pin  # into the slot's buffer; else the store's own views
     with ds.reader() as reader:
         kept = []
         for slot in (Slot(pin=pin), Slot(pin=pin)):  # the second slot new, as the next epoch's are
@@ -516,7 +517,6 @@ def test_engines_get_every_readable_sample_and_none_for_the_rest(imagenet_dir, t
                 assert [i for i, b in enumerate(got) if b is None] == sorted(broken)
                 assert all(bytes(got[i]) == want[i] for i in range(8) if i not in broken)
                 kept.append(slot.bitstreams)
-                copied = not store or pin  # else the store's own views
                 if read:  # the second read: every sample's bytes inside the slot's buffer, or none
                     assert {_inside(got[i], slot.bitstreams) for i in range(8) if i not in broken} == {copied}
             if copied:
