@@ -7,52 +7,37 @@ records"). Also checks that a region's sub-window decodes to the whole file's wi
     python -m bench.engine_bitstreams [--data data/imagenet-like] [--images 1024] [--rounds 4] [--repeats 5]
 
 The photos are given restart markers first (``ops.add_restart_markers``, as ``fastload pack --seekable`` does),
-one RandomResizedCrop window each at full resolution (the engines have no DCT downscale), batches of 256. Each
-round times every variant's calls, in turn (the order reversed every other round), the stream synchronised after
-each call; the table gives the median ms of the call per round and the images per second of call + sync.
+one RandomResizedCrop window each (bench.decode.plan's) at full resolution (the engines have no DCT downscale),
+batches of 256. Each round times every variant's calls, in turn (the order reversed every other round), the stream
+synchronised after each call; the table gives the median ms of the call per round and the images per second of
+call + sync.
 """
 import argparse
-import glob
-import math
-import random
 import time
 
 import numpy as np
 import torch
 
+from bench import decode as bench_decode
 from fastload import nvjpeg, ops
 from fastload.native import C
 
 
-def rrc_window(rng, h, w, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-    """torchvision's RandomResizedCrop.get_params, as (top, left, height, width)."""
-    area = h * w
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
-        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-        if 0 < cw <= w and 0 < ch <= h:
-            return rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw
-    side = min(h, w)
-    return (h - side) // 2, (w - side) // 2, side, side
-
-
 def batches(jpegs, batch, seed=0):
-    """[(whole files, their windows [B, 5], region JPEGs, their sub-windows [B, 5])], whole batches only; a file that
-    does not slice keeps its whole bytes and window in the region batch."""
-    rng = random.Random(seed)
+    """[(whole files, their windows [B, 5], region JPEGs, their sub-windows [B, 5])], whole batches only: each file's
+    RandomResizedCrop window as bench.decode draws it, at full resolution (the engines have no DCT downscale). A
+    file that does not slice keeps its whole bytes and window in the region batch."""
+    planned = bench_decode.plan(jpegs, seed)
+    planned[:, 4] = 1
     out = []
     for start in range(0, len(jpegs) - batch + 1, batch):
-        whole, windows, regions, sub_windows = [], [], [], []
-        for data in jpegs[start:start + batch]:
-            header = C.read_header(data, 0)
-            top, left, h, w = rrc_window(rng, header["height"], header["width"])
-            whole.append(data)
-            windows.append((top, left, h, w, 1))
-            region = C.jpeg_region(data, top, left, h, w, 1)
+        whole, windows = jpegs[start:start + batch], planned[start:start + batch]
+        regions, sub_windows = [], []
+        for data, window in zip(whole, windows.tolist()):
+            region = C.jpeg_region(data, *window)
             regions.append(data if region is None else region[0])
-            sub_windows.append(windows[-1] if region is None else region[1])
-        out.append((whole, torch.tensor(windows), regions, torch.tensor(sub_windows)))
+            sub_windows.append(window if region is None else region[1])
+        out.append((whole, windows, regions, torch.tensor(sub_windows)))
     return out
 
 
@@ -89,14 +74,10 @@ def main():
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5, help="passes over the batches per variant and round")
     a = p.parse_args()
-    files = sorted(glob.glob(f"{a.data}/*/*.jpg"))[:a.images]
-    if len(files) < a.batch:
-        raise SystemExit(f"need {a.batch} JPEGs under {a.data}/*/, found {len(files)} (python -m bench.corpus "
-                         f"imagenet {a.data})")
-    jpegs = []
-    for f in files:
-        with open(f, "rb") as fh:
-            jpegs.append(ops.add_restart_markers(fh.read()))
+    jpegs = [ops.add_restart_markers(data) for data in bench_decode.load(a.data, a.images)]
+    if len(jpegs) < a.batch:
+        raise SystemExit(f"need {a.batch} JPEGs under {a.data}, found {len(jpegs)} (python -m bench.corpus imagenet "
+                         f"{a.data})")
     data = batches(jpegs, a.batch)
     whole_bytes = sum(len(b) for d in data for b in d[0]) / len(data)
     region_bytes = sum(len(b) for d in data for b in d[2]) / len(data)

@@ -646,9 +646,9 @@ class Engines:
     # The bytes the engines read land in page-locked memory (in a slot that pins: on CUDA): files read from a
     # folder, and a store's records, copied out of its mapped file. nvJPEG's batched call blocks its thread and
     # holds the engines for the batch's host-side work, and it stages pageable bitstreams through a copy of its
-    # own: 7.3 ms a batch of 256 page-locked against 10.3 (H200, bench/RESULTS.md, "The JPEG engines from page-locked copies"). Each
-    # slot's buffer is a power of two over the largest batch read so far, so torch's caching host allocator
-    # hands the same blocks to the next epoch's slots.
+    # own: 7.3 ms a batch of 256 page-locked against 10.3 (H200, bench/RESULTS.md, "The JPEG engines from
+    # page-locked copies"). Each slot's buffer is a power of two over the largest batch read so far, so torch's
+    # caching host allocator hands the same blocks to the next epoch's slots.
     pinned_bitstreams = True
 
     def make(self, indices, epoch, slot, k=0, plan=None):

@@ -1,25 +1,12 @@
-"""bench/engine_bitstreams.py's batches (CPU part; the timing needs the GPU's engines): RandomResizedCrop windows,
-and region JPEGs whose sub-windows hold the whole files' windows, pixel for pixel on libjpeg-turbo (the script
-checks the same on the engines)."""
+"""bench/engine_bitstreams.py's batches (CPU part; the timing needs the GPU's engines): region JPEGs whose
+sub-windows hold the whole files' windows, pixel for pixel on libjpeg-turbo (the script checks the same on the
+engines). Its windows are bench.decode.plan's (tests/test_bench_decode.py)."""
 import glob
-import random
 
 import torch
 
 from bench import engine_bitstreams as eb
 from fastload import ops
-
-
-def test_windows_are_randomresizedcrops_inside_the_image():
-    rng = random.Random(3)
-    for h, w in [(375, 500), (500, 333), (64, 64), (1080, 1920)]:
-        for _ in range(200):
-            top, left, ch, cw = eb.rrc_window(rng, h, w)
-            assert 0 <= top and top + ch <= h and 0 <= left and left + cw <= w
-            fallback = (ch, cw) == (min(h, w), min(h, w))
-            # inside torchvision's scale and ratio ranges, up to the rounding of the sides
-            assert fallback or 0.08 * h * w * 0.9 <= ch * cw <= h * w
-            assert fallback or 3 / 4 * 0.9 <= cw / ch <= 4 / 3 * 1.1
 
 
 def test_region_sub_windows_decode_to_the_whole_files_windows(imagenet_dir):
