@@ -49,8 +49,9 @@ clean:
 
 # ---- hardening (issue 8): fuzzing, sanitizer builds, leak check. Everything is built under build/ (git-ignored).
 # `make fuzz` fuzzes fastload/native/jpeg_decoder.cpp (read_header + decode_window, single and 2-thread batch)
-# with libFuzzer + ASan + UBSan against an instrumented libjpeg-turbo (Debian's source; the system -ljpeg when
-# apt has no deb-src entry). `make fuzz-tsan` replays the corpus under ThreadSanitizer. `make asan-test` builds
+# and jpeg_transcode.cpp (add_restart_markers: the re-encoded file must decode to the original's pixels) with
+# libFuzzer + ASan + UBSan against an instrumented libjpeg-turbo (Debian's source; the system -ljpeg when apt
+# has no deb-src entry). `make fuzz-tsan` replays the corpus under ThreadSanitizer. `make asan-test` builds
 # fastload._C with ASan + UBSan (FASTLOAD_SANITIZE=1) into build/asan and runs the decoder and warp tests on it,
 # then the leak check. None of this is part of `make test`.
 FUZZ_SECONDS ?= 600
@@ -58,6 +59,7 @@ FUZZ_RSS_MB ?= 2048
 FUZZ_TIMEOUT ?= 30
 FUZZ_DIR := build/fuzz
 FUZZ_NATIVE ?= fastload/native
+FUZZ_SRCS := $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp $(FUZZ_NATIVE)/jpeg_transcode.cpp
 FUZZ_CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -I$(FUZZ_NATIVE)
 FUZZ_ARGS := -dict=fuzz/jpeg.dict -rss_limit_mb=$(FUZZ_RSS_MB) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1
 ASAN_DIR := build/asan
@@ -81,9 +83,9 @@ fuzz-build: clang
 	  jpeg="-I$(FUZZ_DIR)/libjpeg/include $(FUZZ_DIR)/libjpeg/lib/libjpeg.a"; cov=libjpeg-turbo+fastload; \
 	else jpeg="-ljpeg"; cov="fastload only (system libjpeg is not instrumented)"; fi; \
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/fuzz_decode.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp $$jpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode && \
+	  fuzz/fuzz_decode.cpp $(FUZZ_SRCS) $$jpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode && \
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/leak_check.cpp $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp $$jpeg -o $(FUZZ_DIR)/leak_check && \
+	  fuzz/leak_check.cpp $(FUZZ_SRCS) $$jpeg -o $(FUZZ_DIR)/leak_check && \
 	echo "built $(FUZZ_DIR)/fuzz_decode and $(FUZZ_DIR)/leak_check (coverage: $$cov)"
 
 $(FUZZ_DIR)/seeds/.done: fuzz/make_seeds.py bench/corpus.py
@@ -105,7 +107,7 @@ fuzz: fuzz-build $(FUZZ_DIR)/seeds/.done
 # libFuzzer (its coverage counters race by design); system libjpeg, so races are looked for in fastload's code.
 fuzz-tsan: clang $(FUZZ_DIR)/seeds/.done
 	clang++ $(FUZZ_CXXFLAGS) -fsanitize=thread fuzz/fuzz_decode.cpp fuzz/replay_main.cpp \
-	  $(FUZZ_NATIVE)/jpeg_decoder.cpp $(FUZZ_NATIVE)/jpeg_regions.cpp -ljpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
+	  $(FUZZ_SRCS) -ljpeg -lpthread -o $(FUZZ_DIR)/fuzz_decode_tsan
 	TSAN_OPTIONS=halt_on_error=1:abort_on_error=1 nice -n 10 $(FUZZ_DIR)/fuzz_decode_tsan $(FUZZ_DIR)/seeds \
 	  $$(ls -d $(FUZZ_DIR)/corpus 2>/dev/null) tests/data/fuzz_regressions
 

@@ -118,7 +118,9 @@ def decode_crop(data, top, left, height, width, downscale=1, *, strict=True, max
     """Decodes only the window (top, left, height, width) of a JPEG, at 1/downscale (1, 2, 4 or 8).
 
     Returns uint8 [h, w, 3] RGB: rows top//d .. ceil((top+height)/d) of the DCT-scaled image, same for columns
-    (see ``decoded_shape``). At downscale 1 this equals Pillow's full decode cropped to the window.
+    (see ``decoded_shape``). At downscale 1 this equals Pillow's full decode cropped to the window (where the
+    two libjpeg-turbo builds agree: for a progressive file missing later scans each estimates the missing
+    coefficients its own way).
     Raises ``ValueError`` for a window outside the image, ``DecodeError`` for bytes that are not a valid JPEG.
     data: bytes-like (C-contiguous: a strided view raises ValueError), uint8 tensor, or a str file path (read
     natively, at most ``max_bytes``; a larger file or buffer raises DecodeError).
@@ -142,7 +144,8 @@ def add_restart_markers(data, *, strict=True, max_pixels=MAX_PIXELS, sample=None
     original. The decoder then entropy-decodes only the segments around a crop window instead of every MCU
     above and beside it (1080p RandomResizedCrop: ~1.75x faster). Returns the new bytes (Huffman tables
     optimised, APPn/COM markers kept; usually within a few percent of the original size), or None for files it
-    leaves alone (colour spaces other than YCbCr and grayscale). Raises DecodeError for a broken JPEG.
+    leaves alone (colour spaces other than YCbCr and grayscale; progressive files whose scans leave coefficients
+    incomplete, which decoders smooth and a sequential copy would not). Raises DecodeError for a broken JPEG.
     """
     status, message, out = C.add_restart_markers(data, strict, max_pixels)
     if status == UNSUPPORTED:

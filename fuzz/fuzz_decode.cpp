@@ -1,9 +1,10 @@
 // libFuzzer target for fastload's native JPEG core (fastload/native/jpeg_decoder.cpp): read_header and
-// decode_window, one window or a batch of windows decoded concurrently on 2 threads (as decode_crops does).
+// decode_window, one window or a batch of windows decoded concurrently on 2 threads (as decode_crops does);
+// with bit 7, also the lossless re-encoder of `fastload pack --seekable` (jpeg_transcode.cpp).
 //
 // Input: a few control bytes, then the JPEG bytes.
 //   byte 0        flags: bit 0 strict, bits 1-2 downscale (1, 2, 4, 8), bit 3 raw window, bit 4 batch of 2 on
-//                 2 threads, bit 5 output buffer one byte short, bit 6 differential check
+//                 2 threads, bit 5 output buffer one byte short, bit 6 differential check, bit 7 transcode
 //   bytes 1-8     window A as 4 x u16 (top, left, height, width), each a fraction (v / 65535) of the image's
 //                 size, so most inputs get a window inside the image
 //   bytes 9-16    window B, same encoding (batch mode only uses it, but it is always consumed)
@@ -11,6 +12,10 @@
 // Checks, beyond what ASan/UBSan see: statuses are in range, messages are terminated, an OK decode wrote
 // nothing past its buffer (canary), and (bit 6, strict) a window equals the same rows/columns of a decode of
 // the whole image at the same scale: a window decode must never yield a silently different image.
+// Bit 7 (strict or not, per bit 0): add_restart_markers on the JPEG bytes; a failure has a status and a message,
+// and where pack would store the result (the original passes verify_jpeg, strict) the output has the same size
+// and decodes (strict, whole image, scale 1) to exactly the original's pixels: a re-encoded file that decodes
+// differently would silently corrupt a store.
 // Memory is bounded by the harness's pixel limit (4 Mpx); libjpeg's own allocations by -rss_limit_mb.
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "jpeg_decoder.h"
+#include "jpeg_transcode.h"
 
 using namespace fastload;
 
@@ -98,13 +104,52 @@ void decode(const uint8_t* data, size_t size, const Window& win, const Limits& l
   }
 }
 
+// The re-encoder (`fastload pack --seekable`) on data, under the harness's limits.
+void check_transcode(const uint8_t* data, size_t size, const Limits& limits) {
+  std::vector<uint8_t> out;
+  char message[kMessage];
+  std::memset(message, 'x', sizeof(message));
+  message[0] = '\0';
+  const int ts = add_restart_markers(data, size, limits, &out, message, sizeof(message));
+  check(ts >= kOk && ts <= kUnreadable, "add_restart_markers status out of range");
+  check_message(message, ts);
+  if (ts != kOk) {
+    check(out.empty(), "add_restart_markers failed but filled its output");
+    return;
+  }
+  check(!out.empty(), "add_restart_markers: OK with no output");
+  // Pack stores the re-encoded file of a JPEG that passed its strict checks: verify_jpeg (or a whole decode).
+  // Only those carry the promise of identical pixels; a broken file decoded leniently has no pixels to keep.
+  Limits strict = limits;
+  strict.strict = true;
+  std::memset(message, 'x', sizeof(message));
+  message[0] = '\0';
+  const int vs = verify_jpeg(data, size, strict, message, sizeof(message));
+  check(vs >= kOk && vs <= kUnreadable, "verify_jpeg status out of range");
+  check_message(message, vs);
+  if (vs != kOk) return;
+  JpegHeader h0, h1;
+  check(read_header(data, size, &h0, strict, message, sizeof(message)) == kOk, "verify_jpeg OK, read_header not");
+  check(read_header(out.data(), out.size(), &h1, strict, message, sizeof(message)) == kOk,
+        "re-encoded file: read_header fails");
+  check(h1.height == h0.height && h1.width == h0.width && h1.components == h0.components,
+        "re-encoded file: different size or components");
+  const Window whole{0, 0, h0.height, h0.width, 1};
+  Result r0, r1;
+  decode(data, size, whole, strict, false, &r0);
+  check(r0.status == kOk, "verify_jpeg OK, the whole image's decode not");
+  decode(out.data(), out.size(), whole, strict, false, &r1);
+  check(r1.status == kOk, "re-encoded file does not decode");
+  check(r1.pixels == r0.pixels, "re-encoded file decodes to different pixels");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t input_size) {
   if (input_size < 17) return 0;
   const uint8_t flags = input[0];
   const bool strict = flags & 1, raw = flags & 8, batch = flags & 16, short_by_one = flags & 32,
-             differential = flags & 64;
+             differential = flags & 64, transcode = flags & 128;
   const int d = 1 << ((flags >> 1) & 3);
   const uint8_t* win_a = input + 1;
   const uint8_t* win_b = input + 9;
@@ -134,6 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t input_size) {
     check(header.height > 0 && header.width > 0, "read_header: OK with an empty image");
     check(int64_t(header.height) * header.width <= kMaxPixels, "read_header: OK over the pixel limit");
   }
+  if (transcode) check_transcode(data, size, limits);
   if (!raw && hs != kOk) {
     // Still drive decode_window on bytes whose header fails: it must fail the same way, never decode.
     Result r;

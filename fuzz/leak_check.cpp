@@ -1,6 +1,7 @@
 // Leak check for fastload's native JPEG core: thousands of failing decodes (every error path: truncation at
 // many points, flipped bytes, windows outside the image, a buffer too small, a pixel limit below the image, a
-// progressive scan limit), then exit: LeakSanitizer (ASan's, on by default) reports anything not freed.
+// progressive scan limit) and re-encodes (add_restart_markers: its output buffer must be freed after a libjpeg
+// error too), then exit: LeakSanitizer (ASan's, on by default) reports anything not freed.
 //
 //   leak_check SEED_DIR   (files made by fuzz/make_seeds.py: 17 control bytes, then a JPEG)
 // Prints how many decodes failed with each status; exits non-zero when there were too few failures to mean
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "jpeg_decoder.h"
+#include "jpeg_transcode.h"
 
 using namespace fastload;
 
@@ -52,6 +54,12 @@ void decode(const uint8_t* data, size_t size, Window w, const Limits& limits, in
   counts[decode_window(data, size, w, out.data(), out.size(), limits, message, sizeof(message))]++;
 }
 
+void transcode(const uint8_t* data, size_t size, const Limits& limits) {
+  std::vector<uint8_t> out;
+  char message[200] = "";
+  counts[add_restart_markers(data, size, limits, &out, message, sizeof(message))]++;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,11 +90,13 @@ int main(int argc, char** argv) {
       const size_t cut = n * k / 41;
       decode(d, cut, Window{0, 0, 0, 0, 1}, strict);
       decode(d, cut, Window{0, 0, 0, 0, 2}, lenient);
+      transcode(d, cut, k % 2 ? strict : lenient);
     }
     for (int k = 0; k < 40; ++k) {  // one byte flipped at 40 places
       std::vector<uint8_t> bad(jpeg);
       bad[(n * (2 * k + 1) / 80) % n] ^= static_cast<uint8_t>(0x5A + k);
       decode(bad.data(), n, Window{0, 0, 0, 0, 1}, strict);
+      transcode(bad.data(), n, strict);
     }
     decode(d, n, Window{0, 0, 1 << 20, 8, 1}, strict);       // window outside the image
     decode(d, n, Window{-1, 0, 8, 8, 1}, strict);            // negative
@@ -94,6 +104,8 @@ int main(int argc, char** argv) {
     decode(d, n, Window{0, 0, 0, 0, 1}, strict, -1);         // buffer one byte short
     decode(d, n, Window{0, 0, 0, 0, 1}, tiny);               // over the pixel limit
     decode(d, n, Window{0, 0, 0, 0, 1}, few_scans);          // over the scan limit (progressive files)
+    transcode(d, n, tiny);
+    transcode(d, n, few_scans);
     decode(d, n, Window{INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, 1}, strict);  // absurd window
   }
   long failures = 0, total = 0;

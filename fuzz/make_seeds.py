@@ -1,6 +1,6 @@
 """Seed corpus for fuzz/fuzz_decode.cpp: every JPEG kind of bench/corpus.py (make_kinds), each under 64 KB, with
-the harness's control bytes in front (several windows, scales and modes per file), plus a few broken files and
-files re-encoded with restart markers (the region slicer's input).
+the harness's control bytes in front (several windows, scales and modes per file), plus a few broken files, a
+progressive file missing its last scans, and files re-encoded with restart markers (the region slicer's input).
 
     python fuzz/make_seeds.py OUT_DIR
 
@@ -20,12 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MAX_SEED = 64 << 10
-# (flags, window fractions): flags bit 0 strict, bits 1-2 downscale, 4 batch, 6 differential (see the harness).
+# (flags, window fractions): flags bit 0 strict, bits 1-2 downscale, 4 batch, 6 differential, 7 transcode (see
+# the harness). Transcoding (add_restart_markers, then a whole decode of both files) is slower: two modes of four.
 MODES = [
-    (0x01 | 0x40, (0, 0, 0xFFFF, 0xFFFF)),                 # whole image, scale 1, strict, checked
+    (0x01 | 0x40 | 0x80, (0, 0, 0xFFFF, 0xFFFF)),          # whole image, scale 1, strict, checked, transcoded
     (0x01 | 0x40 | 2, (0x4000, 0x3000, 0x6000, 0x7000)),   # a crop at 1/2
     (0x01 | 0x40 | 6, (0x8000, 0x8000, 0xFFFF, 0xFFFF)),   # bottom-right at 1/8 (reaches the last row)
-    (0x00 | 0x10 | 4, (0x1000, 0x0, 0x2000, 0xFFFF)),      # batch of 2 on 2 threads, lenient, 1/4
+    (0x00 | 0x10 | 4 | 0x80, (0x1000, 0x0, 0x2000, 0xFFFF)),  # batch of 2 on 2 threads, lenient, 1/4, transcoded
 ]
 
 
@@ -77,6 +78,11 @@ def main(out):
     files["broken_header_only"] = base[:sos]
     files["broken_no_eoi"] = base[:-2]
     files["broken_trailing"] = base + b"\x00garbage\xff\xd9"
+    # Valid but incomplete: a progressive file cut after its second scan, EOI put back (decoders smooth the
+    # missing coefficients; the re-encoder must leave it alone).
+    prog = files["progressive"]
+    scans = [k for k in range(len(prog) - 1) if prog[k:k + 2] == b"\xff\xda"]
+    files["progressive_partial"] = prog[: scans[2]] + b"\xff\xd9"
     n = 0
     for kind, data in sorted(files.items()):
         for flags, window in MODES:

@@ -5,8 +5,9 @@ native threads, the ragged batch layout) that the C++ fuzz target does not reach
     python fuzz/replay_python.py DIR_OR_FILE...
 
 Each input is parsed as fuzz/fuzz_decode.cpp does (control bytes, then the JPEG): read_headers on the batch,
-decode_crop of its window, then decode_crops of 64 inputs at a time on 2 threads, half of them given as file
-paths (read by the native threads), with every 16th window made hostile (huge, negative, bad downscale).
+decode_crop of its window (and add_restart_markers for inputs with flag bit 7), then decode_crops of 64 inputs at
+a time on 2 threads, half of them given as file paths (read by the native threads), with every 16th window made
+hostile (huge, negative, bad downscale).
 """
 import struct
 import sys
@@ -65,6 +66,12 @@ def main(args):
                     counts["single ok"] += 1
                 except (DecodeError, ValueError):
                     counts["single refused"] += 1
+                if flags & 128:
+                    try:
+                        copy = ops.add_restart_markers(data, strict=bool(flags & 1), max_pixels=LIMIT)
+                        counts["transcode ok" if copy is not None else "transcode left alone"] += 1
+                    except DecodeError:
+                        counts["transcode refused"] += 1
             out = ops.decode_crops(sources, torch.tensor(windows, dtype=torch.int64), threads=2, max_pixels=LIMIT,
                                    strict=bool(start % 128))[3]
             counts.update(f"batch status {int(s)}" for s in out)

@@ -3,7 +3,9 @@
 Each file in tests/data/fuzz_regressions is a fuzz input: 17 control bytes (flags, two windows as fractions of the
 image), 32 more bytes of raw window when flag bit 3 is set, then the JPEG bytes (see the harness). The child
 decodes it as the harness did, with ops.read_header / decode_crop / decode_crops (2 windows on 2 threads), and
-checks a window against the whole image decoded at the same scale. A crash, hang or mismatch fails the test.
+checks a window against the whole image decoded at the same scale; with flag bit 7 it also re-encodes the JPEG
+with ops.add_restart_markers and, where the original passes a strict check (what pack asks before it stores the
+re-encoded file), checks that the copy decodes to the same pixels. A crash, hang or mismatch fails the test.
 """
 import json
 import struct
@@ -30,7 +32,7 @@ def replay(blob):
     from fastload import DecodeError, ops
 
     flags = blob[0]
-    strict, raw, differential = bool(flags & 1), bool(flags & 8), bool(flags & 64)
+    strict, raw, differential, transcode = bool(flags & 1), bool(flags & 8), bool(flags & 64), bool(flags & 128)
     d = 1 << ((flags >> 1) & 3)
     data = blob[49:] if raw else blob[17:]
     try:
@@ -56,6 +58,18 @@ def replay(blob):
         whole = ops.decode_crop(data, 0, 0, info.height, info.width, downscale=d, strict=strict, max_pixels=LIMIT)
         r0, c0 = window[0] // d, window[1] // d
         out["differs"] = not torch.equal(crop, whole[r0:r0 + crop.shape[0], c0:c0 + crop.shape[1]])
+    if transcode:
+        try:
+            copy = ops.add_restart_markers(data, strict=strict, max_pixels=LIMIT)
+            out["transcode"] = "ok" if copy is not None else "left alone"
+        except DecodeError as e:
+            copy, out["transcode"] = None, type(e).__name__
+        if copy is not None and int(ops.verify_jpegs([data], strict=True, max_pixels=LIMIT)[0][0]) == ops.OK:
+            h, w = info.height, info.width
+            again = ops.read_header(copy, max_pixels=LIMIT)
+            before = ops.decode_crop(data, 0, 0, h, w, max_pixels=LIMIT)
+            out["transcode_differs"] = ((again.height, again.width) != (h, w) or
+                                        not torch.equal(before, ops.decode_crop(copy, 0, 0, h, w, max_pixels=LIMIT)))
     return out
 
 
@@ -65,6 +79,7 @@ def test_fuzz_finding_stays_fixed(name):
     assert proc.returncode == 0, f"{name}: child died (rc {proc.returncode}): {proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not result.get("differs"), f"{name}: the window decode differs from the whole image's decode"
+    assert not result.get("transcode_differs"), f"{name}: the re-encoded file decodes to different pixels"
 
 
 def test_hostile_windows_in_a_batch_do_not_corrupt_memory():

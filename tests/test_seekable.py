@@ -87,6 +87,53 @@ def test_reencoding_keeps_app_and_comment_markers(kinds):
     assert out.count(b"JFIF") == 1  # the encoder's own APP0, not a second copy
 
 
+def _progressive_cuts(photo):
+    """A real photo as a progressive JPEG, then that file cut after each of its scans with EOI put back: valid
+    files whose later scans are missing (a truncated download mended by a tool, an encoder that stopped early)."""
+    buf = io.BytesIO()
+    with Image.open(io.BytesIO(photo)) as im:
+        im.resize((200, 152)).save(buf, "JPEG", quality=90, progressive=True)
+    whole = buf.getvalue()
+    scans = [k for k in range(len(whole) - 1) if whole[k:k + 2] == b"\xff\xda"]
+    assert len(scans) >= 4
+    return whole, [whole[:k] + b"\xff\xd9" for k in scans[1:]]
+
+
+def test_reencoding_leaves_incomplete_progressive_files_alone(photos):
+    """A progressive file whose scans leave coefficients incomplete decodes with libjpeg's block smoothing (the
+    missing AC coefficients estimated); a sequential copy of its coefficients would decode without it, to other
+    pixels, and pack would store them as the sample. Such files are left alone (None: pack keeps the original);
+    the complete file is still re-encoded, pixel for pixel."""
+    whole, cuts = _progressive_cuts(photos[0])
+    out = ops.add_restart_markers(whole)
+    assert out is not None and torch.equal(ops.decode_crop(out, 0, 0, 152, 200),
+                                           ops.decode_crop(whole, 0, 0, 152, 200))
+    passed = 0
+    for cut in cuts:
+        if int(ops.verify_jpegs([cut], strict=True)[0][0]) != ops.OK:
+            continue  # pack refuses it anyway
+        passed += 1
+        assert ops.add_restart_markers(cut) is None
+    assert passed >= 3  # the cuts are valid files: strict decoding accepts them
+
+
+def test_pack_seekable_keeps_incomplete_progressive_files_as_they_are(photos, tmp_path):
+    _, cuts = _progressive_cuts(photos[1])
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "0_partial.jpg").write_bytes(cuts[1])
+    (tmp_path / "src" / "a" / "1_photo.jpg").write_bytes(photos[2])
+    dst = tmp_path / "p.lmdb"
+    pack(tmp_path / "src", dst, seekable=True, progress=False, log=lambda m: None)
+    store, folder = LMDBDataset(dst), FolderDataset(tmp_path / "src")
+    assert store.meta["seekable"] == 1
+    with store.reader() as r:
+        header, image = r.raw(0)
+        assert not header[1] & FLAG_SEEKABLE and bytes(image) == cuts[1]  # stored as it came
+        assert r.raw(1)[0][1] & FLAG_SEEKABLE
+    for i in range(2):
+        assert torch.equal(store[i][0], folder[i][0])
+
+
 def test_interval_is_a_divisor_of_the_row_near_32_pixels():
     # Checked through files: 1080p 4:2:0 has 120 MCUs of 16 px per row -> 2 MCUs (32 px) per segment.
     rgb = np.zeros((64, 1920, 3), np.uint8)

@@ -216,7 +216,7 @@ def _jpeg(buf, h, w, label, opt, name):
             flags = FLAG_REENCODED
         if opt.seekable:
             seekable = ops.add_restart_markers(data if payload is None else payload, strict=opt.strict, sample=name)
-            if seekable is not None:  # None: a colour space it leaves alone (CMYK, RGB): stored as it is
+            if seekable is not None:  # None: a file it leaves alone (CMYK, RGB, incomplete progressive): as it is
                 payload, flags = seekable, flags | FLAG_SEEKABLE
         if opt.strict and payload is None and not opt.verify_decode:
             # Nothing above read the whole scan: entropy-check it (no IDCT), so that every JPEG a strict pack

@@ -68,6 +68,20 @@ void copy_markers(j_decompress_ptr src, j_compress_ptr dst) {
   }
 }
 
+// Whether every coefficient of every component was coded to its last bit. A progressive file can stop short
+// (a scan or a refinement pass missing, valid JPEG, e.g. a truncated file with its EOI put back): libjpeg-turbo
+// then smooths the blocks (do_block_smoothing, on by default, also in our decoder) to estimate the missing AC
+// coefficients, and other decoders or versions guess differently. A baseline copy of the coefficients decodes
+// without that smoothing, to different pixels, so such files are left alone. Sequential files are complete.
+bool coefficients_complete(j_decompress_ptr src) {
+  if (!src->progressive_mode) return true;
+  if (src->coef_bits == nullptr) return false;  // allocated by every progressive entropy decoder: never here
+  for (int c = 0; c < src->num_components; ++c)
+    for (int k = 0; k < DCTSIZE2; ++k)
+      if (src->coef_bits[c][k] != 0) return false;  // -1: never coded; > 0: low bits still missing
+  return true;
+}
+
 // The libjpeg part. destination lives in the caller's frame, so its buffer pointer is valid after a longjmp.
 int transcode(const uint8_t* data, size_t size, const Limits& limits, GrowingDestination* destination,
               size_t* written, char* message, size_t message_size) {
@@ -108,6 +122,12 @@ int transcode(const uint8_t* data, size_t size, const Limits& limits, GrowingDes
     return status;
   }
   jvirt_barray_ptr* coefficients = jpeg_read_coefficients(&src);
+  if (!coefficients_complete(&src)) {
+    set_message(message, message_size, "progressive JPEG whose scans leave coefficients incomplete: not re-encoded "
+                "(decoders estimate the missing ones, a sequential copy cannot ask for that)");
+    jpeg_destroy_decompress(&src);
+    return kUnsupported;
+  }
   jpeg_create_compress(&dst);
   dst_created = true;
   jpeg_copy_critical_parameters(&src, &dst);

@@ -19,7 +19,8 @@ namespace fastload {
 int64_t choose_restart_interval(int64_t mcus_per_row, int64_t mcu_w);
 
 // Re-encodes data into *out. Returns kOk, or kUnsupported for files it leaves alone (colour spaces other
-// than YCbCr and grayscale, whose markers the encoder would rewrite), or the decoder's error for broken files.
+// than YCbCr and grayscale, whose markers the encoder would rewrite; progressive files with incomplete scans,
+// which decoders smooth), or the decoder's error for broken files.
 int add_restart_markers(const uint8_t* data, size_t size, const Limits& limits, std::vector<uint8_t>* out,
                         char* message, size_t message_size);
 
