@@ -278,6 +278,48 @@ def test_damage_above_the_window_is_still_an_error(photos):
     assert out.shape == (30, w // 2, 3)
 
 
+def _without_markers(data, drop):
+    """data with the restart markers numbered ``drop`` (their index in the file) taken out: their segments merge."""
+    marks = _restart_offsets(data)
+    out, prev = bytearray(), 0
+    for k in drop:
+        out += data[prev:marks[k]]
+        prev = marks[k] + 2
+    return bytes(out + data[prev:])
+
+
+@pytest.mark.parametrize("lost", [1, 8, 16])
+def test_lost_restart_markers_give_an_error_never_shifted_pixels(photos, lost):
+    """Eight markers lost in a row leave the rest numbered in sequence: a slicer going by the numbers alone would
+    read every later segment as the MCUs eight segments earlier, clean data decoding to wrong pixels. Strict
+    decoding must give each window exactly or refuse it; windows wholly above the loss still decode (exactly)."""
+    good = ops.add_restart_markers(photos[0])
+    h, w = ops.read_header(good)[:2]
+    marks = _restart_offsets(good)
+    mid = len(marks) // 3
+    bad = _without_markers(good, range(mid, mid + lost))
+    ref = ops.decode_crop(good, 0, 0, h, w)
+    windows = [(top, left) for top in range(0, h - 24, 24) for left in range(0, w - 24, 40)]
+    exact = refused = 0
+    for top, left in windows:
+        try:
+            crop = ops.decode_crop(bad, top, left, 24, 24)
+        except DecodeError:
+            refused += 1
+            continue
+        assert torch.equal(crop, ref[top:top + 24, left:left + 24]), (top, left)
+        exact += 1
+    assert exact > 0 and refused > 0  # both kinds of window were tried
+    # The batch decoder (the loader's path, 2 threads) says the same, sample by sample.
+    out, offsets, shapes, status, _ = ops.decode_crops([bad] * len(windows), [[t, l, 24, 24, 1] for t, l in windows],
+                                                       threads=2)
+    assert int((status != ops.OK).sum()) == refused
+    for i, (top, left) in enumerate(windows):
+        if status[i] == ops.OK:
+            got = out[offsets[i]:offsets[i] + 24 * 24 * 3].view(24, 24, 3)
+            assert torch.equal(got, ref[top:top + 24, left:left + 24]), (top, left)
+
+
 def test_truncated_seekable_file_is_an_error_not_a_crash(photos):
     data = ops.add_restart_markers(photos[-1])
     h, w = ops.read_header(data)[:2]

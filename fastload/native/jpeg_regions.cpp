@@ -142,14 +142,22 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
   size_t n = L.entropy_at;
 
   // Walk the entropy-coded data segment by segment (0xFF00 is a stuffed byte, 0xFFFF fill, 0xFFD0-D7 RSTn),
-  // copying the wanted ones and renumbering their markers; stop after the last wanted one.
+  // copying the wanted ones and renumbering their markers, then on to the end of the scan to count the rest.
+  // Sequence numbers alone do not place a segment: a file that lost 8 markers in a row (a multiple of 8, in
+  // general) numbers on in sequence, and every segment after the loss would be read as the MCUs 8 segments
+  // earlier, clean data decoding to the wrong pixels. So the scan must hold exactly the layout's count of
+  // segments, or the slicer steps aside (the plain decode then meets the damage where it reads it). Counting to
+  // the end costs a memchr over the rest of the scan, a few us against the region's decode. A file that lost
+  // markers and gained as many elsewhere is left to the decoder, which reports it where it reads the damage.
+  const int64_t total = in_row ? L.mcu_rows * per_row : ceil_div(L.mcu_rows, rows_per);
   const int64_t first = (r0 / rows_per) * per_row + s0;
   const int64_t last = ((r1 - 1) / rows_per) * per_row + (s1 - 1);
   int64_t segment = 0, copied = 0;
   const uint8_t* p = data + L.entropy_at;
   const uint8_t* start = p;
   const uint8_t* end = data + size;
-  while (segment <= last) {
+  bool scan_ended = false;
+  while (!scan_ended) {
     const uint8_t* ff = static_cast<const uint8_t*>(std::memchr(p, 0xFF, static_cast<size_t>(end - p)));
     if (ff == nullptr || ff + 1 >= end) return 0;  // truncated
     const unsigned b = ff[1];
@@ -157,9 +165,10 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
     if (b == 0xFF) { p = ff + 1; continue; }
     const bool restart = b >= 0xD0 && b <= 0xD7;
     if (restart && static_cast<int64_t>(b - 0xD0) != segment % 8) return 0;  // out of sequence
-    if (!restart && segment != last) return 0;  // EOI (or anything else) before the segments we need
+    if (!restart && segment < last) return 0;  // EOI (or anything else) before the segments we need
+    scan_ended = !restart;
     const int64_t col = segment % per_row;
-    if (segment >= first && col >= s0 && col < s1) {
+    if (segment >= first && segment <= last && col >= s0 && col < s1) {
       const size_t length = static_cast<size_t>(ff - start);
       if (n + 2 + length + 2 > capacity) return 0;  // cannot happen (each kept segment lost its own marker)
       if (copied > 0) {  // RSTn between segments, numbered from 0 in the region
@@ -173,6 +182,7 @@ size_t build_region(const uint8_t* data, size_t size, const RestartLayout& L, co
     ++segment;
     p = start = ff + 2;
   }
+  if (segment != total) return 0;  // markers lost or added: the segments are not where the layout puts them
   out[n++] = 0xFF;
   out[n++] = 0xD9;  // EOI
   sub_window->top = window.top - r0 * L.mcu_h;

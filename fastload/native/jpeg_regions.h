@@ -36,7 +36,8 @@ bool parse_restart_layout(const uint8_t* data, size_t size, RestartLayout* out);
 // Writes the JPEG of the region around `window` (original pixels, inside the image) into out, which needs
 // `size + 2` bytes; sets sub_window to the same window in the region's pixels. Returns the region's size, or
 // 0 when slicing does not apply (the region would be the whole image, or the markers are not where the layout
-// says: damaged data then goes the normal way and gets the normal error).
+// says: out of sequence, or not the layout's count in the whole scan; damaged data then goes the normal way and
+// gets the normal error).
 size_t build_region(const uint8_t* data, size_t size, const RestartLayout& layout, const Window& window,
                     uint8_t* out, size_t capacity, Window* sub_window);
 
