@@ -190,11 +190,12 @@ def sample_keys(ds, n):
 
 class SizeChecks:
     """Which samples' JPEG headers have been seen to agree with the dataset's heights/widths (one bool per
-    underlying sample, for the loader's life). Crops are planned from those sizes; a size that is wrong (a custom
-    index of the originals beside resized files, say) crops the wrong part of the image, or a part of a larger one,
-    and libjpeg decodes it without a word. So each JPEG's header is read on its first decode and compared, unless
-    the dataset vouches for its index (``sizes_checked``: FolderDataset and LMDBDataset read it from the same
-    files)."""
+    underlying sample, for the loader's life), before anything is sized from them. Crops and their buffers are
+    planned from those sizes; an index of other images (a custom one of the originals beside resized files, say)
+    would size rooms from sizes no file has (an index claiming 12000 x 12000 allocates gigabytes) and crop the
+    wrong part. So each JPEG's header is read on its first decode and compared, unless the dataset vouches for its
+    index (``sizes_checked``: FolderDataset and LMDBDataset read it from the same files). Every decode also
+    compares them natively (JpegCrops), which catches a vouched-for file replaced since."""
 
     def __init__(self, maker):
         ds = maker.ds
@@ -260,7 +261,11 @@ class ScanChecks:
 class JpegCrops:
     """libjpeg-turbo crop decode on ``threads`` native threads: read, CRC check and decode in one native call per
     batch, GIL released; the Python side sees only the samples that failed or warned. Each sample's first decode
-    reads its whole scan (ScanChecks)."""
+    reads its whole scan (ScanChecks). A JPEG whose header contradicts the dataset's heights/widths is that
+    sample's error: on its first read unless the dataset vouches for its index (SizeChecks, before any room is
+    sized), and on every decode natively (the header is read anyway), since a window planned from a stale size
+    still fits a larger image and would crop the wrong part without a word: a file replaced since the dataset was
+    scanned, even mid-run, is caught there (``index_mismatch``'s words)."""
 
     def __init__(self, maker):
         self.maker = maker  # its threads, strict and max_pixels (threads change when decoder="auto" switches)
@@ -285,7 +290,7 @@ class JpegCrops:
         """decode() on native threads of their own, returning at once: ``finish`` waits for it and gives decode()'s
         result. ``sources`` must stay valid until then (the reader's transaction open)."""
         whole = self.checks.wanted(indices)
-        return ops.C.decode_batch_start(*self._arguments(sources, windows, out, crcs, whole)), whole
+        return ops.C.decode_batch_start(*self._arguments(indices, sources, windows, out, crcs, whole)), whole
 
     def finish(self, indices, started, unreadable=None):
         job, whole = started
@@ -295,13 +300,16 @@ class JpegCrops:
         """Decodes the windows [n, 5] of ``sources`` (samples ``indices``) into ``out`` (1-D uint8, laid out in
         order from 0)."""
         whole = self.checks.wanted(indices)
-        return self._decoded(indices, whole, ops.C.decode_batch(*self._arguments(sources, windows, out, crcs, whole)),
+        return self._decoded(indices, whole,
+                             ops.C.decode_batch(*self._arguments(indices, sources, windows, out, crcs, whole)),
                              unreadable)
 
-    def _arguments(self, sources, windows, out, crcs, whole):
+    def _arguments(self, indices, sources, windows, out, crcs, whole):
         m = self.maker
+        indices = np.asarray(indices, dtype=np.int64)
+        sizes = torch.from_numpy(np.stack([m.heights[indices], m.widths[indices]], 1).astype(np.int64))
         return (sources, windows, out, m.threads, m.strict, m.max_pixels, ops.MAX_BYTES,  # checks windows: [n, 5]
-                None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole)
+                None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole, sizes)
 
     def _decoded(self, indices, whole, result, unreadable):
         offsets, shapes, status, messages, warned = result
@@ -605,7 +613,7 @@ def engine_ready(state, indices, buffers, *, threads=1, max_pixels=ops.MAX_PIXEL
     per sample: later epochs pay nothing. (So a folder file rewritten after its check, during training, reaches
     the engines unchecked: the same window every reader of a mutable folder has.) A buffer that is None (a
     read that failed) is not ready, and nothing is cached for it. ``sizes`` [len(indices), 2]: the index's
-    (height, width); a header that says otherwise marks the sample CORES too, whose path reports it (SizeChecks)."""
+    (height, width); a header that says otherwise marks the sample CORES too, whose path reports it (JpegCrops)."""
     indices = np.asarray(indices, dtype=np.int64)
     present = np.array([b is not None for b in buffers], dtype=bool)
     for k in np.flatnonzero(present & (state[indices] == UNKNOWN)).tolist():

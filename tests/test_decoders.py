@@ -67,6 +67,29 @@ def test_decode_batch_is_decode_crops_with_only_what_has_something_to_say(batch_
         assert torch.equal(out_b[int(offsets[i]):][:n], out_a[int(offsets[i]):][:n])
 
 
+def test_decode_batch_refuses_an_image_of_another_size_than_its_index(imagenet_dir):
+    """sizes [B, 2]: the index's (height, width) of each image. A JPEG of another size is that sample's CORRUPT
+    status naming both (a window planned from the index may still fit it and would crop the wrong part); one of the
+    right size decodes as without sizes, through the region slicer too (a file with restart markers)."""
+    files = sorted(Path(imagenet_dir).rglob("*.jpg"))[:2]
+    plain = files[0].read_bytes()
+    sources = [plain, plain, ops.add_restart_markers(plain), ops.add_restart_markers(plain), files[1].read_bytes()]
+    h, w = ops.read_header(plain)[:2]
+    h1, w1 = ops.read_header(sources[4])[:2]
+    windows = torch.tensor([[h // 2, w // 3, 40, 40, 1]] * 4 + [[0, 0, 40, 40, 1]], dtype=torch.int64)
+    sizes = torch.tensor([[h, w], [h - 16, w], [h, w], [h, w - 1], [h1, w1]], dtype=torch.int64)
+    out = torch.zeros(5 * 40 * 40 * 3, dtype=torch.uint8)
+    offsets, shapes, status, said, _ = ops.C.decode_batch(sources, windows, out, 2, True, ops.MAX_PIXELS,
+                                                          ops.MAX_BYTES, None, None, sizes)
+    assert status.tolist() == [ops.OK, ops.CORRUPT, ops.OK, ops.CORRUPT, ops.OK]
+    assert said[1] == (f"its JPEG is {h}x{w} (height x width) but the dataset's heights/widths say {h - 16}x{w}: "
+                       f"the index does not describe this file")
+    assert said[3].startswith(f"its JPEG is {h}x{w} (height x width)") and f"say {h}x{w - 1}" in said[3]
+    ref = ops.decode_crop(plain, h // 2, w // 3, 40, 40)
+    for i in (0, 2):
+        assert torch.equal(out[int(offsets[i]):][:40 * 40 * 3].view(40, 40, 3), ref)
+
+
 def test_decode_batch_validates_before_touching_memory(batch_inputs):
     sources, windows, crcs = batch_inputs
     out = torch.empty(10, dtype=torch.uint8)
@@ -77,6 +100,8 @@ def test_decode_batch_validates_before_touching_memory(batch_inputs):
         ops.C.decode_batch(sources, windows[:3], big, 1, True, 0, 0, None)
     with pytest.raises(Exception, match="decode_batch: 2 crcs for 8 buffers"):
         ops.C.decode_batch(sources, windows, big, 1, True, 0, 0, crcs[:2])
+    with pytest.raises(Exception, match=r"decode_batch: sizes must be an int64 CPU tensor of shape \[8, 2\]"):
+        ops.C.decode_batch(sources, windows, big, 1, True, 0, 0, None, None, torch.zeros(3, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="buffer 1 is not C-contiguous"):
         ops.C.decode_batch([b"", np.frombuffer(b"abcd", np.uint8)[::-2]], windows[:2], big, 1, True, 0, 0, None)
 

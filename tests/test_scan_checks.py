@@ -137,7 +137,7 @@ def test_whole_scans_are_read_once_per_sample(imagenet_dir, tmp_path, monkeypatc
     seen = []
     for name in ("decode_batch", "decode_batch_start"):  # one decode thread: the first; several: the second
         def spy(*args, native=getattr(ops.C, name)):
-            seen.append(0 if args[-1] is None else int(args[-1].sum()))
+            seen.append(0 if args[8] is None else int(args[8].sum()))  # whole_scan (sizes follow it)
             return native(*args)
         monkeypatch.setattr(ops.C, name, spy)
     ds = fl.FolderDataset(root)
@@ -175,7 +175,7 @@ def test_a_strict_pack_checks_every_scan_and_its_store_says_so(damaged, imagenet
     seen = []
     natives = {name: getattr(ops.C, name) for name in ("decode_batch", "decode_batch_start")}
     for name, native in natives.items():  # one decode thread calls the first, several the second
-        monkeypatch.setattr(ops.C, name, lambda *a, native=native: seen.append(a[-1]) or native(*a))
+        monkeypatch.setattr(ops.C, name, lambda *a, native=native: seen.append(a[8]) or native(*a))  # whole_scan
     for _ in fl.FastLoader(ds, batch_size=8, crop=fl.RandomResizedCrop(64)):
         pass
     assert seen and all(w is None for w in seen)

@@ -204,6 +204,41 @@ def test_an_index_that_does_not_describe_its_files_is_the_samples_error(folder):
         assert loader.stats()["skipped"] == 1 and torch.equal(x[keep], ref_x[keep])
 
 
+def test_a_folder_file_replaced_by_a_larger_image_is_the_samples_error(tree, tmp_path):
+    """FolderDataset's sizes come from its scan. A file replaced afterwards by a larger image (same name: a
+    re-download, an edit) still fits every window planned from the old size, which would crop the wrong part
+    without a word. Every decode compares the header with the index: the sample's error, naming both sizes, in the
+    same loader's next epoch (after the sample passed its checks) and in a new loader, for a plain file and for one
+    with restart markers (the region path)."""
+    import io
+    import re
+    import shutil
+    from PIL import Image
+    root = tmp_path / "photos"
+    shutil.copytree(tree, root)
+    ds = FolderDataset(root, cache=False)
+    k = 3
+    path = Path(ds.paths[k])
+    h, w = int(ds.heights[k]), int(ds.widths[k])
+    buf = io.BytesIO()
+    with Image.open(path) as im:
+        im.convert("RGB").resize((w + 64, h + 48)).save(buf, "JPEG", quality=90)
+    larger = buf.getvalue()
+    loader = fl.FastLoader(ds, batch_size=8, shuffle=False, crop=fl.CenterCrop(48), threads=2)
+    assert sum(len(y) for _, y in loader) == len(ds)  # every sample decoded (and checked) once as it was
+    said = (rf"{re.escape(ds.sample_name(k))}: its JPEG is {h + 48}x{w + 64} \(height x width\) but the dataset's "
+            rf"heights/widths say {h}x{w}")
+    for data in (larger, fl.ops.add_restart_markers(larger)):
+        path.write_bytes(data)
+        with pytest.raises(DecodeError, match=said):
+            for _ in range(2):  # the next epoch's first batches may have been made already, before the change
+                list(loader)
+        with pytest.raises(DecodeError, match=said):
+            epoch(ds)
+        skipping = fl.FastLoader(ds, batch_size=8, shuffle=False, crop=fl.CenterCrop(48), threads=2, on_error="skip")
+        assert sum(len(y) for _, y in skipping) == len(ds) and skipping.stats()["skipped"] == 1
+
+
 def test_an_index_over_the_pixel_limit_is_the_samples_error_and_allocates_nothing(folder, tmp_path):
     """Buffers are sized from the plan, and the plan from the index, before any header is read: an index claiming
     10^7 x 10^7 pixels tried to allocate terabytes (a RuntimeError from the allocator, not the sample's error). A

@@ -468,7 +468,8 @@ class FolderDataset(ImageDataset):
     """
 
     #: heights/widths come from these files' own headers, rescanned when a file's size or mtime changes: the loader
-    #: need not compare them again (decoders.SizeChecks)
+    #: need not compare them before sizing from them (decoders.SizeChecks); every decode still does (a file replaced
+    #: since the scan)
     sizes_checked = True
 
     def __init__(self, root, *, file_list=None, classes=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,

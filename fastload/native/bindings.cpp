@@ -507,19 +507,22 @@ struct CropBatch {
 struct CropJob {
   CropJob(const py::sequence& buffers, const char* op) : views(buffers, op, true) {}
   BufferViews views;     // holds the buffers' views: released with the GIL held, when the job is
-  at::Tensor crc_values, whole, win, out;
+  at::Tensor crc_values, whole, win, out, sizes;
   const int64_t* expected = nullptr;
   const bool* whole_of = nullptr;
+  const int64_t* size_of = nullptr;  // [B, 2]: each image's (height, width) as indexed, checked against its header
   int threads = 1;
   int64_t max_bytes = 0;
   Limits limits;
   std::unique_ptr<CropBatch> batch;
 
   // whole_scan: bool [B], the samples whose decode reads the scan to its end (Limits::whole_scan), or none.
+  // sizes: int64 [B, 2], each image's (height, width) as the dataset's index says (Window::image_height), or none.
   static std::unique_ptr<CropJob> make(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
                                        int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
                                        const c10::optional<at::Tensor>& crcs, const char* op,
-                                       const c10::optional<at::Tensor>& whole_scan) {
+                                       const c10::optional<at::Tensor>& whole_scan,
+                                       const c10::optional<at::Tensor>& sizes = c10::nullopt) {
     at::Tensor crc_values;
     // CRC-32 of each buffer as stored, or -1: checked before decoding
     const int64_t* expected = crc_table(crcs, static_cast<int64_t>(buffers.size()), op, &crc_values);
@@ -538,6 +541,13 @@ struct CropJob {
                "%s: whole_scan must be a bool CPU tensor of shape [%lld]", op, static_cast<long long>(n));
       job->whole = whole_scan->contiguous();
       job->whole_of = job->whole.data_ptr<bool>();
+    }
+    if (sizes.has_value()) {
+      FL_CHECK(sizes->dim() == 2 && sizes->size(0) == n && sizes->size(1) == 2 && sizes->scalar_type() == at::kLong &&
+                   sizes->device().is_cpu(),
+               "%s: sizes must be an int64 CPU tensor of shape [%lld, 2]", op, static_cast<long long>(n));
+      job->sizes = sizes->clone(at::MemoryFormat::Contiguous);  // a copy, as for windows
+      job->size_of = job->sizes.data_ptr<int64_t>();
     }
     // A copy: the layout below is made from it, and a caller changing its table before the threads read it
     // (decode_batch_start returns at once) must not move a window off its room.
@@ -578,7 +588,11 @@ struct CropJob {
     run_parallel(
         static_cast<int64_t>(views.size()), threads,
         [&](int64_t i) {
-          const Window w = window_at(wp, i);
+          Window w = window_at(wp, i);
+          if (size_of != nullptr) {
+            w.image_height = std::max<int64_t>(size_of[2 * i], 0);
+            w.image_width = std::max<int64_t>(size_of[2 * i + 1], 0);
+          }
           char* message = outcomes.message(i);
           thread_local std::vector<uint8_t> file;
           Bytes src;
@@ -596,8 +610,10 @@ struct CropJob {
 std::unique_ptr<CropBatch> decode_crop_batch(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out,
                                              int threads, bool strict, int64_t max_pixels, int64_t max_bytes,
                                              const c10::optional<at::Tensor>& crcs, const char* op,
-                                             const c10::optional<at::Tensor>& whole_scan = c10::nullopt) {
-  auto job = CropJob::make(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, op, whole_scan);
+                                             const c10::optional<at::Tensor>& whole_scan = c10::nullopt,
+                                             const c10::optional<at::Tensor>& sizes = c10::nullopt) {
+  auto job = CropJob::make(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs, op, whole_scan,
+                           sizes);
   {
     ReleasedGil nogil;
     job->run();
@@ -630,9 +646,9 @@ py::tuple batch_result(const CropBatch& b) {
 // The loader's per-batch call: as decode_crops, returning batch_result.
 py::tuple decode_batch_py(const py::sequence& buffers, const at::Tensor& windows, at::Tensor& out, int threads,
                           bool strict, int64_t max_pixels, int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
-                          const c10::optional<at::Tensor>& whole_scan) {
+                          const c10::optional<at::Tensor>& whole_scan, const c10::optional<at::Tensor>& sizes) {
   return batch_result(*decode_crop_batch(buffers, windows, out, threads, strict, max_pixels, max_bytes, crcs,
-                                         "decode_batch", whole_scan));
+                                         "decode_batch", whole_scan, sizes));
 }
 
 // decode_batch started on a native thread of its own: the caller (a producer) plans and hands over its previous
@@ -698,9 +714,10 @@ class PendingDecode {
 std::unique_ptr<PendingDecode> decode_batch_start_py(const py::sequence& buffers, const at::Tensor& windows,
                                                      at::Tensor& out, int threads, bool strict, int64_t max_pixels,
                                                      int64_t max_bytes, const c10::optional<at::Tensor>& crcs,
-                                                     const c10::optional<at::Tensor>& whole_scan) {
+                                                     const c10::optional<at::Tensor>& whole_scan,
+                                                     const c10::optional<at::Tensor>& sizes) {
   return std::make_unique<PendingDecode>(CropJob::make(buffers, windows, out, threads, strict, max_pixels, max_bytes,
-                                                       crcs, "decode_batch_start", whole_scan));
+                                                       crcs, "decode_batch_start", whole_scan, sizes));
 }
 
 // The engines' read: every sample's bytes in host memory, in one call per batch without the GIL. File paths are
@@ -1001,14 +1018,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("crcs") = py::none());
   m.def("decode_batch", &decode_batch_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
-        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
+        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none(), py::arg("sizes") = py::none());
   py::class_<PendingDecode>(m, "PendingDecode", "decode_batch_start's decode, running: wait() for its result")
       .def("wait", &PendingDecode::wait,
            "decode_batch's result (offsets, shapes, status, {i: message}, warned), once the decode is done")
       .def("close", &PendingDecode::close, "waits for the decode, without its result (never raises)");
   m.def("decode_batch_start", &decode_batch_start_py, py::arg("buffers"), py::arg("windows"), py::arg("out"),
         py::arg("threads") = 1, py::arg("strict") = true, py::arg("max_pixels") = 0, py::arg("max_bytes") = 0,
-        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none());
+        py::arg("crcs") = py::none(), py::arg("whole_scan") = py::none(), py::arg("sizes") = py::none());
   m.def("read_batch", &read_batch_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("max_bytes") = 0,
         py::arg("crcs") = py::none(), py::arg("out") = py::none(), py::arg("copy_buffers") = false);
   m.def("verify_jpegs", &verify_jpegs_py, py::arg("buffers"), py::arg("threads") = 1, py::arg("strict") = true,

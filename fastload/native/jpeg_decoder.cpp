@@ -193,6 +193,15 @@ int decode_with_libjpeg(const uint8_t* data, size_t size, const Window& window, 
     jpeg_destroy_decompress(&cinfo);
     return status;
   }
+  if (window.image_height > 0 &&
+      (cinfo.image_height != window.image_height || cinfo.image_width != window.image_width)) {
+    std::snprintf(message, message_size,
+                  "its JPEG is %ux%u (height x width) but the dataset's heights/widths say %lldx%lld: the index "
+                  "does not describe this file", cinfo.image_height, cinfo.image_width,
+                  static_cast<long long>(window.image_height), static_cast<long long>(window.image_width));
+    jpeg_destroy_decompress(&cinfo);
+    return kCorrupt;
+  }
   if (window.top + window.height > cinfo.image_height || window.left + window.width > cinfo.image_width) {
     std::snprintf(message, message_size,
                   "window (top=%lld, left=%lld, height=%lld, width=%lld) is outside the %ux%u image",
@@ -330,12 +339,13 @@ int decode_window(const uint8_t* data, size_t size, const Window& window, uint8_
                   const Limits& limits, char* message, size_t message_size) {
   // Slice the file at its restart markers when it has usable ones (jpeg_regions.h). Anything unusual (an
   // invalid window, an image over the pixel limit, markers not where they should be) takes the plain path,
-  // which reports it in the original image's terms.
+  // which reports it in the original image's terms (an image of another size than the caller's index too).
   // whole_scan wants every segment read, so it decodes the file itself.
   RestartLayout layout;
   if (!(limits.strict && limits.whole_scan) && window_in_range(window) && parse_restart_layout(data, size, &layout) &&
       layout.height * layout.width <= limits.max_pixels && window.top + window.height <= layout.height &&
-      window.left + window.width <= layout.width) {
+      window.left + window.width <= layout.width &&
+      (window.image_height == 0 || (layout.height == window.image_height && layout.width == window.image_width))) {
     thread_local std::vector<uint8_t> region;  // grows to the largest file this thread has sliced
     if (region.size() < size + 2) region.resize(size + 2);
     Window sub;

@@ -51,6 +51,9 @@ constexpr int64_t kMaxSide = 65535;
 struct Window {
   int64_t top = 0, left = 0, height = 0, width = 0;
   int32_t downscale = 1;
+  // The image's size as the caller's index has it (0: not checked). A JPEG of another size is refused (kCorrupt):
+  // a window planned from a stale size still fits a larger image and would crop the wrong part without a word.
+  int64_t image_height = 0, image_width = 0;
 };
 
 // Whether a window could be inside some JPEG: non-empty, non-negative, within kMaxSide. scaled_extent and the
