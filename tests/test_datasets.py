@@ -113,6 +113,22 @@ def test_scan_cache_lives_outside_the_data_and_is_reused(imagenet_dir, tmp_path,
     assert scanned == [str(changed.relative_to(tree))]
     i = third.paths.index(str(changed))
     assert (third.heights[i], third.widths[i]) == (77, 123)
+    # Replaced by another image of the same byte count, its mtime set back (as cp -p, rsync -a, tar x do): the
+    # ctime still moved, so it is rescanned, not given its old cached size.
+    scanned.clear()
+    other = jpeg_files(tree)[5]
+    old, st = other.read_bytes(), other.stat()
+    buf = io.BytesIO()
+    with Image.open(other) as im:
+        im.resize((64, 48)).save(buf, "JPEG", quality=90)
+    new = buf.getvalue()
+    assert len(new) < len(old)
+    other.write_bytes(new + b"\0" * (len(old) - len(new)))  # padding after EOI: the same size on disk
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fourth = FolderDataset(tree)
+    assert scanned == [str(other.relative_to(tree))]
+    i = fourth.paths.index(str(other))
+    assert (fourth.heights[i], fourth.widths[i]) == (48, 64)
     scanned.clear()
     FolderDataset(tree, cache=False)
     assert len(scanned) == len(first)

@@ -22,13 +22,20 @@ from .record import JPEG, OTHER
 #: torchvision's IMG_EXTENSIONS, so a folder gives ImageFolder's samples (pass extensions= for others).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: a file's stamp is [mtime_ns, ctime_ns] (1: mtime_ns)
 _HEAD_BYTES = 64 << 10   # a JPEG's header (EXIF and ICC included) is almost always within its first 64 KiB
 _TAIL_BYTES = 4 << 10    # and its end-of-image marker within its last 4 KiB
 _WHOLE_BYTES = _HEAD_BYTES + _TAIL_BYTES
 
-#: A source tree's files in sample order: paths relative to ``root``, labels, and os.stat size / mtime.
-Listing = namedtuple("Listing", "root classes paths labels sizes mtimes skipped")
+#: A source tree's files in sample order: paths relative to ``root``, labels, and os.stat size / stamp.
+Listing = namedtuple("Listing", "root classes paths labels sizes stamps skipped")
+
+
+def _stamp(st):
+    """What says a file may have changed since its scan: [mtime_ns, ctime_ns]. The mtime alone can be set back
+    (``cp -p``, ``rsync -a``, ``tar x`` keep the source's), and a replaced file of the old byte count would keep
+    its cached size; the ctime cannot be set by a user and moves with every write."""
+    return [st.st_mtime_ns, st.st_ctime_ns]
 
 
 def default_threads():
@@ -36,7 +43,7 @@ def default_threads():
 
 
 def _walk_class(class_dir, extensions, skipped, root):
-    """(relative path, size, mtime_ns) of the images under one class folder, in torchvision ImageFolder order.
+    """(relative path, size, stamp) of the images under one class folder, in torchvision ImageFolder order.
 
     Follows symlinks; a directory reached twice (a symlink loop, or two links to one folder) is walked once.
     """
@@ -83,7 +90,7 @@ def _walk_class(class_dir, extensions, skipped, root):
             if not stat.S_ISREG(st.st_mode):  # a FIFO or device named .jpg would block or never end
                 skipped.append((rel, "not a regular file"))
                 continue
-            files.append((rel, st.st_size, st.st_mtime_ns))
+            files.append((rel, st.st_size, _stamp(st)))
         found.append((d, files))
     found.sort(key=lambda t: t[0])
     return [f for _, files in found for f in files]
@@ -126,19 +133,19 @@ def list_images(root, *, file_list=None, extensions=IMAGE_EXTENSIONS, classes=No
         if unknown:
             raise DatasetError(f"{root}: class folder(s) {', '.join(unknown[:5])} not among the {len(classes)} "
                                f"classes given (classes=): add them there, or remove the folders")
-    paths, labels, sizes, mtimes = [], [], [], []
+    paths, labels, sizes, stamps = [], [], [], []
     index = {c: i for i, c in enumerate(classes)}
     for name in found:  # sorted folder names, as ImageFolder: the order of samples does not depend on classes=
         label = index[name]
-        for rel, size, mtime in walked[name]:
+        for rel, size, stamp in walked[name]:
             paths.append(rel)
             labels.append(label)
             sizes.append(size)
-            mtimes.append(mtime)
+            stamps.append(stamp)
     if not paths and not skipped:
         raise DatasetError(f"{root}: no images in its {len(found)} class folders "
                            f"(looked for {', '.join(sorted(extensions))})")
-    return Listing(root, classes, paths, labels, sizes, mtimes, skipped)
+    return Listing(root, classes, paths, labels, sizes, stamps, skipped)
 
 
 def _check_classes(classes):
@@ -236,7 +243,7 @@ def _labels(file_list, rows, classes):
 def _list_from_file(root, file_list, classes=None):
     rows = read_file_list(file_list)
     classes, ints = _labels(file_list, rows, classes)
-    paths, labels, sizes, mtimes, skipped = [], [], [], [], []
+    paths, labels, sizes, stamps, skipped = [], [], [], [], []
     for (_, rel, _), label in zip(rows, ints):
         try:
             st = os.stat(os.path.join(root, rel))
@@ -249,8 +256,8 @@ def _list_from_file(root, file_list, classes=None):
         paths.append(rel)
         labels.append(label)
         sizes.append(st.st_size)
-        mtimes.append(st.st_mtime_ns)
-    return Listing(root, classes, paths, labels, sizes, mtimes, skipped)
+        stamps.append(_stamp(st))
+    return Listing(root, classes, paths, labels, sizes, stamps, skipped)
 
 
 def _read_head_tail(path, size):
@@ -391,7 +398,7 @@ def _save_cache(path, root, files):
 def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128, strict=True):
     """Heights, widths, formats of a Listing's files and the ones that failed: (h, w, fmt arrays, {i: reason}).
 
-    Reuses cached results of files whose (path, size, mtime) are unchanged; scans the rest on ``threads``
+    Reuses cached results of files whose (path, size, mtime, ctime) are unchanged; scans the rest on ``threads``
     threads (file reads and the native header parse release the GIL).
     """
     n = len(listing.paths)
@@ -401,9 +408,9 @@ def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128, strict
     failed = {}
     cached = _load_cache(cache_key, listing.root) if cache else {}
     todo = []
-    for i, (rel, size, mtime) in enumerate(zip(listing.paths, listing.sizes, listing.mtimes)):
+    for i, (rel, size, stamp) in enumerate(zip(listing.paths, listing.sizes, listing.stamps)):
         c = cached.get(rel)
-        if c is not None and c[0] == size and c[1] == mtime:
+        if c is not None and c[0] == size and c[1] == stamp:
             h[i], w[i], fmt[i] = c[2], c[3], c[4]
         else:
             todo.append(i)
@@ -419,7 +426,7 @@ def scan(listing, *, threads=None, cache=True, cache_key=None, chunk=128, strict
                     else:
                         h[i], w[i], fmt[i] = res
         if cache:
-            files = {rel: [listing.sizes[i], listing.mtimes[i], int(h[i]), int(w[i]), int(fmt[i])]
+            files = {rel: [listing.sizes[i], listing.stamps[i], int(h[i]), int(w[i]), int(fmt[i])]
                      for i, rel in enumerate(listing.paths) if i not in failed}
             _save_cache(cache_key, listing.root, files)
     return h, w, fmt, failed
@@ -455,7 +462,7 @@ class FolderDataset(ImageDataset):
     """Images in an ImageFolder tree (one sub-folder per class, sorted names -> labels 0..C-1), or a file list.
 
     Sizes come from a parallel header scan, cached under ``cache_dir()`` (never in ``root``) keyed by the files'
-    path, size and mtime. Files that cannot be read or are not valid images are left out and listed in
+    path, size, mtime and ctime. Files that cannot be read or are not valid images are left out and listed in
     ``skipped`` as (path, reason), with a warning; ``on_error="raise"`` raises DataError instead. The scan checks
     headers and JPEG structure (truncation); `fastload verify` decodes every file. ``strict`` as everywhere (README,
     "What strict means"): False also keeps the JPEGs whose header libjpeg warns about and those cut short inside
@@ -467,9 +474,9 @@ class FolderDataset(ImageDataset):
     would not apply them): give it ``FastLoader(transform=...)``.
     """
 
-    #: heights/widths come from these files' own headers, rescanned when a file's size or mtime changes: the loader
-    #: need not compare them before sizing from them (decoders.SizeChecks); every decode still does (a file replaced
-    #: since the scan)
+    #: heights/widths come from these files' own headers, rescanned when a file's size, mtime or ctime changes: the
+    #: loader need not compare them before sizing from them (decoders.SizeChecks); every decode still does (a file
+    #: replaced since the scan)
     sizes_checked = True
 
     def __init__(self, root, *, file_list=None, classes=None, extensions=IMAGE_EXTENSIONS, cache=True, threads=None,
