@@ -1,11 +1,15 @@
 """What FastLoader accepts as a dataset (fastload/datasets/source.py): fastload datasets, Subset and random_split of
 them, protocol objects; and the messages for what it cannot read (torchvision ImageFolder, a (bytes, label)
 Dataset, a dataset with transforms it would not apply)."""
+import io
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fastload as fl
 from fastload.errors import DecodeError
@@ -210,10 +214,6 @@ def test_a_folder_file_replaced_by_a_larger_image_is_the_samples_error(tree, tmp
     without a word. Every decode compares the header with the index: the sample's error, naming both sizes, in the
     same loader's next epoch (after the sample passed its checks) and in a new loader, for a plain file and for one
     with restart markers (the region path)."""
-    import io
-    import re
-    import shutil
-    from PIL import Image
     root = tmp_path / "photos"
     shutil.copytree(tree, root)
     ds = FolderDataset(root, cache=False)
