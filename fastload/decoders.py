@@ -200,7 +200,7 @@ class SizeChecks:
     def __init__(self, maker):
         ds = maker.ds
         self.key = sample_keys(ds, len(maker.heights))
-        self.heights, self.widths = maker.heights, maker.widths
+        self.sizes = maker.sizes
         vouched = bool(getattr(ds, "sizes_checked", False))
         self.passed = np.full(int(self.key.max(initial=-1)) + 1, vouched, dtype=bool)
 
@@ -216,7 +216,7 @@ class SizeChecks:
                                             max_pixels=max_pixels)
         found, ok = sizes.numpy(), np.asarray(status) == ops.OK
         idx = indices[pos]
-        said = np.stack([self.heights[idx], self.widths[idx]], 1)
+        said = self.sizes[idx]
         agree = ok & (found == said).all(1)
         self.passed[self.key[idx[agree]]] = True
         return {int(k): index_mismatch("JPEG", found_hw, said_hw)
@@ -306,8 +306,7 @@ class JpegCrops:
 
     def _arguments(self, indices, sources, windows, out, crcs, whole):
         m = self.maker
-        indices = np.asarray(indices, dtype=np.int64)
-        sizes = torch.from_numpy(np.stack([m.heights[indices], m.widths[indices]], 1).astype(np.int64))
+        sizes = torch.from_numpy(m.sizes[np.asarray(indices, dtype=np.int64)])  # a gather: int64 [n, 2], contiguous
         return (sources, windows, out, m.threads, m.strict, m.max_pixels, ops.MAX_BYTES,  # checks windows: [n, 5]
                 None if crcs is None else torch.from_numpy(np.asarray(crcs, dtype=np.int64)), whole, sizes)
 
@@ -678,7 +677,7 @@ class Engines:
             buffers = self._buffers(reader, indices[chosen], slot)
             keep = engine_ready(self.decodable, verdicts[chosen], buffers, threads=m.threads,
                                 max_pixels=m.max_pixels,
-                                sizes=np.stack([m.heights[indices[chosen]], m.widths[indices[chosen]]], 1))
+                                sizes=m.sizes[indices[chosen]])
             # verify_jpegs is a strict whole-scan check: the cores need not read those scans again
             self.cores.crops.checks.passed[verdicts[chosen[keep]]] = True
             # Everything else (other JPEG kinds, failed checks, unreadable files or records): the cores, whose

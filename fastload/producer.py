@@ -123,6 +123,8 @@ class BatchMaker:
         self.stats = stats
         self.heights = np.asarray(dataset.heights, dtype=np.int64)
         self.widths = np.asarray(dataset.widths, dtype=np.int64)
+        # [N, 2] (height, width): what the decoders compare each JPEG's header with, gathered per batch
+        self.sizes = np.stack([self.heights, self.widths], 1)
         # Samples whose index claims more than max_pixels: never decoded (JpegCrops.read refuses them, Pillow's read
         # finds the image over the limit or not what the index says), so never planned a window from that size:
         # the engines' device buffer is sized from the plan before any file is opened.

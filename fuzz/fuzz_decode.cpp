@@ -37,6 +37,13 @@ constexpr size_t kCanary = 64;
 constexpr uint8_t kCanaryByte = 0xA5;
 constexpr size_t kMessage = 200;
 
+// A message buffer as the bindings hand it over: empty, its tail garbage (a call must terminate what it writes,
+// and on success leaves it as it was).
+void reset(char (&message)[kMessage]) {
+  std::memset(message, 'x', sizeof(message));
+  message[0] = '\0';
+}
+
 void check(bool ok, const char* what) {
   if (!ok) {
     std::fprintf(stderr, "fuzz_decode: invariant broken: %s\n", what);
@@ -90,8 +97,7 @@ void decode(const uint8_t* data, size_t size, const Window& win, const Limits& l
   const size_t capacity = short_by_one && need > 0 ? need - 1 : need;
   std::vector<uint8_t> out(capacity + kCanary, kCanaryByte);
   char message[kMessage];
-  std::memset(message, 'x', sizeof(message));
-  message[0] = '\0';  // as the bindings do: on success the message is left as it was
+  reset(message);
   result->status = decode_window(data, size, win, out.data(), capacity, limits, message, sizeof(message));
   check(result->status >= kOk && result->status <= kUnreadable, "decode_window status out of range");
   check_message(message, result->status);
@@ -108,8 +114,7 @@ void decode(const uint8_t* data, size_t size, const Window& win, const Limits& l
 void check_transcode(const uint8_t* data, size_t size, const Limits& limits) {
   std::vector<uint8_t> out;
   char message[kMessage];
-  std::memset(message, 'x', sizeof(message));
-  message[0] = '\0';
+  reset(message);
   const int ts = add_restart_markers(data, size, limits, &out, message, sizeof(message));
   check(ts >= kOk && ts <= kUnreadable, "add_restart_markers status out of range");
   check_message(message, ts);
@@ -122,8 +127,7 @@ void check_transcode(const uint8_t* data, size_t size, const Limits& limits) {
   // Only those carry the promise of identical pixels; a broken file decoded leniently has no pixels to keep.
   Limits strict = limits;
   strict.strict = true;
-  std::memset(message, 'x', sizeof(message));
-  message[0] = '\0';
+  reset(message);
   const int vs = verify_jpeg(data, size, strict, message, sizeof(message));
   check(vs >= kOk && vs <= kUnreadable, "verify_jpeg status out of range");
   check_message(message, vs);
@@ -170,8 +174,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t input_size) {
 
   JpegHeader header;
   char message[kMessage];
-  std::memset(message, 'x', sizeof(message));
-  message[0] = '\0';
+  reset(message);
   const int hs = read_header(data, size, &header, limits, message, sizeof(message));
   check(hs >= kOk && hs <= kUnreadable, "read_header status out of range");
   check_message(message, hs);
